@@ -1,0 +1,26 @@
+# One-command set-up: every target builds the virtual environment first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.torchtpu-installed
+
+.PHONY: demo test bench lint
+
+$(STAMP): pyproject.toml setup.py src/torchtpu/csrc/shim.cpp
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first: the C++ shim builds against its headers (no build isolation).
+	$(PY) -m pip install -q torch==2.13.0 setuptools wheel
+	$(PY) -m pip install -q --no-build-isolation -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m torchtpu.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/eager.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench

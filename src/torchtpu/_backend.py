@@ -1,0 +1,44 @@
+"""Registers the ``tpu`` device with PyTorch (run once per process, cheaply)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import torch
+
+_lock = threading.Lock()
+_installed = False
+
+
+def install() -> None:
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+        from . import _C
+        from ._config import config
+
+        torch.utils.rename_privateuse1_backend("tpu")
+        torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+        _C._set_device_count(config.num_devices)
+        _C._install()
+        from . import device_module
+
+        torch._register_device_module("tpu", device_module)
+        sys.modules["torch.tpu"] = device_module
+        from . import _autocast, _kernels, _printing
+        from .engine import executor
+
+        _kernels.register_kernels()
+        _autocast.register()
+        _printing.install()
+        from .engine import precision
+
+        precision.track_torch_setting()
+        _C._set_synchronize_callback(lambda index: executor.synchronize(index))
+        # Backward of tpu tensors would otherwise run on an autograd device
+        # thread, where an exception raised by a Python kernel can abort the
+        # process at exit. On the calling thread it propagates normally.
+        torch.autograd.set_multithreading_enabled(False)

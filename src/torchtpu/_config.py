@@ -1,0 +1,38 @@
+"""Environment-driven settings, read once at import and changeable from code."""
+
+from __future__ import annotations
+
+import os
+
+
+def _flag(*names: str) -> bool:
+    for name in names:
+        value = os.environ.get(name)
+        if value is not None:
+            return value.strip().lower() not in ("", "0", "false", "no", "off")
+    return False
+
+
+class Config:
+    """Process-wide switches. Names mirror TorchTPU's public environment variables."""
+
+    def __init__(self) -> None:
+        # Debug eager: every op completes before returning, plus host-side checks.
+        # TorchTPU's pre-release source used TPU_LAUNCH_BLOCKING; accept both.
+        self.launch_blocking = _flag("TORCH_TPU_LAUNCH_BLOCKING", "TPU_LAUNCH_BLOCKING")
+        self.cpu_fallback = _flag("TORCH_TPU_CPU_FALLBACK")
+        self.check_nan = _flag("TORCH_TPU_CHECK_NAN")
+        self.num_devices = int(os.environ.get("TORCH_TPU_NUM_DEVICES", "1"))
+        self.plugin = os.environ.get("TORCH_TPU_PJRT_PLUGIN") or None
+        # Host-side bounds checks run in Debug mode unless explicitly disabled.
+        checks = os.environ.get("TORCH_TPU_DEBUG_CHECKS")
+        self.debug_checks_override = None if checks is None else _flag("TORCH_TPU_DEBUG_CHECKS")
+
+    @property
+    def debug_checks(self) -> bool:
+        if self.debug_checks_override is not None:
+            return self.debug_checks_override
+        return self.launch_blocking
+
+
+config = Config()

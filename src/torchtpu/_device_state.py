@@ -1,0 +1,48 @@
+"""The process's PJRT client, created lazily on first device use.
+
+``import torch`` must stay cheap in every process (DataLoader workers too), so
+nothing here runs at import: the plugin is loaded by ``torch.tpu._lazy_init``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from . import runtime
+from ._config import config
+
+_lock = threading.Lock()
+_client: runtime.Client | None = None
+_plugin_path: str | None = None
+
+
+def client() -> runtime.Client:
+    global _client, _plugin_path
+    c = _client
+    if c is not None:
+        return c
+    with _lock:
+        if _client is None:
+            _plugin_path = runtime.resolve_plugin_path(config.plugin)
+            plugin = runtime.Plugin(_plugin_path)
+            plugin.initialize()
+            options = runtime.default_client_options(_plugin_kind(_plugin_path), config.num_devices)
+            _client = runtime.Client(plugin, options)
+        return _client
+
+
+def _plugin_kind(path: str) -> str:
+    if "libtpu" in path:
+        return "tpu"
+    if "cuda" in path:
+        return "cuda"
+    return "cpu"
+
+
+def is_initialized() -> bool:
+    return _client is not None
+
+
+def plugin_kind() -> str:
+    client()
+    return _plugin_kind(_plugin_path or "")

@@ -1,0 +1,149 @@
+"""Dispatcher glue: the PyTorch kernels of the ``tpu`` key that are not lowerings.
+
+Copies between devices, ``.item()``, and the registration of the generic
+engine kernel for every lowered op (per op, so PyTorch's composite kernels do
+not split ``add`` into ``empty`` + ``add.out``), with a boxed fallback that
+names unsupported ops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import storage as st
+from .engine import executor
+from .lowering import registry
+from .lowering.views import is_contiguous
+
+_aten = torch.ops.aten
+_libs: list[torch.library.Library] = []
+
+
+@torch.compiler.disable
+def dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    return executor.run(op, args, kwargs)
+
+
+def _covers_storage(t: torch.Tensor) -> bool:
+    """True when ``t`` is exactly its whole storage, densely, in its own dtype."""
+    if t.storage_offset() != 0 or not is_contiguous(t.shape, t.stride()):
+        return False
+    return t.numel() * t.element_size() == t.untyped_storage().nbytes()
+
+
+def device_to_host(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU copy of a tpu tensor (waits for the device)."""
+    if t.numel() == 0:
+        return torch.empty(t.shape, dtype=t.dtype)
+    src = t
+    buf = st.storage_buffer(src.untyped_storage())
+    if not (_covers_storage(src) and buf is not None and st.buffer_dtype(buf) == src.dtype
+            and buf.shape[0] == src.numel()):
+        src = executor.run(_aten.clone.default, (t,), {"memory_format": torch.contiguous_format})
+        buf = st.storage_buffer(src.untyped_storage())
+    host = buf.to_host()
+    return st.from_numpy(np.asarray(host)).reshape(t.shape)
+
+
+@torch.compiler.disable
+def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    if dst.numel() == 0:
+        return dst
+    if src.device.type == "tpu" and dst.device.type == "tpu":
+        if src.device != dst.device:
+            host = device_to_host(src)
+            return copy_from(host, dst)
+        executor.run(_aten.copy_.default, (dst, src), {})
+        return dst
+    if dst.device.type == "tpu":
+        device = dst.device.index or 0
+        host = src.to(dst.dtype)
+        if tuple(host.shape) != tuple(dst.shape):
+            host = host.expand(dst.shape)
+        if _covers_storage(dst):
+            st.set_storage_buffer(dst.untyped_storage(), st.upload(host, device))
+            return dst
+        staged = torch.empty(host.shape, dtype=host.dtype, device=dst.device)
+        st.set_storage_buffer(staged.untyped_storage(), st.upload(host, device))
+        executor.run(_aten.copy_.default, (dst, staged), {})
+        return dst
+    # tpu -> cpu (or another host device)
+    host = device_to_host(src)
+    dst.copy_(host)
+    return dst
+
+
+@torch.compiler.disable
+def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    dst.resize_(src.shape)
+    return copy_from(src, dst)
+
+
+@torch.compiler.disable
+def local_scalar_dense(t: torch.Tensor) -> Any:
+    return device_to_host(t).item()
+
+
+def _fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    return dispatch(op, *args, **kwargs)
+
+
+def _is_implicit(op: torch._ops.OpOverload) -> bool | None:
+    """Whether the op decomposes above autograd; None for TorchScript-only overloads."""
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+    except RuntimeError:
+        return None
+
+
+_STRUCTURAL = {"empty", "empty_strided", "as_strided", "view", "_reshape_alias", "unfold", "resize_", "set_",
+               "_copy_from", "_copy_from_and_resize", "_local_scalar_dense", "copy_", "_to_copy"}
+
+
+def _overloads_to_register() -> list[torch._ops.OpOverload]:
+    ops: list[torch._ops.OpOverload] = []
+    seen: set[str] = set()
+    for key in registry.registered_ops():
+        packets = []
+        if isinstance(key, torch._ops.OpOverloadPacket):
+            name = key.__name__
+        else:
+            name = key.overloadpacket.__name__
+        for n in (name, name + "_"):
+            p = getattr(_aten, n, None)
+            if p is not None and n not in _STRUCTURAL:
+                packets.append(p)
+        for p in packets:
+            for overload in p.overloads():
+                op = getattr(p, overload)
+                if op.name() in seen or _is_implicit(op) is not False:
+                    continue
+                seen.add(op.name())
+                ops.append(op)
+    return ops
+
+
+def register_kernels() -> None:
+    from . import lowering  # noqa: F401  (fills the registry)
+
+    lib = torch.library.Library("aten", "IMPL")
+    _libs.append(lib)
+    lib.impl("_copy_from", copy_from, "PrivateUse1")
+    lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
+    lib.impl("_local_scalar_dense", local_scalar_dense, "PrivateUse1")
+    for op in _overloads_to_register():
+        qual = op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else "")
+        lib.impl(qual, _make_kernel(op), "PrivateUse1")
+    fb = torch.library.Library("_", "IMPL")
+    _libs.append(fb)
+    fb.fallback(_fallback, "PrivateUse1")
+
+
+def _make_kernel(op: torch._ops.OpOverload):
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return dispatch(op, *args, **kwargs)
+
+    return kernel

@@ -1,0 +1,242 @@
+"""``torch.tpu``: the device module, mirroring ``torch.cuda``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from . import _C, _device_state
+from ._config import config
+from .engine import executor
+from .engine.precision import precision  # noqa: F401  (public: torch.tpu.precision)
+
+
+def _lazy_init() -> None:
+    """Called by PyTorch on first device use: create the PJRT client."""
+    _device_state.client()
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return _device_state.is_initialized()
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return _C._device_count()
+
+
+def current_device() -> int:
+    return _C._current_device()
+
+
+def set_device(device: int | str | torch.device) -> None:
+    _C._set_current_device(_index(device))
+
+
+def _index(device: int | str | torch.device | None) -> int:
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        return device
+    d = torch.device(device)
+    if d.type != "tpu":
+        raise ValueError(f"expected a tpu device, got {d}")
+    return d.index if d.index is not None else current_device()
+
+
+class device:  # noqa: N801  (mirrors torch.cuda.device)
+    """Context manager that changes the current tpu device."""
+
+    def __init__(self, device: int | str | torch.device | None) -> None:
+        self.idx = _index(device) if device is not None else -1
+        self.prev = -1
+
+    def __enter__(self) -> None:
+        if self.idx >= 0:
+            self.prev = current_device()
+            set_device(self.idx)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.idx >= 0:
+            set_device(self.prev)
+
+
+class device_of(device):  # noqa: N801
+    def __init__(self, obj: torch.Tensor) -> None:
+        super().__init__(obj.device if obj.device.type == "tpu" else None)
+
+
+def synchronize(device: int | str | torch.device | None = None) -> None:
+    """Wait for all launched work (device errors surface here)."""
+    executor.synchronize(None if device is None else _index(device))
+
+
+def get_device_name(device: int | str | torch.device | None = None) -> str:
+    kind = _device_state.plugin_kind()
+    if kind == "cpu":
+        return "TPU (emulated on XLA CPU: bf16 matrix units with f32 accumulation)"
+    if kind == "cuda":
+        return "TPU (emulated on an NVIDIA GPU through the XLA CUDA plugin)"
+    client = _device_state.client()
+    return client.devices[_index(device)].kind
+
+
+def get_device_properties(device: int | str | torch.device | None = None) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=get_device_name(device), type="tpu", index=_index(device))
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+# -- RNG ---------------------------------------------------------------------
+def _generator(device: int | str | torch.device | None = None) -> torch.Generator:
+    return _C._default_generator(_index(device))
+
+
+class _DefaultGenerators:
+    def __getitem__(self, i: int) -> torch.Generator:
+        return _C._default_generator(i)
+
+    def __len__(self) -> int:
+        return device_count()
+
+    def __iter__(self) -> Iterator[torch.Generator]:
+        return (self[i] for i in range(len(self)))
+
+
+default_generators = _DefaultGenerators()
+
+
+def manual_seed(seed: int) -> None:
+    _generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    for i in range(device_count()):
+        _C._default_generator(i).manual_seed(int(seed))
+
+
+def seed() -> None:
+    _generator().seed()
+
+
+def seed_all() -> None:
+    for g in default_generators:
+        g.seed()
+
+
+def initial_seed() -> int:
+    return _generator().initial_seed()
+
+
+def get_rng_state(device: int | str | torch.device = "tpu") -> torch.Tensor:
+    return _generator(device).get_state()
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [g.get_state() for g in default_generators]
+
+
+def set_rng_state(new_state: torch.Tensor, device: int | str | torch.device = "tpu") -> None:
+    _generator(device).set_state(new_state)
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for g, s in zip(default_generators, new_states):
+        g.set_state(s)
+
+
+# -- memory ------------------------------------------------------------------
+def memory_allocated(device: int | str | torch.device | None = None) -> int:
+    """Bytes held by live tpu storages on ``device``."""
+    return _C._memory_stats(_index(device))["allocated_bytes"]
+
+
+def max_memory_allocated(device: int | str | torch.device | None = None) -> int:
+    return _C._memory_stats(_index(device))["peak_bytes"]
+
+
+def reset_peak_memory_stats(device: int | str | torch.device | None = None) -> None:
+    _C._reset_peak_memory(_index(device))
+
+
+def memory_stats(device: int | str | torch.device | None = None) -> dict[str, int]:
+    s = _C._memory_stats(_index(device))
+    return {"allocated_bytes.all.current": s["allocated_bytes"], "allocated_bytes.all.peak": s["peak_bytes"],
+            "allocation.all.current": s["allocations"], "allocation.all.allocated": s["total_allocations"],
+            "allocation.all.freed": s["total_frees"]}
+
+
+def empty_cache() -> None:
+    """Nothing is cached beyond live storages: PJRT frees buffers as soon as they die."""
+
+
+# -- switches ----------------------------------------------------------------
+def set_cpu_fallback(enabled: bool) -> None:
+    """Opt in to running unsupported ops on the CPU (each warns once)."""
+    config.cpu_fallback = bool(enabled)
+
+
+def cpu_fallback_enabled() -> bool:
+    return config.cpu_fallback
+
+
+@contextlib.contextmanager
+def launch_blocking(enabled: bool = True) -> Iterator[None]:
+    """Debug mode within a block: synchronous ops and host-side checks."""
+    saved = config.launch_blocking
+    config.launch_blocking = enabled
+    try:
+        yield
+    finally:
+        config.launch_blocking = saved
+
+
+def compile_cache_stats() -> dict[str, float]:
+    return {**executor.stats.as_dict(), "entries": executor.cache_size()}
+
+
+def clear_compile_cache() -> None:
+    executor.cache_clear()
+
+
+# Streams and events are placeholders (PJRT orders work per device itself),
+# provided so code written for torch.cuda runs unchanged.
+class Stream:
+    def __init__(self, device: Any = None, priority: int = 0) -> None:
+        self.device = torch.device("tpu", _index(device))
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def wait_stream(self, stream: Stream) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+def current_stream(device: Any = None) -> Stream:
+    return Stream(device)
+
+
+def default_stream(device: Any = None) -> Stream:
+    return Stream(device)
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None) -> Iterator[None]:
+    yield

@@ -1,0 +1,551 @@
+"""Strict and Debug eager execution: one ATen call -> one cached XLA executable.
+
+For each call the engine
+1. walks the arguments (by schema) into a hashable *key* plus the list of
+   runtime inputs: whole storage buffers, runtime scalars, RNG seeds;
+2. on a cache miss, infers output metadata with PyTorch's meta kernels (which
+   also raise PyTorch's own errors for bad input), builds the StableHLO program
+   (view prologues, the lowering, write-backs) and compiles it;
+3. launches the executable asynchronously and binds the output buffers to new
+   tensors' storages, or rebinds the storages written by in-place / out= ops.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import _C, _device_state
+from .. import storage as st
+from .._config import config
+from ..lowering import registry
+from ..lowering.builder import Builder, Value
+from ..lowering.views import ViewSpec, contiguous_strides, dense_to_storage, is_dense_permutation, read_view, write_view
+from . import precision as precision_mod
+from .opplan import OpPlan, call_op, normalize_args, plan_for
+
+_FLOAT_KIND = torch.float32
+
+
+class CompileStats:
+    def __init__(self) -> None:
+        self.hits = 0
+        self.misses = 0
+        self.compile_seconds = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"hits": self.hits, "misses": self.misses, "compile_seconds": self.compile_seconds}
+
+
+stats = CompileStats()
+
+
+@dataclass
+class Entry:
+    executable: Any
+    # per output buffer: ("new", dtype, shape, stride) or ("store", storage_slot)
+    outputs: list[tuple]
+    # per op return: see OpPlan.returns; "new" indices point into new tensors
+    result_metas: list[Any]
+
+
+_cache: dict[tuple, Entry] = {}
+_cache_lock = threading.Lock()
+_pending: deque = deque()
+_MAX_PENDING = 256
+
+
+# ---------------------------------------------------------------------------
+# argument walking
+# ---------------------------------------------------------------------------
+class _Collector:
+    __slots__ = ("storages", "storage_index", "inputs", "device", "has_f64")
+
+    def __init__(self) -> None:
+        self.storages: list[torch.UntypedStorage] = []
+        self.storage_index: dict[int, int] = {}
+        self.inputs: list[tuple] = []  # ("storage", k) | ("host", ndarray)
+        self.device: int | None = None
+        self.has_f64 = False
+
+    def tensor(self, t: torch.Tensor) -> tuple:
+        dev = t.device
+        if dev.type != "tpu":
+            if t.dim() == 0 and dev.type == "cpu":
+                slot = len(self.inputs)
+                self.inputs.append(("host", st.to_numpy(t.detach().reshape(()))))
+                return ("C", slot, t.dtype)
+            other = self.device if self.device is not None else 0
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, "
+                f"tpu:{other} and {dev}!")
+        idx = dev.index or 0
+        if self.device is None:
+            self.device = idx
+        elif idx != self.device:
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, "
+                f"tpu:{self.device} and tpu:{idx}!")
+        if t.dtype in (torch.float64, torch.complex128):
+            self.has_f64 = True
+        s = t.untyped_storage()
+        sid = s._cdata
+        k = self.storage_index.get(sid)
+        if k is None:
+            k = len(self.storages)
+            self.storage_index[sid] = k
+            self.storages.append(s)
+            self.inputs.append(("storage", k))
+        return ("T", k, t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
+
+    def scalar(self, v: Any) -> tuple:
+        slot = len(self.inputs)
+        if isinstance(v, bool):
+            self.inputs.append(("scalar", v, torch.bool))
+            return ("S", slot, bool)
+        if isinstance(v, int):
+            self.inputs.append(("scalar", v, torch.int64))
+            return ("S", slot, int)
+        if isinstance(v, float):
+            self.inputs.append(("scalar", v, None))
+            return ("S", slot, float)
+        raise NotImplementedError(f"unsupported scalar {v!r} of type {type(v).__name__} on tpu")
+
+    def generator(self, g: torch.Generator | None) -> tuple:
+        slot = len(self.inputs)
+        self.inputs.append(("seed", g))
+        return ("G", slot)
+
+    def walk(self, v: Any, runtime_scalar: bool) -> Any:
+        if isinstance(v, torch.Tensor):
+            return self.tensor(v)
+        if isinstance(v, (list, tuple)):
+            if v and (isinstance(v[0], torch.Tensor) or v[0] is None or runtime_scalar):
+                return ("L", tuple(self.walk(x, runtime_scalar) for x in v))
+            return ("V", tuple(v))
+        if runtime_scalar and isinstance(v, (int, float)) and not isinstance(v, complex):
+            return self.scalar(v)
+        if isinstance(v, torch.Generator):
+            return self.generator(v)
+        return ("V", v)
+
+
+def _storage_key(s: torch.UntypedStorage, first_dtype: torch.dtype) -> tuple:
+    buf = st.storage_buffer(s)
+    if buf is None:
+        return ("U", s.nbytes() // first_dtype.itemsize, first_dtype)
+    dt = st.buffer_dtype(buf)
+    return ("B", buf.shape[0], dt, s.nbytes() // dt.itemsize)
+
+
+# ---------------------------------------------------------------------------
+# the call path
+# ---------------------------------------------------------------------------
+def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    plan = plan_for(op)
+    if plan.functional is None or (plan.lowering is None and not _decomposable(plan.functional)):
+        return unsupported(op, args, kwargs)
+    values = normalize_args(plan, args, kwargs)
+    if config.debug_checks:
+        check = registry.debug_check(plan.functional)
+        if check is not None:
+            check(*[values[i] for i in plan.func_arg_positions])
+    col = _Collector()
+    specs = []
+    has_generator = False
+    for i, v in enumerate(values):
+        s = col.walk(v, plan.runtime_scalar[i])
+        specs.append(s)
+        if s[0] == "G":
+            has_generator = True
+    if not has_generator and plan.random:
+        # Random op called without an explicit generator: use the default one.
+        if "generator" in plan.names:
+            specs[plan.names.index("generator")] = col.generator(None)
+        else:
+            specs.append(col.generator(None))
+            values.append(None)
+    if col.device is None:
+        col.device = _device_from_args(values)
+    first_dtypes = _first_dtypes(specs, len(col.storages))
+    skeys = tuple(_storage_key(s, first_dtypes[k]) for k, s in enumerate(col.storages))
+    key = (op, precision_mod.current(), col.has_f64, tuple(specs), skeys)
+    entry = _cache.get(key)
+    if entry is None:
+        entry = _compile(plan, values, specs, skeys, col, key)
+        if plan.mutated and _needs_resize(plan, values, entry):
+            return run(op, args, kwargs)
+    else:
+        stats.hits += 1
+    return _launch(plan, values, col, skeys, entry)
+
+
+def _decomposable(op: torch._ops.OpOverload) -> bool:
+    from ..lowering import decompose
+
+    return decompose.has_decomposition(op)
+
+
+def _device_from_args(values: list[Any]) -> int:
+    for v in values:
+        if isinstance(v, torch.device) and v.type == "tpu":
+            return v.index if v.index is not None else _C._current_device()
+    return _C._current_device()
+
+
+def _first_dtypes(specs: list, n: int) -> list[torch.dtype]:
+    out: list[torch.dtype | None] = [None] * n
+
+    def visit(s: Any) -> None:
+        if not isinstance(s, tuple) or not s:
+            return
+        if s[0] == "T":
+            if out[s[1]] is None:
+                out[s[1]] = s[2]
+        elif s[0] == "L":
+            for x in s[1]:
+                visit(x)
+
+    for s in specs:
+        visit(s)
+    return [d or torch.uint8 for d in out]
+
+
+def _needs_resize(plan: OpPlan, values: list[Any], entry: Entry) -> bool:
+    """out= tensors of the wrong shape are resized (with PyTorch's warning) and the call retried."""
+    outs = _flat_mutated(plan, values)
+    metas = [m for m in entry.result_metas if m is not None]
+    resized = False
+    for t, m in zip(outs, metas):
+        if tuple(t.shape) != m.shape:
+            if t.numel() != 0:
+                warnings.warn(
+                    f"An output with one or more elements was resized since it had shape {list(t.shape)}, "
+                    f"which does not match the required output shape {list(m.shape)}. This behavior is "
+                    "deprecated, and in a future PyTorch release outputs will not be resized unless they "
+                    "have zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, "
+                    "to zero elements with t.resize_(0).", UserWarning, stacklevel=4)
+            t.resize_(m.shape)
+            resized = True
+    return resized
+
+
+def _flat_mutated(plan: OpPlan, values: list[Any]) -> list[torch.Tensor]:
+    out = []
+    for i in plan.mutated:
+        v = values[i]
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(x for x in v if isinstance(x, torch.Tensor))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# compile
+# ---------------------------------------------------------------------------
+def _meta_value(spec: Any, value: Any) -> Any:
+    kind = spec[0] if isinstance(spec, tuple) and spec else None
+    if kind == "T":
+        return torch.empty_strided(spec[3], spec[4], dtype=spec[2], device="meta")
+    if kind == "C":
+        return value
+    if kind == "L":
+        return [_meta_value(s, v) for s, v in zip(spec[1], value)]
+    if kind == "G":
+        return None
+    return value
+
+
+def _to_out_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return registry.OutMeta(tuple(x.shape), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return [_to_out_meta(y) for y in x]
+    return None
+
+
+def _flatten_tensors(x: Any) -> list[Any]:
+    if isinstance(x, (list, tuple)):
+        out = []
+        for y in x:
+            out.extend(_flatten_tensors(y))
+        return out
+    return [x]
+
+
+def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _Collector, key: tuple) -> Entry:
+    stats.misses += 1
+    start = time.perf_counter()
+    # Output metadata (and PyTorch's own argument errors) from meta kernels.
+    meta_args = [_meta_value(s, v) for s, v in zip(specs, values)]
+    try:
+        if plan.mutated:
+            call_op(plan.op, _args_for(plan.op, meta_args))
+        func_args = [meta_args[i] for i in plan.func_arg_positions]
+        meta_out = call_op(plan.functional, func_args)
+    except NotImplementedError as e:
+        if "meta" in str(e).lower():
+            raise NotImplementedError(
+                f"torchtpu: aten::{plan.op.__name__} has data-dependent output shapes and is not supported "
+                f"yet on tpu ({e}). Set TORCH_TPU_CPU_FALLBACK=1 to run it on the CPU.") from None
+        raise
+    is_list_out = isinstance(meta_out, (list, tuple))
+    metas = _flatten_tensors(meta_out) if is_list_out else [meta_out]
+
+    b = Builder()
+    input_values: list[Any] = []
+    for inp in col.inputs:
+        if inp[0] == "storage":
+            sk = skeys[inp[1]]
+            if sk[0] == "U":
+                input_values.append(("U", sk[1], sk[2]))
+            else:
+                input_values.append(b.arg((sk[1],), sk[2]))
+        elif inp[0] == "host":
+            input_values.append(b.arg((), st.NUMPY_TO_TORCH[inp[1].dtype]))
+        elif inp[0] == "scalar":
+            dt = inp[2] or (torch.float64 if col.has_f64 else torch.float32)
+            input_values.append(b.arg((), dt))
+        elif inp[0] == "seed":
+            input_values.append(b.arg((2,), torch.uint64))
+    storage_vals: dict[int, Value] = {}
+    for slot, inp in enumerate(col.inputs):
+        if inp[0] == "storage":
+            iv = input_values[slot]
+            if isinstance(iv, tuple):
+                iv = b.constant(0, iv[2], (iv[1],))
+            else:
+                sk = skeys[inp[1]]
+                if sk[3] != sk[1]:
+                    from ..lowering.views import _fit
+
+                    iv = _fit(b, iv, sk[3])
+            storage_vals[inp[1]] = iv
+
+    def lower_arg(s: Any, v: Any) -> Any:
+        kind = s[0] if isinstance(s, tuple) and s else None
+        if kind == "T":
+            return read_view(b, storage_vals[s[1]], ViewSpec(s[2], s[3], s[4], s[5]))
+        if kind in ("C", "S", "G"):
+            return input_values[s[1]]
+        if kind == "L":
+            return [lower_arg(x, y) for x, y in zip(s[1], v)]
+        if kind == "V":
+            return list(s[1]) if isinstance(s[1], tuple) and isinstance(v, list) else s[1]
+        return v
+
+    lowered = [lower_arg(s, v) for s, v in zip(specs, values)]
+    seed_slot = next((s[1] for s in specs if isinstance(s, tuple) and s and s[0] == "G"), None)
+    out_metas = [_to_out_meta(m) for m in metas]
+    ctx = registry.LoweringContext(b, plan.functional, out_metas, precision=key[1],
+                                   metas=[func_args[i] for i in range(len(func_args))])
+    if seed_slot is not None:
+        ctx.extras["seed"] = input_values[seed_slot]
+    lowering = plan.lowering
+    if lowering is None:
+        from ..lowering import decompose
+
+        lowering = decompose.lower_by_decomposition
+    result = lowering(ctx, *[lowered[i] for i in plan.func_arg_positions])
+    results = _flatten_tensors(result) if isinstance(result, (list, tuple)) else [result]
+    if len(results) != len(metas):
+        raise AssertionError(f"lowering of {plan.functional} returned {len(results)} values, expected {len(metas)}")
+
+    outputs: list[tuple] = []
+    out_values: list[Value] = []
+    if not plan.mutated:
+        for r, m in zip(results, metas):
+            if m is None or r is None:
+                outputs.append(("none",))
+                continue
+            r = _conform(b, r, m)
+            stride = m.stride() if is_dense_permutation(m.shape, m.stride()) else contiguous_strides(m.shape)
+            outputs.append(("new", m.dtype, tuple(m.shape), tuple(stride)))
+            out_values.append(dense_to_storage(b, r, stride))
+    else:
+        targets = []
+        for i in plan.mutated:
+            s = specs[i]
+            if s[0] == "L":
+                targets.extend(s[1])
+            else:
+                targets.append(s)
+        current = dict(storage_vals)
+        written: list[int] = []
+        for s, r, m in zip(targets, results, metas):
+            if s[0] != "T" or m is None:
+                continue
+            view = ViewSpec(s[2], s[3], s[4], s[5])
+            r = _conform(b, r, m, dtype=view.dtype, shape=view.shape)
+            sk = skeys[s[1]]
+            numel = sk[1] if sk[0] == "U" else sk[3]
+            current[s[1]] = write_view(b, current[s[1]], numel, view, r)
+            if s[1] not in written:
+                written.append(s[1])
+        for k in written:
+            outputs.append(("store", k))
+            out_values.append(current[k])
+    text = b.module(out_values)
+    exe = _device_state.client().compile(text)
+    entry = Entry(exe, outputs, [_to_out_meta(m) for m in metas])
+    with _cache_lock:
+        _cache[key] = entry
+    stats.compile_seconds += time.perf_counter() - start
+    return entry
+
+
+def _args_for(op: torch._ops.OpOverload, meta_args: list[Any]) -> list[Any]:
+    # Meta copies of written-to arguments, so the meta in-place call cannot
+    # disturb the metas used for the functional call.
+    return [a.clone() if isinstance(a, torch.Tensor) and a.device.type == "meta" else a for a in meta_args]
+
+
+def _conform(b: Builder, r: Value, m: Any, dtype: torch.dtype | None = None,
+             shape: tuple[int, ...] | None = None) -> Value:
+    dtype = dtype or m.dtype
+    shape = tuple(shape if shape is not None else m.shape)
+    if not isinstance(r, Value):
+        raise AssertionError(f"lowering returned {r!r} where a tensor was expected")
+    if r.shape != shape:
+        if math.prod(r.shape) == math.prod(shape) and r.shape == tuple(m.shape):
+            r = b.reshape(r, shape)
+        else:
+            r = b.broadcast_to(r, shape)
+    return b.convert(r, dtype)
+
+
+# ---------------------------------------------------------------------------
+# launch
+# ---------------------------------------------------------------------------
+_scalar_buffers: dict[tuple, Any] = {}
+
+
+def _scalar_buffer(value: Any, dtype: torch.dtype, device: int) -> Any:
+    k = (value, type(value), dtype, device)
+    buf = _scalar_buffers.get(k)
+    if buf is None:
+        if len(_scalar_buffers) > 4096:
+            _scalar_buffers.clear()
+        arr = np.asarray(value, dtype=st.TORCH_TO_NUMPY[dtype])
+        buf = _device_state.client().buffer_from_host(arr, device)
+        _scalar_buffers[k] = buf
+    return buf
+
+
+def _launch(plan: OpPlan, values: list[Any], col: _Collector, skeys: tuple, entry: Entry) -> Any:
+    device = col.device or 0
+    client = _device_state.client()
+    buffers = []
+    for inp in col.inputs:
+        kind = inp[0]
+        if kind == "storage":
+            if skeys[inp[1]][0] == "U":
+                continue
+            buffers.append(st.storage_buffer(col.storages[inp[1]]))
+        elif kind == "scalar":
+            dt = inp[2] or (torch.float64 if col.has_f64 else torch.float32)
+            buffers.append(_scalar_buffer(inp[1], dt, device))
+        elif kind == "host":
+            buffers.append(client.buffer_from_host(np.ascontiguousarray(inp[1]), device))
+        elif kind == "seed":
+            gen = inp[1] if inp[1] is not None else _C._default_generator(device)
+            seed = _C._next_seed(gen)
+            buffers.append(client.buffer_from_host(np.array([seed, 0], dtype=np.uint64), device))
+    outs, event = entry.executable.execute(buffers, device)
+    _track(event)
+    new_tensors = []
+    dev = torch.device("tpu", device)
+    bufs = iter(outs)
+    for spec in entry.outputs:
+        if spec[0] == "none":
+            new_tensors.append(None)
+            continue
+        buf = next(bufs)
+        if spec[0] == "new":
+            t = torch.empty_strided(spec[2], spec[3], dtype=spec[1], device=dev)
+            st.set_storage_buffer(t.untyped_storage(), buf)
+            new_tensors.append(t)
+        else:
+            st.set_storage_buffer(col.storages[spec[1]], buf)
+    if config.check_nan:
+        _check_nan(plan, new_tensors)
+    # Build the op's return value.
+    if plan.returns_list:
+        if plan.mutated:
+            return values[plan.returns[0][1]]
+        return new_tensors
+    rets = []
+    for kind, i in plan.returns:
+        rets.append(values[i] if kind == "arg" else new_tensors[i])
+    if not rets:
+        return None
+    return rets[0] if len(rets) == 1 else tuple(rets)
+
+
+def _track(event: Any) -> None:
+    if config.launch_blocking:
+        event.wait()
+        return
+    _pending.append(event)
+    if len(_pending) > _MAX_PENDING:
+        # Keep the queue short: drop events that are already done.
+        keep = deque(e for e in _pending if not e.is_ready())
+        _pending.clear()
+        _pending.extend(keep)
+        while len(_pending) > _MAX_PENDING:
+            _pending.popleft().wait()
+
+
+def synchronize(device: int | None = None) -> None:
+    """Wait for every launched op (errors raised by the device surface here)."""
+    while _pending:
+        _pending.popleft().wait()
+
+
+def _check_nan(plan: OpPlan, tensors: list[torch.Tensor]) -> None:
+    for t in tensors:
+        if t.is_floating_point() and t.numel():
+            host = t.cpu()
+            if not torch.isfinite(host).all():
+                raise RuntimeError(f"torchtpu: aten::{plan.op.__name__} produced NaN or Inf (TORCH_TPU_CHECK_NAN=1)")
+
+
+def cache_clear() -> None:
+    with _cache_lock:
+        _cache.clear()
+
+
+def cache_size() -> int:
+    return len(_cache)
+
+
+# ---------------------------------------------------------------------------
+# unsupported ops and the opt-in CPU fallback
+# ---------------------------------------------------------------------------
+_warned_fallback: set[str] = set()
+
+
+def unsupported(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    name = f"aten::{op._schema.name.split('::')[-1]}" + (f".{op._overloadname}" if op._overloadname != "default"
+                                                          else "")
+    if not config.cpu_fallback:
+        raise NotImplementedError(
+            f"torchtpu: the operator '{name}' is not implemented for the tpu device. "
+            "Set TORCH_TPU_CPU_FALLBACK=1 (or call torch.tpu.set_cpu_fallback(True)) to run it on the CPU "
+            "with a warning, or file an issue naming this operator.")
+    if name not in _warned_fallback:
+        _warned_fallback.add(name)
+        warnings.warn(f"torchtpu: '{name}' is not lowered for tpu; running it on the CPU (slow).",
+                      stacklevel=3)
+    from . import cpu_fallback
+
+    return cpu_fallback.run_on_cpu(op, args, kwargs)

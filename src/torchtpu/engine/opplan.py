@@ -1,0 +1,137 @@
+"""Per-OpOverload facts the engine needs on every call, computed once.
+
+Which arguments are runtime scalars, which are written to, which functional
+overload carries the lowering, and how the op's returns map to arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..lowering import registry
+
+_RUNTIME_SCALAR_TYPES = {"number", "Optional[number]", "List[number]", "float", "Optional[float]", "List[float]"}
+
+
+@dataclass
+class OpPlan:
+    op: torch._ops.OpOverload
+    names: list[str]
+    defaults: list[Any]
+    kwarg_only: list[bool]
+    runtime_scalar: list[bool]
+    mutated: list[int]  # argument positions written to (in-place self, out=)
+    functional: torch._ops.OpOverload | None
+    lowering: registry.Lowering | None
+    # For each return: ("arg", position) when it aliases an argument, else ("new", k).
+    returns: list[tuple[str, int]]
+    returns_list: bool  # schema returns a single Tensor[]
+    func_arg_positions: list[int]  # for each functional arg, its position in this op's args
+    random: bool  # draws from a generator (explicit or default)
+
+    @property
+    def is_functional(self) -> bool:
+        return not self.mutated
+
+
+_MISSING = object()
+# Scalars that shape the program itself (a correction term, a norm's order)
+# stay compile-time constants.
+_STATIC_SCALAR_NAMES = {"correction", "ord"}
+_aten = torch.ops.aten
+# In-place ops whose functional twin does not follow the naming rule.
+_FUNCTIONAL_OVERRIDES = {
+    _aten.normal_.default: _aten.normal_functional.default,
+}
+# Random ops without a generator argument.
+_RANDOM_WITHOUT_GENERATOR = {_aten.native_dropout.default}
+
+
+def _functional_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    if op in _FUNCTIONAL_OVERRIDES:
+        return _FUNCTIONAL_OVERRIDES[op]
+    schema = op._schema
+    if not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return op
+    name = op.overloadpacket.__name__
+    keep = [a.name for a in schema.arguments if not (a.alias_info is not None and a.alias_info.is_write
+                                                     and a.kwarg_only)]
+    candidates = [name[:-1]] if name.endswith("_") else []
+    candidates.append(name)
+    for base in candidates:
+        packet = getattr(torch.ops.aten, base, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            cand = getattr(packet, overload)
+            cs = cand._schema
+            if any(a.alias_info is not None and a.alias_info.is_write for a in cs.arguments):
+                continue
+            if [a.name for a in cs.arguments] == keep:
+                return cand
+    return None
+
+
+@functools.cache
+def plan_for(op: torch._ops.OpOverload) -> OpPlan:
+    schema = op._schema
+    args = schema.arguments
+    names = [a.name for a in args]
+    defaults = [a.default_value if a.has_default_value() else _MISSING for a in args]
+    functional = _functional_overload(op)
+    lowering = registry.lookup(functional) if functional is not None else None
+    mutated = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+    # Runtime scalars only where a hand-written lowering receives them; a
+    # decomposition is traced with concrete Python values.
+    runtime_scalar = [lowering is not None and str(a.type) in _RUNTIME_SCALAR_TYPES
+                      and a.name not in _STATIC_SCALAR_NAMES for a in args]
+    returns: list[tuple[str, int]] = []
+    k = 0
+    for r in schema.returns:
+        if r.alias_info is not None:
+            sets = r.alias_info.before_set
+            pos = next(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.before_set == sets)
+            returns.append(("arg", pos))
+        else:
+            returns.append(("new", k))
+            k += 1
+    returns_list = len(schema.returns) == 1 and str(schema.returns[0].type) == "List[Tensor]"
+    func_arg_positions: list[int] = []
+    if functional is not None:
+        for fa in functional._schema.arguments:
+            func_arg_positions.append(names.index(fa.name))
+    random = "generator" in names or op in _RANDOM_WITHOUT_GENERATOR or functional in _RANDOM_WITHOUT_GENERATOR
+    return OpPlan(op, names, defaults, [a.kwarg_only for a in args], runtime_scalar, mutated, functional,
+                  lowering, returns, returns_list, func_arg_positions, random)
+
+
+def normalize_args(plan: OpPlan, args: tuple, kwargs: dict) -> list[Any]:
+    """All schema arguments positionally, defaults filled in."""
+    out = list(args)
+    n = len(plan.names)
+    if len(out) < n:
+        for i in range(len(out), n):
+            name = plan.names[i]
+            if name in kwargs:
+                out.append(kwargs[name])
+            else:
+                d = plan.defaults[i]
+                if d is _MISSING:
+                    raise TypeError(f"{plan.op}: missing argument '{name}'")
+                out.append(d)
+    return out
+
+
+def call_op(op: torch._ops.OpOverload, values: list[Any]) -> Any:
+    """Call ``op`` with schema-ordered ``values`` (kwarg-only ones passed by name)."""
+    args, kwargs = [], {}
+    for a, v in zip(op._schema.arguments, values):
+        if a.kwarg_only:
+            kwargs[a.name] = v
+        else:
+            args.append(v)
+    return op(*args, **kwargs)

@@ -1,0 +1,72 @@
+"""Matmul precision: which TPU pass count f32 matrix products emulate.
+
+``medium`` (default): operands rounded to bf16, f32 accumulation (1 pass);
+``high``: bf16x3; ``highest``: bf16x6. ``torch.set_float32_matmul_precision``
+selects it globally and ``torch.tpu.precision(...)`` overrides it locally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Iterator
+
+import torch
+
+PRECISIONS = ("medium", "high", "highest")
+_local = threading.local()
+_warned: set[str] = set()
+# TPU default. PyTorch's own default reads "highest", so the global value
+# follows torch.set_float32_matmul_precision only once the user calls it.
+_global = "medium"
+
+
+def set_global(value: str) -> None:
+    global _global
+    if value not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {value!r}")
+    _global = value
+
+
+def get_global() -> str:
+    return _global
+
+
+def track_torch_setting() -> None:
+    """Make torch.set_float32_matmul_precision also select the tpu precision."""
+    original = torch.set_float32_matmul_precision
+    if getattr(original, "_torchtpu", False):
+        return
+
+    def set_float32_matmul_precision(precision: str) -> None:
+        original(precision)
+        set_global(precision)
+
+    set_float32_matmul_precision._torchtpu = True  # type: ignore[attr-defined]
+    set_float32_matmul_precision.__doc__ = original.__doc__
+    torch.set_float32_matmul_precision = set_float32_matmul_precision
+
+
+def current() -> str:
+    p = getattr(_local, "override", None)
+    if p is None:
+        p = _global
+    if p != "medium" and p not in _warned:
+        _warned.add(p)
+        cost = {"high": "about 3x", "highest": "about 6x"}[p]
+        warnings.warn(f"torchtpu: float32 matmul precision '{p}' emulates TPU multi-pass bf16 products and "
+                      f"costs {cost} the default 'medium'.", stacklevel=4)
+    return p
+
+
+@contextlib.contextmanager
+def precision(value: str) -> Iterator[None]:
+    if value not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {value!r}")
+    saved = getattr(_local, "override", None)
+    _local.override = value
+    try:
+        yield
+    finally:
+        _local.override = saved

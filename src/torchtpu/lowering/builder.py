@@ -1,0 +1,414 @@
+"""A small StableHLO text builder.
+
+Everything is printed in MLIR's *generic* op syntax (``"stablehlo.add"(%a, %b)
+: (...) -> ...``): it is the most stable textual form across StableHLO
+versions, and the oldest plugin we support (xla-cpu-pjrt, StableHLO 1.13.3)
+parses it. Values carry their shape and torch dtype so lowerings can reason
+about types without asking MLIR.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# torch dtype -> StableHLO element type.
+ELEMENT_TYPES: dict[torch.dtype, str] = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.uint8: "ui8",
+    torch.uint16: "ui16",
+    torch.uint32: "ui32",
+    torch.uint64: "ui64",
+    torch.bool: "i1",
+    torch.complex64: "complex<f32>",
+    torch.complex128: "complex<f64>",
+}
+
+_FLOAT_BITS = {torch.float32: ("<f", "<I", 8), torch.float64: ("<d", "<Q", 16), torch.float16: ("<e", "<H", 4)}
+
+
+def tensor_type(shape: Sequence[int], dtype: torch.dtype) -> str:
+    et = ELEMENT_TYPES.get(dtype)
+    if et is None:
+        raise NotImplementedError(f"dtype {dtype} is not supported on tpu")
+    if not shape:
+        return f"tensor<{et}>"
+    return "tensor<" + "x".join(str(int(d)) for d in shape) + f"x{et}>"
+
+
+def _i64_array(values: Sequence[int]) -> str:
+    return "array<i64" + (": " + ", ".join(str(int(v)) for v in values) if len(values) else "") + ">"
+
+
+def _float_literal(value: float, dtype: torch.dtype) -> str:
+    """Bit-exact hex literal: sidesteps decimal round-trips, inf and nan."""
+    if dtype == torch.bfloat16:
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        if math.isnan(value):
+            return "0x7FC0"
+        # round-to-nearest-even to bf16
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return f"0x{bits & 0xFFFF:04X}"
+    ffmt, ifmt, width = _FLOAT_BITS[dtype]
+    if dtype == torch.float16:
+        bits = int(np.array(value, dtype=np.float16).view(np.uint16))
+    else:
+        bits = struct.unpack(ifmt, struct.pack(ffmt, value))[0]
+    return f"0x{bits:0{width}X}"
+
+
+def literal(value: bool | int | float, dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        return _float_literal(float(value), dtype)
+    if dtype.is_complex:
+        raise NotImplementedError("complex constants")
+    return str(int(value))
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """An SSA value of the function being built."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def type(self) -> str:
+        return tensor_type(self.shape, self.dtype)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class Builder:
+    """Builds one ``func.func @main`` and prints the module."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._args: list[Value] = []
+        self._count = 0
+        self._indent = "    "
+        self.arg_attrs: dict[int, str] = {}
+
+    # -- bookkeeping ---------------------------------------------------------
+    def _fresh(self) -> str:
+        self._count += 1
+        return f"%v{self._count}"
+
+    def arg(self, shape: Sequence[int], dtype: torch.dtype) -> Value:
+        v = Value(f"%arg{len(self._args)}", tuple(int(s) for s in shape), dtype)
+        self._args.append(v)
+        return v
+
+    @property
+    def num_args(self) -> int:
+        return len(self._args)
+
+    def op(
+        self,
+        name: str,
+        operands: Sequence[Value],
+        result_shapes: Sequence[tuple[Sequence[int], torch.dtype]],
+        attrs: str = "",
+        region: str = "",
+    ) -> list[Value]:
+        results = [Value(self._fresh(), tuple(int(d) for d in s), dt) for s, dt in result_shapes]
+        lhs = ""
+        if len(results) == 1:
+            lhs = f"{results[0].name} = "
+        elif results:
+            base = self._fresh()
+            results = [Value(f"{base}#{i}", r.shape, r.dtype) for i, r in enumerate(results)]
+            lhs = f"{base}:{len(results)} = "
+        ins = ", ".join(v.name for v in operands)
+        in_types = ", ".join(v.type for v in operands)
+        out_types = ", ".join(r.type for r in results)
+        if len(results) != 1:
+            out_types = f"({out_types})"
+        reg = f" ({region})" if region else ""
+        attr = f" {{{attrs}}}" if attrs else ""
+        self._lines.append(f'{self._indent}{lhs}"{name}"({ins}){reg}{attr} : ({in_types}) -> {out_types}')
+        return results
+
+    def op1(self, name: str, operands: Sequence[Value], shape: Sequence[int], dtype: torch.dtype,
+            attrs: str = "", region: str = "") -> Value:
+        return self.op(name, operands, [(shape, dtype)], attrs, region)[0]
+
+    def _scalar_region(self, body_op: str, dtype: torch.dtype, nargs: int = 2) -> str:
+        """A reducer region ``^bb0(a, b): return body_op(a, b)`` on 0-d tensors."""
+        t = tensor_type((), dtype)
+        names = [self._fresh() for _ in range(nargs)]
+        res = self._fresh()
+        params = ", ".join(f"{n}: {t}" for n in names)
+        return (
+            "{\n"
+            f"{self._indent}  ^bb0({params}):\n"
+            f'{self._indent}    {res} = "{body_op}"({", ".join(names)}) : ({", ".join([t] * nargs)}) -> {t}\n'
+            f'{self._indent}    "stablehlo.return"({res}) : ({t}) -> ()\n'
+            f"{self._indent}}}"
+        )
+
+    def region(self, params: Sequence[tuple[Sequence[int], torch.dtype]], body) -> str:
+        """A region whose body is built by ``body(builder, *params) -> list[Value]``."""
+        saved_lines, saved_indent = self._lines, self._indent
+        self._lines = []
+        self._indent = saved_indent + "    "
+        pvals = [Value(self._fresh(), tuple(s), dt) for s, dt in params]
+        results = body(self, *pvals)
+        if isinstance(results, Value):
+            results = [results]
+        rets = ", ".join(r.name for r in results)
+        rtypes = ", ".join(r.type for r in results)
+        self._lines.append(f'{self._indent}"stablehlo.return"({rets}) : ({rtypes}) -> ()')
+        body_text = "\n".join(self._lines)
+        self._lines, self._indent = saved_lines, saved_indent
+        header = ", ".join(f"{p.name}: {p.type}" for p in pvals)
+        return "{\n" + f"{self._indent}  ^bb0({header}):\n" + body_text + "\n" + self._indent + "}"
+
+    def module(self, results: Sequence[Value], name: str = "torchtpu") -> str:
+        args = []
+        for i, a in enumerate(self._args):
+            extra = self.arg_attrs.get(i)
+            args.append(f"{a.name}: {a.type}" + (f" {{{extra}}}" if extra else ""))
+        rtypes = ", ".join(r.type for r in results)
+        body = "\n".join(self._lines)
+        ret = f'{self._indent}"func.return"({", ".join(r.name for r in results)}) : ({rtypes}) -> ()'
+        return (
+            f"module @{name} {{\n"
+            f"  func.func public @main({', '.join(args)}) -> ({rtypes}) {{\n"
+            f"{body}\n{ret}\n  }}\n}}\n"
+        )
+
+    # -- constants and types -------------------------------------------------
+    def constant(self, value: bool | int | float, dtype: torch.dtype, shape: Sequence[int] = ()) -> Value:
+        t = tensor_type((), dtype)
+        c = self.op1("stablehlo.constant", [], (), dtype, attrs=f"value = dense<{literal(value, dtype)}> : {t}")
+        if shape:
+            return self.broadcast_in_dim(c, shape, [])
+        return c
+
+    def dense_constant(self, array: np.ndarray, dtype: torch.dtype) -> Value:
+        """An n-d constant from host data (small tables, e.g. index maps)."""
+        flat = array.reshape(-1)
+        if flat.size == 0:
+            body = "[]"
+        else:
+            items = ", ".join(literal(x.item(), dtype) for x in flat)
+            body = f"[{items}]" if array.ndim else items
+        shape = tuple(array.shape)
+        t = tensor_type(shape, dtype)
+        if array.ndim > 1 and flat.size:
+            c = self.op1("stablehlo.constant", [], (flat.size,), dtype,
+                         attrs=f"value = dense<[{', '.join(literal(x.item(), dtype) for x in flat)}]> : "
+                               f"{tensor_type((flat.size,), dtype)}")
+            return self.reshape(c, shape)
+        return self.op1("stablehlo.constant", [], shape, dtype, attrs=f"value = dense<{body}> : {t}")
+
+    def convert(self, v: Value, dtype: torch.dtype) -> Value:
+        if v.dtype == dtype:
+            return v
+        if dtype == torch.bool:
+            zero = self.constant(0, v.dtype, v.shape)
+            return self.compare(v, zero, "NE")
+        return self.op1("stablehlo.convert", [v], v.shape, dtype)
+
+    def bitcast_convert(self, v: Value, dtype: torch.dtype, shape: Sequence[int]) -> Value:
+        return self.op1("stablehlo.bitcast_convert", [v], shape, dtype)
+
+    # -- elementwise ---------------------------------------------------------
+    def unary(self, name: str, v: Value, dtype: torch.dtype | None = None) -> Value:
+        return self.op1(f"stablehlo.{name}", [v], v.shape, dtype or v.dtype)
+
+    def binary(self, name: str, a: Value, b: Value, dtype: torch.dtype | None = None) -> Value:
+        assert a.shape == b.shape, (name, a.shape, b.shape)
+        return self.op1(f"stablehlo.{name}", [a, b], a.shape, dtype or a.dtype)
+
+    def add(self, a: Value, b: Value) -> Value:
+        return self.binary("add", a, b)
+
+    def sub(self, a: Value, b: Value) -> Value:
+        return self.binary("subtract", a, b)
+
+    def mul(self, a: Value, b: Value) -> Value:
+        return self.binary("multiply", a, b)
+
+    def div(self, a: Value, b: Value) -> Value:
+        return self.binary("divide", a, b)
+
+    def maximum(self, a: Value, b: Value) -> Value:
+        return self.binary("maximum", a, b)
+
+    def minimum(self, a: Value, b: Value) -> Value:
+        return self.binary("minimum", a, b)
+
+    def neg(self, v: Value) -> Value:
+        return self.unary("negate", v)
+
+    def compare(self, a: Value, b: Value, direction: str) -> Value:
+        assert a.shape == b.shape and a.dtype == b.dtype, (a, b)
+        if a.dtype == torch.bool or a.dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
+            kind = "UNSIGNED"
+        elif a.dtype.is_floating_point:
+            kind = "FLOAT"
+        else:
+            kind = "SIGNED"
+        attrs = (
+            f"comparison_direction = #stablehlo<comparison_direction {direction}>, "
+            f"compare_type = #stablehlo<comparison_type {kind}>"
+        )
+        return self.op1("stablehlo.compare", [a, b], a.shape, torch.bool, attrs=attrs)
+
+    def select(self, pred: Value, on_true: Value, on_false: Value) -> Value:
+        return self.op1("stablehlo.select", [pred, on_true, on_false], on_true.shape, on_true.dtype)
+
+    def clamp(self, lo: Value, v: Value, hi: Value) -> Value:
+        return self.op1("stablehlo.clamp", [lo, v, hi], v.shape, v.dtype)
+
+    # -- shape ---------------------------------------------------------------
+    def reshape(self, v: Value, shape: Sequence[int]) -> Value:
+        shape = tuple(int(s) for s in shape)
+        if v.shape == shape:
+            return v
+        return self.op1("stablehlo.reshape", [v], shape, v.dtype)
+
+    def transpose(self, v: Value, perm: Sequence[int]) -> Value:
+        perm = list(perm)
+        if perm == list(range(v.rank)):
+            return v
+        shape = [v.shape[p] for p in perm]
+        return self.op1("stablehlo.transpose", [v], shape, v.dtype, attrs=f"permutation = {_i64_array(perm)}")
+
+    def broadcast_in_dim(self, v: Value, shape: Sequence[int], dims: Sequence[int]) -> Value:
+        shape = tuple(int(s) for s in shape)
+        if v.shape == shape and list(dims) == list(range(len(shape))):
+            return v
+        return self.op1("stablehlo.broadcast_in_dim", [v], shape, v.dtype,
+                        attrs=f"broadcast_dimensions = {_i64_array(dims)}")
+
+    def broadcast_to(self, v: Value, shape: Sequence[int]) -> Value:
+        """Numpy-style broadcast (trailing alignment)."""
+        shape = tuple(int(s) for s in shape)
+        if v.shape == shape:
+            return v
+        offset = len(shape) - v.rank
+        # size-1 dims that must expand: drop them first, then broadcast
+        keep = [i for i, d in enumerate(v.shape) if d == shape[i + offset]]
+        if len(keep) != v.rank:
+            v = self.reshape(v, [v.shape[i] for i in keep])
+        return self.broadcast_in_dim(v, shape, [i + offset for i in keep])
+
+    def slice(self, v: Value, start: Sequence[int], limit: Sequence[int], strides: Sequence[int] | None = None
+              ) -> Value:
+        strides = list(strides) if strides is not None else [1] * v.rank
+        if list(start) == [0] * v.rank and list(limit) == list(v.shape) and strides == [1] * v.rank:
+            return v
+        shape = [max(0, -(-(hi - lo) // st)) for lo, hi, st in zip(start, limit, strides)]
+        attrs = (f"start_indices = {_i64_array(start)}, limit_indices = {_i64_array(limit)}, "
+                 f"strides = {_i64_array(strides)}")
+        return self.op1("stablehlo.slice", [v], shape, v.dtype, attrs=attrs)
+
+    def concatenate(self, values: Sequence[Value], dim: int) -> Value:
+        if len(values) == 1:
+            return values[0]
+        shape = list(values[0].shape)
+        shape[dim] = sum(v.shape[dim] for v in values)
+        return self.op1("stablehlo.concatenate", list(values), shape, values[0].dtype, attrs=f"dimension = {dim} : i64")
+
+    def pad(self, v: Value, value: Value, low: Sequence[int], high: Sequence[int],
+            interior: Sequence[int] | None = None) -> Value:
+        interior = list(interior) if interior is not None else [0] * v.rank
+        shape = [d + lo + hi + max(d - 1, 0) * it for d, lo, hi, it in zip(v.shape, low, high, interior)]
+        attrs = (f"edge_padding_low = {_i64_array(low)}, edge_padding_high = {_i64_array(high)}, "
+                 f"interior_padding = {_i64_array(interior)}")
+        return self.op1("stablehlo.pad", [v, value], shape, v.dtype, attrs=attrs)
+
+    def iota(self, shape: Sequence[int], dim: int, dtype: torch.dtype) -> Value:
+        return self.op1("stablehlo.iota", [], shape, dtype, attrs=f"iota_dimension = {dim} : i64")
+
+    def dynamic_slice(self, v: Value, starts: Sequence[Value], sizes: Sequence[int]) -> Value:
+        return self.op1("stablehlo.dynamic_slice", [v, *starts], sizes, v.dtype,
+                        attrs=f"slice_sizes = {_i64_array(sizes)}")
+
+    def dynamic_update_slice(self, v: Value, update: Value, starts: Sequence[Value]) -> Value:
+        return self.op1("stablehlo.dynamic_update_slice", [v, update, *starts], v.shape, v.dtype)
+
+    def reverse(self, v: Value, dims: Sequence[int]) -> Value:
+        return self.op1("stablehlo.reverse", [v], v.shape, v.dtype, attrs=f"dimensions = {_i64_array(dims)}")
+
+    # -- reductions ----------------------------------------------------------
+    def reduce(self, v: Value, dims: Sequence[int], init: Value, body_op: str) -> Value:
+        dims = sorted(int(d) for d in dims)
+        shape = [d for i, d in enumerate(v.shape) if i not in dims]
+        region = self._scalar_region(body_op, v.dtype)
+        return self.op1("stablehlo.reduce", [v, init], shape, v.dtype, attrs=f"dimensions = {_i64_array(dims)}",
+                        region=region)
+
+    def reduce_multi(self, values: Sequence[Value], inits: Sequence[Value], dims: Sequence[int], body) -> list[Value]:
+        """Variadic reduce (e.g. argmax); ``body(b, *accs, *elems)`` returns the new accumulators."""
+        dims = sorted(int(d) for d in dims)
+        params = [((), v.dtype) for v in values] * 2
+        region = self.region(params, body)
+        shape = [d for i, d in enumerate(values[0].shape) if i not in dims]
+        return self.op("stablehlo.reduce", [*values, *inits], [(shape, v.dtype) for v in values],
+                       attrs=f"dimensions = {_i64_array(dims)}", region=region)
+
+    def reduce_window(self, v: Value, init: Value, body_op: str, window: Sequence[int], strides: Sequence[int],
+                      padding: Sequence[tuple[int, int]], base_dilations: Sequence[int] | None = None,
+                      window_dilations: Sequence[int] | None = None) -> Value:
+        base_dilations = list(base_dilations) if base_dilations else [1] * v.rank
+        window_dilations = list(window_dilations) if window_dilations else [1] * v.rank
+        shape = []
+        for i, d in enumerate(v.shape):
+            dd = (d - 1) * base_dilations[i] + 1 + padding[i][0] + padding[i][1]
+            wd = (window[i] - 1) * window_dilations[i] + 1
+            shape.append(max(0, (dd - wd) // strides[i] + 1))
+        pad = ", ".join(f"[{lo}, {hi}]" for lo, hi in padding)
+        attrs = (f"window_dimensions = {_i64_array(window)}, window_strides = {_i64_array(strides)}, "
+                 f"base_dilations = {_i64_array(base_dilations)}, window_dilations = {_i64_array(window_dilations)}, "
+                 f"padding = dense<[{pad}]> : tensor<{len(padding)}x2xi64>")
+        region = self._scalar_region(body_op, v.dtype)
+        return self.op1("stablehlo.reduce_window", [v, init], shape, v.dtype, attrs=attrs, region=region)
+
+    # -- linear algebra --------------------------------------------------------
+    def dot_general(self, a: Value, b: Value, batch: tuple[Sequence[int], Sequence[int]],
+                    contract: tuple[Sequence[int], Sequence[int]], out_dtype: torch.dtype) -> Value:
+        lb, rb = list(batch[0]), list(batch[1])
+        lc, rc = list(contract[0]), list(contract[1])
+        shape = [a.shape[i] for i in lb]
+        shape += [d for i, d in enumerate(a.shape) if i not in lb and i not in lc]
+        shape += [d for i, d in enumerate(b.shape) if i not in rb and i not in rc]
+
+        def dims(xs: list[int]) -> str:
+            return "[" + ", ".join(str(x) for x in xs) + "]"
+
+        attrs = (f"dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = {dims(lb)}, "
+                 f"rhs_batching_dimensions = {dims(rb)}, lhs_contracting_dimensions = {dims(lc)}, "
+                 f"rhs_contracting_dimensions = {dims(rc)}>")
+        return self.op1("stablehlo.dot_general", [a, b], shape, out_dtype, attrs=attrs)
+
+    # -- random ----------------------------------------------------------------
+    def rng_bit_generator(self, state: Value, shape: Sequence[int], dtype: torch.dtype) -> tuple[Value, Value]:
+        new_state, bits = self.op(
+            "stablehlo.rng_bit_generator", [state], [(state.shape, state.dtype), (shape, dtype)],
+            attrs="rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>")
+        return new_state, bits

@@ -1,0 +1,146 @@
+"""Ops without a hand-written lowering: trace PyTorch's own decomposition.
+
+The decomposition is traced with ``make_fx`` on meta tensors into a graph of
+ATen ops, and every node is lowered into the *same* builder, so one ATen call
+still becomes one executable. ``lower_graph`` is also the entry point for
+whole graphs (torch.compile, fused eager).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch._decomp import decomposition_table
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from . import registry
+from .builder import Builder, Value
+
+_aten = torch.ops.aten
+
+
+@functools.cache
+def _table() -> dict:
+    return dict(decomposition_table)
+
+
+def has_decomposition(op: torch._ops.OpOverload) -> bool:
+    return op in _table()
+
+
+def _meta_like(v: Value) -> torch.Tensor:
+    return torch.empty(v.shape, dtype=v.dtype, device="meta")
+
+
+def lower_by_decomposition(ctx: registry.LoweringContext, *args: Any) -> Any:
+    op = ctx.op
+    decomp = _table().get(op)
+    if decomp is None:
+        raise NotImplementedError(f"torchtpu: no lowering or decomposition for aten::{op.__name__}")
+    leaves: list[Value] = []
+
+    def collect(a: Any) -> Any:
+        if isinstance(a, Value):
+            leaves.append(a)
+            return ("__leaf__", len(leaves) - 1)
+        if isinstance(a, (list, tuple)):
+            return type(a)(collect(x) for x in a)
+        return a
+
+    template = [collect(a) for a in args]
+
+    def rebuild(t: Any, tensors: Sequence[torch.Tensor]) -> Any:
+        if isinstance(t, tuple) and len(t) == 2 and t[0] == "__leaf__":
+            return tensors[t[1]]
+        if isinstance(t, (list, tuple)):
+            return type(t)(rebuild(x, tensors) for x in t)
+        return t
+
+    def fn(*tensors: torch.Tensor) -> Any:
+        return decomp(*[rebuild(t, tensors) for t in template])
+
+    gm = make_fx(fn, decomposition_table=_table(), tracing_mode="real")(*[_meta_like(v) for v in leaves])
+    outs = lower_graph(ctx.b, gm.graph, leaves, ctx.precision, ctx.extras)
+    if isinstance(outs, (list, tuple)) and len(outs) == 1 and len(ctx.out) == 1:
+        return outs[0]
+    return outs
+
+
+def _as_meta(v: Any) -> Any:
+    if isinstance(v, Value):
+        return _meta_like(v)
+    if isinstance(v, (list, tuple)):
+        return [_as_meta(x) for x in v]
+    return v
+
+
+def _out_meta(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        return registry.OutMeta(tuple(val.shape), val.dtype)
+    if isinstance(val, (list, tuple)):
+        return [_out_meta(v) for v in val]
+    return None
+
+
+def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precision: str,
+                extras: dict | None = None) -> Any:
+    """Lower an FX graph of ATen ops; ``inputs`` bind the placeholders in order."""
+    env: dict[torch.fx.Node, Any] = {}
+    it = iter(inputs)
+    result = None
+
+    def load(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return env[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(load(x) for x in a)
+        return a
+
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            env[node] = next(it)
+        elif node.op == "call_function":
+            target = node.target
+            args = [load(a) for a in node.args]
+            kwargs = {k: load(v) for k, v in node.kwargs.items()}
+            if target is _getitem:
+                env[node] = args[0][args[1]]
+                continue
+            if not isinstance(target, torch._ops.OpOverload):
+                raise NotImplementedError(f"torchtpu: cannot lower graph node {target}")
+            env[node] = lower_call(b, target, args, kwargs, node.meta.get("val"), precision, extras)
+        elif node.op == "output":
+            result = load(node.args[0])
+        elif node.op == "get_attr":
+            raise NotImplementedError("torchtpu: graphs with get_attr constants are not supported")
+    return result
+
+
+_getitem = __import__("operator").getitem
+
+
+def lower_call(b: Builder, op: torch._ops.OpOverload, args: list, kwargs: dict, val: Any, precision: str,
+               extras: dict | None = None) -> Any:
+    """Lower one ATen call whose tensor arguments are already Values."""
+    from ..engine.opplan import normalize_args, plan_for
+
+    plan = plan_for(op)
+    if plan.mutated:
+        raise NotImplementedError(f"torchtpu: in-place aten::{op.__name__} inside a decomposition")
+    values = normalize_args(plan, tuple(args), kwargs)
+    metas = _out_meta(val)
+    out = metas if isinstance(metas, list) else [metas]
+    ctx = registry.LoweringContext(b, op, out, precision=precision, extras=dict(extras or {}),
+                                   metas=[_as_meta(v) for v in values])
+    fn = plan.lowering or lower_by_decomposition
+    res = fn(ctx, *values)
+    if isinstance(val, torch.Tensor) and isinstance(res, Value):
+        if res.dtype != val.dtype:
+            res = b.convert(res, val.dtype)
+        if res.shape != tuple(val.shape):
+            res = b.broadcast_to(res, tuple(val.shape)) if res.numel != val.numel() else b.reshape(res, val.shape)
+    return res

@@ -1,0 +1,582 @@
+"""Elementwise ops: unary math, binary arithmetic, comparisons, activations and their backwards.
+
+Reduced-precision floats (bf16, f16) are computed in f32 and rounded once, as
+PyTorch's CPU kernels do (their "opmath" type).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .builder import Builder, Value
+from .registry import LoweringContext, register
+
+aten = torch.ops.aten
+_LOW = (torch.bfloat16, torch.float16)
+
+
+def opmath(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in _LOW else dtype
+
+
+def operand(ctx: LoweringContext, x: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> Value:
+    """An argument (Value or Python number) converted to ``dtype`` and broadcast to ``shape``."""
+    return ctx.scalar(x, dtype, shape)
+
+
+def _shape(ctx: LoweringContext) -> tuple[int, ...]:
+    return ctx.out_shape(0)
+
+
+# -- unary -------------------------------------------------------------------
+_UNARY_FLOAT = {
+    aten.exp: "exponential", aten.log: "log", aten.sin: "sine", aten.cos: "cosine", aten.tanh: "tanh",
+    aten.sqrt: "sqrt", aten.rsqrt: "rsqrt", aten.log1p: "log_plus_one", aten.expm1: "exponential_minus_one",
+    aten.floor: "floor", aten.ceil: "ceil", aten.tan: "tan", aten.sigmoid: "logistic",
+    aten.round: "round_nearest_even",
+}
+_UNARY_CHLO = {aten.erf: "erf", aten.asin: "asin", aten.acos: "acos", aten.atan: "atan", aten.sinh: "sinh",
+               aten.cosh: "cosh", aten.erfinv: "erf_inv", aten.lgamma: "lgamma", aten.digamma: "digamma",
+               aten.asinh: "asinh", aten.acosh: "acosh", aten.atanh: "atanh"}
+
+
+def _float_unary(name: str):
+    def lower(ctx: LoweringContext, x: Value) -> Value:
+        out = ctx.out_dtype()
+        v = ctx.b.convert(x, opmath(out))
+        return ctx.b.convert(ctx.b.op1(name, [v], v.shape, v.dtype), out)
+
+    return lower
+
+
+for _op, _name in _UNARY_FLOAT.items():
+    register(_op.default)(_float_unary(f"stablehlo.{_name}"))
+for _op, _name in _UNARY_CHLO.items():
+    register(_op.default)(_float_unary(f"chlo.{_name}"))
+
+
+@register(aten.round.decimals)
+def _round_decimals(ctx: LoweringContext, x: Value, decimals: int = 0) -> Value:
+    b = ctx.b
+    v = b.convert(x, opmath(x.dtype))
+    scale = b.constant(10.0 ** decimals, v.dtype, v.shape)
+    r = b.unary("round_nearest_even", b.mul(v, scale))
+    return b.convert(b.div(r, scale), ctx.out_dtype())
+
+
+@register(aten.log2.default, aten.log10.default)
+def _log_base(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    v = b.convert(x, opmath(out))
+    base = 2.0 if ctx.op.overloadpacket is aten.log2 else 10.0
+    r = b.div(b.unary("log", v), b.constant(math.log(base), v.dtype, v.shape))
+    return b.convert(r, out)
+
+
+@register(aten.exp2.default)
+def _exp2(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    v = b.convert(x, opmath(out))
+    return b.convert(b.unary("exponential", b.mul(v, b.constant(math.log(2.0), v.dtype, v.shape))), out)
+
+
+@register(aten.neg.default)
+def _neg(ctx: LoweringContext, x: Value) -> Value:
+    return ctx.b.neg(x)
+
+
+@register(aten.abs.default)
+def _abs(ctx: LoweringContext, x: Value) -> Value:
+    if x.dtype == torch.bool:
+        return x
+    return ctx.b.unary("abs", x)
+
+
+@register(aten.sign.default, aten.sgn.default)
+def _sign(ctx: LoweringContext, x: Value) -> Value:
+    if x.dtype == torch.bool:
+        return x
+    return ctx.b.unary("sign", x)
+
+
+@register(aten.trunc.default, aten.fix.default)
+def _trunc(ctx: LoweringContext, x: Value) -> Value:
+    if not x.dtype.is_floating_point:
+        return x
+    b = ctx.b
+    v = b.convert(x, opmath(x.dtype))
+    zero = b.constant(0, v.dtype, v.shape)
+    r = b.select(b.compare(v, zero, "LT"), b.unary("ceil", v), b.unary("floor", v))
+    return b.convert(r, x.dtype)
+
+
+@register(aten.frac.default)
+def _frac(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    return b.sub(x, _trunc(ctx, x))
+
+
+@register(aten.reciprocal.default)
+def _reciprocal(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    v = b.convert(x, opmath(out))
+    return b.convert(b.div(b.constant(1.0, v.dtype, v.shape), v), out)
+
+
+@register(aten.square.default)
+def _square(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    v = b.convert(x, ctx.out_dtype())
+    return b.mul(v, v)
+
+
+@register(aten.bitwise_not.default, aten.logical_not.default)
+def _not(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    if ctx.op.overloadpacket is aten.logical_not:
+        x = b.convert(x, torch.bool)
+        return b.convert(b.unary("not", x), ctx.out_dtype())
+    return b.unary("not", x)
+
+
+@register(aten.isnan.default)
+def _isnan(ctx: LoweringContext, x: Value) -> Value:
+    if not x.dtype.is_floating_point:
+        return ctx.b.constant(False, torch.bool, x.shape)
+    return ctx.b.compare(x, x, "NE")
+
+
+@register(aten.isinf.default)
+def _isinf(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    if not x.dtype.is_floating_point:
+        return b.constant(False, torch.bool, x.shape)
+    return b.compare(b.unary("abs", x), b.constant(math.inf, x.dtype, x.shape), "EQ")
+
+
+@register(aten.isfinite.default)
+def _isfinite(ctx: LoweringContext, x: Value) -> Value:
+    if not x.dtype.is_floating_point:
+        return ctx.b.constant(True, torch.bool, x.shape)
+    return ctx.b.op1("stablehlo.is_finite", [x], x.shape, torch.bool)
+
+
+# -- binary ------------------------------------------------------------------
+def _binary_operands(ctx: LoweringContext, a: Any, c: Any) -> tuple[Value, Value, torch.dtype]:
+    out = ctx.out_dtype()
+    compute = opmath(out)
+    shape = _shape(ctx)
+    return operand(ctx, a, compute, shape), operand(ctx, c, compute, shape), out
+
+
+@register(aten.add.Tensor, aten.add.Scalar)
+def _add(ctx: LoweringContext, a: Any, c: Any, alpha: Any = 1) -> Value:
+    x, y, out = _binary_operands(ctx, a, c)
+    b = ctx.b
+    if not (isinstance(alpha, (int, float)) and alpha == 1):
+        y = b.mul(y, operand(ctx, alpha, y.dtype, y.shape))
+    if out == torch.bool:
+        return b.binary("or", x, y)
+    return b.convert(b.add(x, y), out)
+
+
+@register(aten.sub.Tensor, aten.sub.Scalar)
+def _sub(ctx: LoweringContext, a: Any, c: Any, alpha: Any = 1) -> Value:
+    x, y, out = _binary_operands(ctx, a, c)
+    b = ctx.b
+    if not (isinstance(alpha, (int, float)) and alpha == 1):
+        y = b.mul(y, operand(ctx, alpha, y.dtype, y.shape))
+    return b.convert(b.sub(x, y), out)
+
+
+@register(aten.rsub.Tensor, aten.rsub.Scalar)
+def _rsub(ctx: LoweringContext, a: Any, c: Any, alpha: Any = 1) -> Value:
+    return _sub(ctx, c, a, alpha)
+
+
+@register(aten.mul.Tensor, aten.mul.Scalar)
+def _mul(ctx: LoweringContext, a: Any, c: Any) -> Value:
+    x, y, out = _binary_operands(ctx, a, c)
+    if out == torch.bool:
+        return ctx.b.binary("and", x, y)
+    return ctx.b.convert(ctx.b.mul(x, y), out)
+
+
+@register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div(ctx: LoweringContext, a: Any, c: Any, rounding_mode: str | None = None) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = _shape(ctx)
+    if rounding_mode is None or out.is_floating_point:
+        compute = opmath(out) if out.is_floating_point else torch.float32
+        x, y = operand(ctx, a, compute, shape), operand(ctx, c, compute, shape)
+        q = b.div(x, y)
+        if rounding_mode == "trunc":
+            q = _trunc(ctx, q)
+        elif rounding_mode == "floor":
+            q = _floor_div_float(b, x, y)
+        return b.convert(q, out)
+    x, y = operand(ctx, a, out, shape), operand(ctx, c, out, shape)
+    q = b.div(x, y)  # integer division truncates toward zero
+    if rounding_mode == "floor":
+        r = b.binary("remainder", x, y)
+        zero = b.constant(0, out, shape)
+        adjust = b.binary("and", b.compare(r, zero, "NE"),
+                          b.compare(b.compare(r, zero, "LT"), b.compare(y, zero, "LT"), "NE"))
+        q = b.select(adjust, b.sub(q, b.constant(1, out, shape)), q)
+    return q
+
+
+def _floor_div_float(b: Builder, x: Value, y: Value) -> Value:
+    # Python semantics, as PyTorch computes it: floor((x - fmod(x, y)) / y) corrected.
+    mod = b.binary("remainder", x, y)
+    div = b.div(b.sub(x, mod), y)
+    zero = b.constant(0.0, x.dtype, x.shape)
+    fix = b.binary("and", b.compare(mod, zero, "NE"), b.compare(b.compare(y, zero, "LT"), b.compare(mod, zero, "LT"),
+                                                                   "NE"))
+    div = b.select(fix, b.sub(div, b.constant(1.0, x.dtype, x.shape)), div)
+    floored = b.unary("floor", div)
+    half = b.constant(0.5, x.dtype, x.shape)
+    floored = b.select(b.compare(b.sub(div, floored), half, "GT"), b.add(floored, b.constant(1.0, x.dtype, x.shape)),
+                       floored)
+    plain = b.div(x, y)
+    return b.select(b.compare(div, zero, "EQ"), b.mul(zero, plain), floored)
+
+
+@register(aten.fmod.Tensor, aten.fmod.Scalar)
+def _fmod(ctx: LoweringContext, a: Any, c: Any) -> Value:
+    x, y, out = _binary_operands(ctx, a, c)
+    return ctx.b.convert(ctx.b.binary("remainder", x, y), out)
+
+
+@register(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def _remainder(ctx: LoweringContext, a: Any, c: Any) -> Value:
+    x, y, out = _binary_operands(ctx, a, c)
+    b = ctx.b
+    r = b.binary("remainder", x, y)
+    zero = b.constant(0, r.dtype, r.shape)
+    fix = b.binary("and", b.compare(r, zero, "NE"), b.compare(b.compare(r, zero, "LT"), b.compare(y, zero, "LT"),
+                                                               "NE"))
+    return b.convert(b.select(fix, b.add(r, y), r), out)
+
+
+@register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def _pow(ctx: LoweringContext, a: Any, c: Any) -> Value:
+    b = ctx.b
+    if isinstance(c, (int, float)) and c == 2:
+        x = operand(ctx, a, opmath(ctx.out_dtype()), _shape(ctx))
+        return b.convert(b.mul(x, x), ctx.out_dtype())
+    x, y, out = _binary_operands(ctx, a, c)
+    return b.convert(b.binary("power", x, y), out)
+
+
+@register(aten.maximum.default, aten.minimum.default, aten.fmax.default, aten.fmin.default)
+def _max_min(ctx: LoweringContext, a: Any, c: Any) -> Value:
+    x, y, out = _binary_operands(ctx, a, c)
+    b = ctx.b
+    is_max = ctx.op.overloadpacket in (aten.maximum, aten.fmax)
+    r = b.maximum(x, y) if is_max else b.minimum(x, y)
+    if out.is_floating_point:
+        if ctx.op.overloadpacket in (aten.maximum, aten.minimum):
+            # propagate NaN from either side
+            nan = b.binary("or", b.compare(x, x, "NE"), b.compare(y, y, "NE"))
+            r = b.select(nan, b.add(x, y), r)
+        else:
+            r = b.select(b.compare(x, x, "NE"), y, b.select(b.compare(y, y, "NE"), x, r))
+    return b.convert(r, out)
+
+
+@register(aten.atan2.default)
+def _atan2(ctx: LoweringContext, a: Any, c: Any) -> Value:
+    x, y, out = _binary_operands(ctx, a, c)
+    return ctx.b.convert(ctx.b.binary("atan2", x, y), out)
+
+
+_COMPARE = {aten.eq: "EQ", aten.ne: "NE", aten.lt: "LT", aten.le: "LE", aten.gt: "GT", aten.ge: "GE"}
+
+
+def _compare(ctx: LoweringContext, a: Any, c: Any) -> Value:
+    common = ctx.result_type(0, 1)
+    shape = _shape(ctx)
+    x, y = operand(ctx, a, common, shape), operand(ctx, c, common, shape)
+    return ctx.b.compare(x, y, _COMPARE[ctx.op.overloadpacket])
+
+
+for _op in _COMPARE:
+    register(_op.Tensor, _op.Scalar)(_compare)
+
+
+def _logical(name: str):
+    def lower(ctx: LoweringContext, a: Any, c: Any) -> Value:
+        shape = _shape(ctx)
+        x, y = operand(ctx, a, torch.bool, shape), operand(ctx, c, torch.bool, shape)
+        return ctx.b.convert(ctx.b.binary(name, x, y), ctx.out_dtype())
+
+    return lower
+
+
+register(aten.logical_and.default)(_logical("and"))
+register(aten.logical_or.default)(_logical("or"))
+register(aten.logical_xor.default)(_logical("xor"))
+
+
+def _bitwise(name: str):
+    def lower(ctx: LoweringContext, a: Any, c: Any) -> Value:
+        out = ctx.out_dtype()
+        shape = _shape(ctx)
+        return ctx.b.binary(name, operand(ctx, a, out, shape), operand(ctx, c, out, shape))
+
+    return lower
+
+
+for _op, _name in ((aten.bitwise_and, "and"), (aten.bitwise_or, "or"), (aten.bitwise_xor, "xor")):
+    register(_op.Tensor, _op.Scalar)(_bitwise(_name))
+
+
+@register(aten.where.self)
+def _where(ctx: LoweringContext, cond: Value, a: Any, c: Any) -> Value:
+    out = ctx.out_dtype()
+    shape = _shape(ctx)
+    p = ctx.b.broadcast_to(ctx.b.convert(cond, torch.bool), shape)
+    return ctx.b.select(p, operand(ctx, a, out, shape), operand(ctx, c, out, shape))
+
+
+@register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(ctx: LoweringContext, x: Value, mask: Value, value: Any) -> Value:
+    out = ctx.out_dtype()
+    shape = _shape(ctx)
+    p = ctx.b.broadcast_to(ctx.b.convert(mask, torch.bool), shape)
+    return ctx.b.select(p, operand(ctx, value, out, shape), ctx.b.broadcast_to(x, shape))
+
+
+@register(aten.clamp.default, aten.clamp.Tensor)
+def _clamp(ctx: LoweringContext, x: Value, lo: Any = None, hi: Any = None) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = _shape(ctx)
+    v = operand(ctx, x, out, shape)
+    if lo is not None:
+        lv = operand(ctx, lo, out, shape)
+        v = b.select(b.compare(v, lv, "LT"), lv, v) if out.is_floating_point else b.maximum(v, lv)
+    if hi is not None:
+        hv = operand(ctx, hi, out, shape)
+        v = b.select(b.compare(v, hv, "GT"), hv, v) if out.is_floating_point else b.minimum(v, hv)
+    if lo is not None and hi is not None and out.is_floating_point:
+        # NaN bounds propagate like PyTorch
+        pass
+    return v
+
+
+@register(aten.clamp_min.default, aten.clamp_min.Tensor)
+def _clamp_min(ctx: LoweringContext, x: Value, lo: Any) -> Value:
+    return _clamp(ctx, x, lo, None)
+
+
+@register(aten.clamp_max.default, aten.clamp_max.Tensor)
+def _clamp_max(ctx: LoweringContext, x: Value, hi: Any) -> Value:
+    return _clamp(ctx, x, None, hi)
+
+
+@register(aten.lerp.Scalar, aten.lerp.Tensor)
+def _lerp(ctx: LoweringContext, start: Value, end: Value, weight: Any) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = _shape(ctx)
+    c = opmath(out)
+    s, e, w = operand(ctx, start, c, shape), operand(ctx, end, c, shape), operand(ctx, weight, c, shape)
+    # PyTorch's formula: weight < 0.5 ? start + w*(end-start) : end - (end-start)*(1-w)
+    diff = b.sub(e, s)
+    low = b.add(s, b.mul(w, diff))
+    high = b.sub(e, b.mul(diff, b.sub(b.constant(1.0, c, shape), w)))
+    r = b.select(b.compare(b.unary("abs", w), b.constant(0.5, c, shape), "LT"), low, high)
+    return b.convert(r, out)
+
+
+@register(aten.addcmul.default, aten.addcdiv.default)
+def _addc(ctx: LoweringContext, x: Value, t1: Value, t2: Value, value: Any = 1) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = _shape(ctx)
+    c = opmath(out)
+    xv, a1, a2 = operand(ctx, x, c, shape), operand(ctx, t1, c, shape), operand(ctx, t2, c, shape)
+    prod = b.mul(a1, a2) if ctx.op.overloadpacket is aten.addcmul else b.div(a1, a2)
+    return b.convert(b.add(xv, b.mul(operand(ctx, value, c, shape), prod)), out)
+
+
+# -- activations ---------------------------------------------------------------
+@register(aten.relu.default)
+def _relu(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    return b.maximum(x, b.constant(0, x.dtype, x.shape)) if x.dtype != torch.bool else x
+
+
+def _erf(b: Builder, v: Value) -> Value:
+    return b.op1("chlo.erf", [v], v.shape, v.dtype)
+
+
+@register(aten.gelu.default)
+def _gelu(ctx: LoweringContext, x: Value, approximate: str = "none") -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    v = b.convert(x, opmath(out))
+    s = v.shape
+
+    def c(val: float) -> Value:
+        return b.constant(val, v.dtype, s)
+
+    if approximate == "tanh":
+        inner = b.mul(c(math.sqrt(2.0 / math.pi)), b.add(v, b.mul(c(0.044715), b.mul(v, b.mul(v, v)))))
+        r = b.mul(b.mul(c(0.5), v), b.add(c(1.0), b.unary("tanh", inner)))
+    else:
+        r = b.mul(b.mul(v, c(0.5)), b.add(c(1.0), _erf(b, b.mul(v, c(1.0 / math.sqrt(2.0))))))
+    return b.convert(r, out)
+
+
+@register(aten.gelu_backward.default)
+def _gelu_backward(ctx: LoweringContext, grad: Value, x: Value, approximate: str = "none") -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    g = b.convert(grad, opmath(out))
+    v = b.convert(x, opmath(out))
+    s = v.shape
+
+    def c(val: float) -> Value:
+        return b.constant(val, v.dtype, s)
+
+    if approximate == "tanh":
+        k = math.sqrt(2.0 / math.pi)
+        x2 = b.mul(v, v)
+        inner = b.mul(c(k), b.add(v, b.mul(c(0.044715), b.mul(x2, v))))
+        t = b.unary("tanh", inner)
+        left = b.mul(c(0.5), b.add(c(1.0), t))
+        dinner = b.mul(c(k), b.add(c(1.0), b.mul(c(3 * 0.044715), x2)))
+        right = b.mul(b.mul(c(0.5), v), b.mul(b.sub(c(1.0), b.mul(t, t)), dinner))
+        d = b.add(left, right)
+    else:
+        cdf = b.mul(c(0.5), b.add(c(1.0), _erf(b, b.mul(v, c(1.0 / math.sqrt(2.0))))))
+        pdf = b.mul(c(1.0 / math.sqrt(2.0 * math.pi)), b.unary("exponential", b.mul(c(-0.5), b.mul(v, v))))
+        d = b.add(cdf, b.mul(v, pdf))
+    return b.convert(b.mul(g, d), out)
+
+
+@register(aten.silu.default)
+def _silu(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    v = b.convert(x, opmath(out))
+    return b.convert(b.mul(v, b.unary("logistic", v)), out)
+
+
+@register(aten.silu_backward.default)
+def _silu_backward(ctx: LoweringContext, grad: Value, x: Value) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    g, v = b.convert(grad, opmath(out)), b.convert(x, opmath(out))
+    s = b.unary("logistic", v)
+    one = b.constant(1.0, v.dtype, v.shape)
+    return b.convert(b.mul(g, b.mul(s, b.add(one, b.mul(v, b.sub(one, s))))), out)
+
+
+@register(aten.sigmoid_backward.default)
+def _sigmoid_backward(ctx: LoweringContext, grad: Value, y: Value) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    g, v = b.convert(grad, opmath(out)), b.convert(y, opmath(out))
+    return b.convert(b.mul(g, b.mul(v, b.sub(b.constant(1.0, v.dtype, v.shape), v))), out)
+
+
+@register(aten.tanh_backward.default)
+def _tanh_backward(ctx: LoweringContext, grad: Value, y: Value) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    g, v = b.convert(grad, opmath(out)), b.convert(y, opmath(out))
+    return b.convert(b.mul(g, b.sub(b.constant(1.0, v.dtype, v.shape), b.mul(v, v))), out)
+
+
+@register(aten.threshold_backward.default)
+def _threshold_backward(ctx: LoweringContext, grad: Value, x: Value, threshold: Any) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = _shape(ctx)
+    xv = b.broadcast_to(x, shape)
+    t = operand(ctx, threshold, x.dtype, shape)
+    g = operand(ctx, grad, out, shape)
+    return b.select(b.compare(xv, t, "LE"), b.constant(0, out, shape), g)
+
+
+@register(aten.threshold.default)
+def _threshold(ctx: LoweringContext, x: Value, threshold: Any, value: Any) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    t = operand(ctx, threshold, out, x.shape)
+    return b.select(b.compare(x, t, "LE"), operand(ctx, value, out, x.shape), x)
+
+
+@register(aten.leaky_relu.default)
+def _leaky_relu(ctx: LoweringContext, x: Value, slope: Any = 0.01) -> Value:
+    b = ctx.b
+    zero = b.constant(0, x.dtype, x.shape)
+    return b.select(b.compare(x, zero, "GT"), x, b.mul(x, operand(ctx, slope, x.dtype, x.shape)))
+
+
+@register(aten.leaky_relu_backward.default)
+def _leaky_relu_backward(ctx: LoweringContext, grad: Value, x: Value, slope: Any, self_is_result: bool) -> Value:
+    b = ctx.b
+    zero = b.constant(0, x.dtype, x.shape)
+    return b.select(b.compare(x, zero, "GT"), grad, b.mul(grad, operand(ctx, slope, grad.dtype, grad.shape)))
+
+
+@register(aten.hardtanh.default)
+def _hardtanh(ctx: LoweringContext, x: Value, lo: Any = -1, hi: Any = 1) -> Value:
+    return _clamp(ctx, x, lo, hi)
+
+
+@register(aten.softplus.default)
+def _softplus(ctx: LoweringContext, x: Value, beta: Any = 1, threshold: Any = 20) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    v = b.convert(x, opmath(out))
+    bv = operand(ctx, beta, v.dtype, v.shape)
+    bx = b.mul(v, bv)
+    soft = b.div(b.unary("log_plus_one", b.unary("exponential", bx)), bv)
+    r = b.select(b.compare(bx, operand(ctx, threshold, v.dtype, v.shape), "GT"), v, soft)
+    return b.convert(r, out)
+
+
+@register(aten.elu.default)
+def _elu(ctx: LoweringContext, x: Value, alpha: Any = 1, scale: Any = 1, input_scale: Any = 1) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    v = b.convert(x, opmath(out))
+    s = v.shape
+    neg = b.mul(operand(ctx, alpha, v.dtype, s),
+                b.unary("exponential_minus_one", b.mul(v, operand(ctx, input_scale, v.dtype, s))))
+    r = b.select(b.compare(v, b.constant(0.0, v.dtype, s), "GT"), v, neg)
+    return b.convert(b.mul(r, operand(ctx, scale, v.dtype, s)), out)
+
+
+# -- copies ------------------------------------------------------------------
+@register(aten.clone.default, aten.alias_copy.default, aten.detach_copy.default, aten.lift_fresh_copy.default)
+def _clone(ctx: LoweringContext, x: Value, *rest: Any, **kw: Any) -> Value:
+    return x
+
+
+@register(aten.copy.default)
+def _copy(ctx: LoweringContext, dst: Value, src: Value, non_blocking: bool = False) -> Value:
+    return ctx.b.broadcast_to(ctx.b.convert(src, ctx.out_dtype()), ctx.out_shape())
+
+
+@register(aten.fill.Scalar, aten.fill.Tensor)
+def _fill(ctx: LoweringContext, x: Value, value: Any) -> Value:
+    return operand(ctx, value, ctx.out_dtype(), ctx.out_shape())
+
+
+@register(aten.zero.default)
+def _zero(ctx: LoweringContext, x: Value) -> Value:
+    return ctx.b.constant(0, ctx.out_dtype(), ctx.out_shape())

@@ -1,0 +1,296 @@
+"""Indexing: gather/scatter family, embedding, advanced indexing.
+
+XLA clamps out-of-range indices silently; Debug mode checks them on the host
+first and raises IndexError like the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .builder import Builder, Value
+from .registry import LoweringContext, register, register_debug_check
+
+aten = torch.ops.aten
+
+
+def _wrap(b: Builder, idx: Value, size: int) -> Value:
+    """Negative indices count from the end."""
+    idx = b.convert(idx, torch.int64)
+    zero = b.constant(0, torch.int64, idx.shape)
+    return b.select(b.compare(idx, zero, "LT"), b.add(idx, b.constant(size, torch.int64, idx.shape)), idx)
+
+
+def take_rows(b: Builder, x: Value, idx: Value, dim: int) -> Value:
+    """x.index_select(dim, idx) for an n-d idx: result shape x.shape[:dim] + idx.shape + x.shape[dim+1:]."""
+    idx = _wrap(b, idx, x.shape[dim])
+    rank = idx.rank
+    offset_dims = list(range(dim)) + list(range(dim + rank, x.rank - 1 + rank))
+    slice_sizes = list(x.shape)
+    slice_sizes[dim] = 1
+    out_shape = list(x.shape[:dim]) + list(idx.shape) + list(x.shape[dim + 1:])
+    attrs = ("dimension_numbers = #stablehlo.gather<offset_dims = [" + ", ".join(map(str, offset_dims)) + "], "
+             f"collapsed_slice_dims = [{dim}], start_index_map = [{dim}], index_vector_dim = {rank}>, "
+             "slice_sizes = array<i64: " + ", ".join(map(str, slice_sizes)) + ">, indices_are_sorted = false")
+    return b.op1("stablehlo.gather", [x, idx], out_shape, x.dtype, attrs=attrs)
+
+
+@register(aten.index_select.default)
+def _index_select(ctx: LoweringContext, x: Value, dim: int, index: Value) -> Value:
+    if x.rank == 0:
+        return x
+    return take_rows(ctx.b, x, ctx.b.reshape(index, (index.numel,)), dim % x.rank)
+
+
+@register(aten.embedding.default)
+def _embedding(ctx: LoweringContext, weight: Value, indices: Value, padding_idx: int = -1,
+               scale_grad_by_freq: bool = False, sparse: bool = False) -> Value:
+    return take_rows(ctx.b, weight, indices, 0)
+
+
+def scatter_add_rows(b: Builder, base: Value, idx: Value, updates: Value, dim: int) -> Value:
+    """base.index_add(dim, idx, updates) for 1-d idx."""
+    idx = _wrap(b, idx, base.shape[dim])
+    window = [d for d in range(base.rank) if d != dim]
+    update_window_dims = [d if d < dim else d for d in range(base.rank - 1)]
+    update_window_dims = [i for i in range(base.rank) if i != dim]
+    region = b.region([((), base.dtype), ((), base.dtype)], lambda bb, a, c: bb.add(a, c))
+    attrs = ("scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = ["
+             + ", ".join(map(str, update_window_dims)) + f"], inserted_window_dims = [{dim}], "
+             f"scatter_dims_to_operand_dims = [{dim}], index_vector_dim = 1>, "
+             "indices_are_sorted = false, unique_indices = false")
+    del window
+    idx2 = b.reshape(idx, (idx.numel,))
+    return b.op1("stablehlo.scatter", [base, idx2, updates], base.shape, base.dtype, attrs=attrs, region=region)
+
+
+@register(aten.embedding_dense_backward.default)
+def _embedding_backward(ctx: LoweringContext, grad: Value, indices: Value, num_weights: int, padding_idx: int,
+                        scale_grad_by_freq: bool) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    acc = torch.float32 if out in (torch.bfloat16, torch.float16) else out
+    dim = grad.shape[-1]
+    n = indices.numel
+    flat_idx = b.reshape(b.convert(indices, torch.int64), (n,))
+    g = b.convert(b.reshape(grad, (n, dim)), acc)
+    if padding_idx >= 0:
+        keep = b.compare(flat_idx, b.constant(padding_idx, torch.int64, (n,)), "NE")
+        g = b.select(b.broadcast_in_dim(keep, (n, dim), [0]), g, b.constant(0, acc, (n, dim)))
+    base = b.constant(0, acc, (num_weights, dim))
+    return b.convert(scatter_add_rows(b, base, flat_idx, g, 0), out)
+
+
+@register(aten.index_add.default)
+def _index_add(ctx: LoweringContext, x: Value, dim: int, index: Value, source: Value, alpha: Any = 1) -> Value:
+    b = ctx.b
+    d = dim % max(x.rank, 1)
+    src = b.convert(source, x.dtype)
+    if not (isinstance(alpha, (int, float)) and alpha == 1):
+        src = b.mul(src, ctx.scalar(alpha, x.dtype, src.shape))
+    if x.rank == 0:
+        return b.add(x, b.reshape(src, ()))
+    return scatter_add_rows(b, x, b.reshape(index, (index.numel,)), src, d)
+
+
+def _full_indices(b: Builder, index: Value, dim: int) -> Value:
+    """Coordinates for gather/scatter along ``dim``: shape index.shape + [rank]."""
+    parts = []
+    for d in range(index.rank):
+        coord = _wrap(b, index, 0) if d == dim else b.iota(index.shape, d, torch.int64)
+        parts.append(b.reshape(coord, list(index.shape) + [1]))
+    return b.concatenate(parts, index.rank)
+
+
+@register(aten.gather.default)
+def _gather(ctx: LoweringContext, x: Value, dim: int, index: Value, sparse_grad: bool = False) -> Value:
+    b = ctx.b
+    if x.rank == 0:
+        return b.broadcast_to(x, index.shape)
+    d = dim % x.rank
+    idx = b.convert(index, torch.int64)
+    zero = b.constant(0, torch.int64, idx.shape)
+    idx = b.select(b.compare(idx, zero, "LT"), b.add(idx, b.constant(x.shape[d], torch.int64, idx.shape)), idx)
+    coords = []
+    for k in range(index.rank):
+        c = idx if k == d else b.iota(index.shape, k, torch.int64)
+        coords.append(b.reshape(c, list(index.shape) + [1]))
+    full = b.concatenate(coords, index.rank)
+    dims = ", ".join(map(str, range(x.rank)))
+    attrs = (f"dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [{dims}], start_index_map = [{dims}], "
+             f"index_vector_dim = {index.rank}>, slice_sizes = array<i64: {', '.join(['1'] * x.rank)}>, "
+             "indices_are_sorted = false")
+    return b.op1("stablehlo.gather", [x, full], index.shape, x.dtype, attrs=attrs)
+
+
+def _scatter_elements(ctx: LoweringContext, x: Value, dim: int, index: Value, src: Value, combine: str | None
+                      ) -> Value:
+    b = ctx.b
+    d = dim % max(x.rank, 1)
+    idx = b.convert(index, torch.int64)
+    zero = b.constant(0, torch.int64, idx.shape)
+    idx = b.select(b.compare(idx, zero, "LT"), b.add(idx, b.constant(x.shape[d], torch.int64, idx.shape)), idx)
+    coords = []
+    for k in range(index.rank):
+        c = idx if k == d else b.iota(index.shape, k, torch.int64)
+        coords.append(b.reshape(c, list(index.shape) + [1]))
+    full = b.concatenate(coords, index.rank)
+    upd = b.convert(src, x.dtype)
+    if upd.shape != index.shape:
+        upd = b.slice(upd, [0] * upd.rank, list(index.shape))
+
+    def body(bb: Builder, a: Value, c: Value) -> Value:
+        if combine is None:
+            return c
+        if combine == "add":
+            return bb.add(a, c) if a.dtype != torch.bool else bb.binary("or", a, c)
+        if combine == "multiply":
+            return bb.mul(a, c)
+        if combine == "amax":
+            return bb.maximum(a, c)
+        if combine == "amin":
+            return bb.minimum(a, c)
+        raise NotImplementedError(f"scatter reduce '{combine}'")
+
+    region = b.region([((), x.dtype), ((), x.dtype)], body)
+    dims = ", ".join(map(str, range(x.rank)))
+    attrs = (f"scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [{dims}], "
+             f"scatter_dims_to_operand_dims = [{dims}], index_vector_dim = {index.rank}>, "
+             "indices_are_sorted = false, unique_indices = false")
+    return b.op1("stablehlo.scatter", [x, full, upd], x.shape, x.dtype, attrs=attrs, region=region)
+
+
+@register(aten.scatter.src, aten.scatter.value)
+def _scatter(ctx: LoweringContext, x: Value, dim: int, index: Value, src: Any) -> Value:
+    if not isinstance(src, Value) or src.shape != index.shape:
+        src = ctx.scalar(src, x.dtype, index.shape) if not isinstance(src, Value) or src.rank == 0 else src
+    return _scatter_elements(ctx, x, dim, index, src, None)
+
+
+@register(aten.scatter_add.default)
+def _scatter_add(ctx: LoweringContext, x: Value, dim: int, index: Value, src: Value) -> Value:
+    return _scatter_elements(ctx, x, dim, index, src, "add")
+
+
+@register(aten.scatter.reduce, aten.scatter.value_reduce)
+def _scatter_reduce_legacy(ctx: LoweringContext, x: Value, dim: int, index: Value, src: Any, reduce: str) -> Value:
+    if not isinstance(src, Value) or src.rank == 0:
+        src = ctx.scalar(src, x.dtype, index.shape)
+    return _scatter_elements(ctx, x, dim, index, src, reduce)
+
+
+@register(aten.index.Tensor)
+def _index(ctx: LoweringContext, x: Value, indices: list[Value | None]) -> Value:
+    """Advanced indexing with integer index tensors (boolean masks sync and are converted by PyTorch)."""
+    b = ctx.b
+    out_shape = ctx.out_shape()
+    idx_pos = [i for i, t in enumerate(indices) if t is not None]
+    if any(t.dtype == torch.bool for t in indices if t is not None):
+        raise NotImplementedError("torchtpu: boolean mask indexing (data-dependent shape)")
+    idx_vals = [indices[i] for i in idx_pos]
+    bshape = torch.broadcast_shapes(*[tuple(t.shape) for t in idx_vals])
+    coords = []
+    for i, t in zip(idx_pos, idx_vals):
+        w = _wrap(b, b.broadcast_to(b.convert(t, torch.int64), bshape), x.shape[i])
+        coords.append(b.reshape(w, list(bshape) + [1]))
+    full = b.concatenate(coords, len(bshape))
+    consecutive = idx_pos == list(range(idx_pos[0], idx_pos[-1] + 1))
+    rest = [d for d in range(x.rank) if d not in idx_pos]
+    slice_sizes = [1 if d in idx_pos else x.shape[d] for d in range(x.rank)]
+    nb = len(bshape)
+    if consecutive:
+        first = idx_pos[0]
+        offset_dims = [d for d in range(first)] + [d + nb - len(idx_pos) for d in rest if d > idx_pos[-1]]
+        offset_dims = list(range(first)) + list(range(first + nb, first + nb + len([d for d in rest if d > first])))
+    else:
+        offset_dims = list(range(nb, nb + len(rest)))
+    attrs = ("dimension_numbers = #stablehlo.gather<offset_dims = [" + ", ".join(map(str, offset_dims)) + "], "
+             "collapsed_slice_dims = [" + ", ".join(map(str, idx_pos)) + "], start_index_map = ["
+             + ", ".join(map(str, idx_pos)) + f"], index_vector_dim = {nb}>, slice_sizes = array<i64: "
+             + ", ".join(map(str, slice_sizes)) + ">, indices_are_sorted = false")
+    return b.op1("stablehlo.gather", [x, full], out_shape, x.dtype, attrs=attrs)
+
+
+@register(aten.index_put.default)
+def _index_put(ctx: LoweringContext, x: Value, indices: list[Value | None], values: Value,
+               accumulate: bool = False) -> Value:
+    b = ctx.b
+    idx_pos = [i for i, t in enumerate(indices) if t is not None]
+    if any(t.dtype == torch.bool for t in indices if t is not None):
+        raise NotImplementedError("torchtpu: boolean mask index_put (data-dependent shape)")
+    idx_vals = [indices[i] for i in idx_pos]
+    bshape = torch.broadcast_shapes(*[tuple(t.shape) for t in idx_vals])
+    coords = []
+    for i, t in zip(idx_pos, idx_vals):
+        w = _wrap(b, b.broadcast_to(b.convert(t, torch.int64), bshape), x.shape[i])
+        coords.append(b.reshape(w, list(bshape) + [1]))
+    full = b.concatenate(coords, len(bshape))
+    rest = [d for d in range(x.rank) if d not in idx_pos]
+    nb = len(bshape)
+    upd_shape = list(bshape) + [x.shape[d] for d in rest]
+    v = b.convert(values, x.dtype)
+    consecutive = idx_pos == list(range(idx_pos[0], idx_pos[-1] + 1))
+    if consecutive and idx_pos[0] > 0:
+        # PyTorch places the indexed dims at the first indexed position; move them to the front
+        first = idx_pos[0]
+        natural = list(x.shape[:first]) + list(bshape) + [x.shape[d] for d in rest if d > first]
+        v = b.broadcast_to(v, natural)
+        perm = list(range(first, first + nb)) + list(range(first)) + list(range(first + nb, len(natural)))
+        v = b.transpose(v, perm)
+    else:
+        v = b.broadcast_to(v, upd_shape)
+
+    def body(bb: Builder, a: Value, c: Value) -> Value:
+        if accumulate:
+            return bb.add(a, c) if a.dtype != torch.bool else bb.binary("or", a, c)
+        return c
+
+    region = b.region([((), x.dtype), ((), x.dtype)], body)
+    attrs = ("scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = ["
+             + ", ".join(map(str, range(nb, nb + len(rest)))) + "], inserted_window_dims = ["
+             + ", ".join(map(str, idx_pos)) + "], scatter_dims_to_operand_dims = [" + ", ".join(map(str, idx_pos))
+             + f"], index_vector_dim = {nb}>, indices_are_sorted = false, unique_indices = false")
+    return b.op1("stablehlo.scatter", [x, full, v], x.shape, x.dtype, attrs=attrs, region=region)
+
+
+# -- Debug-mode host checks ---------------------------------------------------
+def _check_range(index: torch.Tensor, size: int, what: str) -> None:
+    if index.numel() == 0:
+        return
+    host = index.cpu() if index.device.type == "tpu" else index
+    lo, hi = int(host.min()), int(host.max())
+    if lo < -size or hi >= size:
+        bad = hi if hi >= size else lo
+        raise IndexError(f"index {bad} is out of bounds for dimension with size {size} ({what}, tpu debug check)")
+
+
+@register_debug_check(aten.embedding.default)
+def _check_embedding(weight: torch.Tensor, indices: torch.Tensor, *rest: Any) -> None:
+    if indices.numel():
+        host = indices.cpu()
+        if int(host.min()) < 0 or int(host.max()) >= weight.shape[0]:
+            raise IndexError("index out of range in self")
+
+
+@register_debug_check(aten.index_select.default)
+def _check_index_select(x: torch.Tensor, dim: int, index: torch.Tensor) -> None:
+    _check_range(index, x.shape[dim] if x.dim() else 1, "index_select")
+
+
+@register_debug_check(aten.gather.default)
+def _check_gather(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> None:
+    _check_range(index, x.shape[dim] if x.dim() else 1, "gather")
+
+
+@register_debug_check(aten.index.Tensor, aten.index_put.default)
+def _check_index(x: torch.Tensor, indices: list, *rest: Any) -> None:
+    for d, t in enumerate(indices):
+        if t is not None and t.dtype != torch.bool:
+            _check_range(t, x.shape[d], "index")
+
+
+@register_debug_check(aten.scatter.src, aten.scatter.value, aten.scatter_add.default)
+def _check_scatter(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> None:
+    _check_range(index, x.shape[dim] if x.dim() else 1, "scatter")

@@ -1,0 +1,116 @@
+"""Matrix products with TPU numerics.
+
+XLA's CPU backend ignores ``precision_config``, so the passes a TPU's bf16
+matrix unit makes are emitted explicitly: ``medium`` rounds f32 operands to
+bf16 and accumulates in f32 (1 pass); ``high`` splits each operand into
+hi + lo bf16 parts and sums 3 products; ``highest`` splits into 3 parts and
+sums 6 products (f32-accurate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .builder import Builder, Value
+from .registry import LoweringContext, register
+
+aten = torch.ops.aten
+
+
+def _split(b: Builder, x: Value, parts: int) -> list[Value]:
+    out = []
+    rest = x
+    for i in range(parts):
+        hi = b.convert(rest, torch.bfloat16)
+        out.append(hi)
+        if i + 1 < parts:
+            rest = b.sub(rest, b.convert(hi, torch.float32))
+    return out
+
+
+# (i, j) pairs of split parts whose products each pass sums, smallest first.
+_PASSES = {"medium": [(0, 0)], "high": [(1, 0), (0, 1), (0, 0)],
+           "highest": [(2, 0), (1, 1), (0, 2), (1, 0), (0, 1), (0, 0)]}
+
+
+def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Sequence[int]],
+        contract: tuple[Sequence[int], Sequence[int]], out_dtype: torch.dtype) -> Value:
+    """dot_general with TPU numerics for the operands' dtype and the precision in force."""
+    b = ctx.b
+    common = torch.promote_types(a.dtype, c.dtype)
+    if common == torch.float32:
+        passes = _PASSES[ctx.precision]
+        nparts = max(max(i, j) for i, j in passes) + 1
+        pa, pc = _split(b, b.convert(a, torch.float32), nparts), _split(b, b.convert(c, torch.float32), nparts)
+        acc = None
+        for i, j in passes:
+            p = b.dot_general(pa[i], pc[j], batch, contract, torch.float32)
+            acc = p if acc is None else b.add(acc, p)
+        return b.convert(acc, out_dtype)
+    if common == torch.bfloat16:
+        r = b.dot_general(b.convert(a, common), b.convert(c, common), batch, contract, torch.float32)
+        return b.convert(r, out_dtype)
+    if common == torch.float16:
+        r = b.dot_general(b.convert(a, torch.float32), b.convert(c, torch.float32), batch, contract, torch.float32)
+        return b.convert(r, out_dtype)
+    if common == torch.bool:
+        r = b.dot_general(b.convert(a, torch.int64), b.convert(c, torch.int64), batch, contract, torch.int64)
+        return b.convert(r, out_dtype)
+    return b.convert(b.dot_general(b.convert(a, common), b.convert(c, common), batch, contract, common), out_dtype)
+
+
+@register(aten.mm.default)
+def _mm(ctx: LoweringContext, a: Value, c: Value) -> Value:
+    return dot(ctx, a, c, ([], []), ([1], [0]), ctx.out_dtype())
+
+
+@register(aten.bmm.default)
+def _bmm(ctx: LoweringContext, a: Value, c: Value) -> Value:
+    return dot(ctx, a, c, ([0], [0]), ([2], [1]), ctx.out_dtype())
+
+
+@register(aten.mv.default)
+def _mv(ctx: LoweringContext, a: Value, v: Value) -> Value:
+    return dot(ctx, a, v, ([], []), ([1], [0]), ctx.out_dtype())
+
+
+@register(aten.dot.default, aten.vdot.default)
+def _dot(ctx: LoweringContext, a: Value, v: Value) -> Value:
+    return dot(ctx, a, v, ([], []), ([0], [0]), ctx.out_dtype())
+
+
+def _scaled_sum(ctx: LoweringContext, inp: Value, prod: Value, beta: Any, alpha: Any) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = ctx.out_shape()
+    acc = torch.float32 if out in (torch.bfloat16, torch.float16) else out
+    p = b.convert(prod, acc)
+    if not (isinstance(alpha, (int, float)) and alpha == 1):
+        p = b.mul(p, ctx.scalar(alpha, acc, shape))
+    if isinstance(beta, (int, float)) and beta == 0:
+        return b.convert(p, out)
+    i = b.broadcast_to(b.convert(inp, acc), shape)
+    if not (isinstance(beta, (int, float)) and beta == 1):
+        i = b.mul(i, ctx.scalar(beta, acc, shape))
+    return b.convert(b.add(i, p), out)
+
+
+@register(aten.addmm.default)
+def _addmm(ctx: LoweringContext, inp: Value, a: Value, c: Value, beta: Any = 1, alpha: Any = 1) -> Value:
+    prod = dot(ctx, a, c, ([], []), ([1], [0]), torch.float32 if ctx.out_dtype() != torch.float64 else torch.float64)
+    return _scaled_sum(ctx, inp, prod, beta, alpha)
+
+
+@register(aten.baddbmm.default)
+def _baddbmm(ctx: LoweringContext, inp: Value, a: Value, c: Value, beta: Any = 1, alpha: Any = 1) -> Value:
+    prod = dot(ctx, a, c, ([0], [0]), ([2], [1]), torch.float32 if ctx.out_dtype() != torch.float64 else torch.float64)
+    return _scaled_sum(ctx, inp, prod, beta, alpha)
+
+
+@register(aten.addmv.default)
+def _addmv(ctx: LoweringContext, inp: Value, a: Value, v: Value, beta: Any = 1, alpha: Any = 1) -> Value:
+    prod = dot(ctx, a, v, ([], []), ([1], [0]), torch.float32 if ctx.out_dtype() != torch.float64 else torch.float64)
+    return _scaled_sum(ctx, inp, prod, beta, alpha)

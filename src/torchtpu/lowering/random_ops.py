@@ -1,0 +1,104 @@
+"""Random ops: XLA's counter-based generator, seeded per call from the tpu Generator.
+
+Each call draws a fresh 64-bit seed from the (C++) generator, so results
+depend only on ``torch.manual_seed`` and the call sequence, never on timing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .builder import Builder, Value
+from .elementwise import opmath
+from .registry import LoweringContext, register
+
+aten = torch.ops.aten
+
+
+def _seed(ctx: LoweringContext, generator: Any) -> Value:
+    if isinstance(generator, Value):
+        return generator
+    return ctx.extras["seed"]
+
+
+def uniform01(b: Builder, state: Value, shape: tuple[int, ...], salt: int = 0) -> Value:
+    """f32 uniforms in [0, 1) from 23 random mantissa bits."""
+    if salt:
+        state = b.add(state, b.constant(salt, torch.uint64, state.shape))
+    _, bits = b.rng_bit_generator(state, shape, torch.uint32)
+    mant = b.binary("shift_right_logical", bits, b.constant(9, torch.uint32, shape))
+    one_bits = b.binary("or", mant, b.constant(0x3F800000, torch.uint32, shape))
+    f = b.bitcast_convert(one_bits, torch.float32, shape)
+    return b.sub(f, b.constant(1.0, torch.float32, shape))
+
+
+def normal01(b: Builder, state: Value, shape: tuple[int, ...]) -> Value:
+    """Standard normals by Box-Muller."""
+    u1 = uniform01(b, state, shape, 0)
+    u2 = uniform01(b, state, shape, 0x9E3779B97F4A7C15)
+    one = b.constant(1.0, torch.float32, shape)
+    r = b.unary("sqrt", b.mul(b.constant(-2.0, torch.float32, shape), b.unary("log", b.sub(one, u1))))
+    theta = b.mul(b.constant(2.0 * math.pi, torch.float32, shape), u2)
+    return b.mul(r, b.unary("cosine", theta))
+
+
+@register(aten.uniform.default)
+def _uniform(ctx: LoweringContext, x: Value, lo: Any = 0.0, hi: Any = 1.0, generator: Any = None) -> Value:
+    b = ctx.b
+    shape = ctx.out_shape()
+    acc = opmath(ctx.out_dtype())
+    u = b.convert(uniform01(b, _seed(ctx, generator), shape), acc)
+    lov, hiv = ctx.scalar(lo, acc, shape), ctx.scalar(hi, acc, shape)
+    return b.convert(b.add(lov, b.mul(u, b.sub(hiv, lov))), ctx.out_dtype())
+
+
+@register(aten.normal_functional.default)
+def _normal(ctx: LoweringContext, x: Value, mean: Any = 0.0, std: Any = 1.0, generator: Any = None) -> Value:
+    b = ctx.b
+    shape = ctx.out_shape()
+    acc = opmath(ctx.out_dtype())
+    z = b.convert(normal01(b, _seed(ctx, generator), shape), acc)
+    return b.convert(b.add(ctx.scalar(mean, acc, shape), b.mul(z, ctx.scalar(std, acc, shape))), ctx.out_dtype())
+
+
+@register(aten.bernoulli.p)
+def _bernoulli(ctx: LoweringContext, x: Value, p: Any = 0.5, generator: Any = None) -> Value:
+    b = ctx.b
+    shape = ctx.out_shape()
+    u = uniform01(b, _seed(ctx, generator), shape)
+    return b.convert(b.compare(u, ctx.scalar(p, torch.float32, shape), "LT"), ctx.out_dtype())
+
+
+@register(aten.bernoulli.default)
+def _bernoulli_tensor(ctx: LoweringContext, x: Value, generator: Any = None) -> Value:
+    b = ctx.b
+    shape = ctx.out_shape()
+    u = uniform01(b, _seed(ctx, generator), shape)
+    return b.convert(b.compare(u, b.convert(x, torch.float32), "LT"), ctx.out_dtype())
+
+
+@register(aten.native_dropout.default)
+def _dropout(ctx: LoweringContext, x: Value, p: Any, train: bool | None) -> tuple[Value, Value]:
+    b = ctx.b
+    if train is False:
+        return x, b.constant(True, torch.bool, x.shape)
+    acc = opmath(x.dtype)
+    u = uniform01(b, ctx.extras["seed"], x.shape)
+    pv = ctx.scalar(p, torch.float32, x.shape)
+    keep = b.compare(u, pv, "GE")
+    one = b.constant(1.0, acc, x.shape)
+    scale = b.div(one, b.sub(one, b.convert(pv, acc)))
+    y = b.select(keep, b.mul(b.convert(x, acc), scale), b.constant(0.0, acc, x.shape))
+    return b.convert(y, ctx.out_dtype(0)), keep
+
+
+@register(aten.native_dropout_backward.default)
+def _dropout_backward(ctx: LoweringContext, grad: Value, mask: Value, scale: Any) -> Value:
+    b = ctx.b
+    acc = opmath(grad.dtype)
+    g = b.convert(grad, acc)
+    m = b.convert(mask, acc)
+    return b.convert(b.mul(b.mul(g, m), ctx.scalar(scale, acc, g.shape)), ctx.out_dtype())

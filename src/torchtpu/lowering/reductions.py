@@ -1,0 +1,314 @@
+"""Reductions, softmax and scans."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .builder import Builder, Value
+from .elementwise import opmath
+from .registry import LoweringContext, register
+
+aten = torch.ops.aten
+
+
+def norm_dims(dims: Any, rank: int) -> list[int]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({(d % rank) if rank else 0 for d in dims}) if rank else []
+
+
+def _keep(b: Builder, r: Value, shape: Sequence[int], dims: Sequence[int], keepdim: bool) -> Value:
+    if keepdim:
+        return b.reshape(r, [1 if i in dims else d for i, d in enumerate(shape)])
+    return r
+
+
+def reduce_sum(b: Builder, v: Value, dims: Sequence[int]) -> Value:
+    return b.reduce(v, dims, b.constant(0, v.dtype), "stablehlo.add")
+
+
+def _init_max(dtype: torch.dtype, is_max: bool) -> float | int | bool:
+    if dtype == torch.bool:
+        return not is_max
+    if dtype.is_floating_point:
+        return -math.inf if is_max else math.inf
+    info = torch.iinfo(dtype)
+    return info.min if is_max else info.max
+
+
+def reduce_max(b: Builder, v: Value, dims: Sequence[int], is_max: bool = True) -> Value:
+    init = b.constant(_init_max(v.dtype, is_max), v.dtype)
+    return b.reduce(v, dims, init, "stablehlo.maximum" if is_max else "stablehlo.minimum")
+
+
+@register(aten.sum.dim_IntList, aten.sum.default)
+def _sum(ctx: LoweringContext, x: Value, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
+    b = ctx.b
+    if ctx.op is aten.sum.default:
+        dims, keepdim = None, False
+    out = ctx.out_dtype()
+    d = norm_dims(dims, x.rank)
+    acc = opmath(out) if out != torch.bool else torch.int64
+    r = reduce_sum(b, b.convert(x, acc), d)
+    return b.convert(_keep(b, r, x.shape, d, keepdim), out)
+
+
+@register(aten.mean.dim, aten.mean.default)
+def _mean(ctx: LoweringContext, x: Value, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
+    b = ctx.b
+    if ctx.op is aten.mean.default:
+        dims, keepdim = None, False
+    out = ctx.out_dtype()
+    d = norm_dims(dims, x.rank)
+    acc = opmath(out)
+    r = reduce_sum(b, b.convert(x, acc), d)
+    n = math.prod(x.shape[i] for i in d)
+    r = b.div(r, b.constant(float(n) if n else math.nan, acc, r.shape))
+    return b.convert(_keep(b, r, x.shape, d, keepdim), out)
+
+
+@register(aten.prod.default, aten.prod.dim_int)
+def _prod(ctx: LoweringContext, x: Value, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
+    b = ctx.b
+    if ctx.op is aten.prod.default:
+        dim, keepdim = None, False
+    out = ctx.out_dtype()
+    d = norm_dims(dim, x.rank)
+    acc = opmath(out) if out != torch.bool else torch.int64
+    v = b.convert(x, acc)
+    r = b.reduce(v, d, b.constant(1, acc), "stablehlo.multiply")
+    return b.convert(_keep(b, r, x.shape, d, keepdim), out)
+
+
+@register(aten.amax.default, aten.amin.default)
+def _amax(ctx: LoweringContext, x: Value, dims: Any = (), keepdim: bool = False) -> Value:
+    b = ctx.b
+    d = norm_dims(dims, x.rank)
+    is_max = ctx.op.overloadpacket is aten.amax
+    r = reduce_max(b, x, d, is_max)
+    if x.dtype.is_floating_point:
+        # NaN propagates through max/min in PyTorch
+        isnan = b.convert(b.compare(x, x, "NE"), torch.int32)
+        anynan = b.reduce(isnan, d, b.constant(0, torch.int32), "stablehlo.maximum")
+        r = b.select(b.compare(anynan, b.constant(0, torch.int32, anynan.shape), "NE"),
+                     b.constant(math.nan, x.dtype, r.shape), r)
+    return _keep(b, r, x.shape, d, keepdim)
+
+
+@register(aten.max.default, aten.min.default)
+def _max_all(ctx: LoweringContext, x: Value) -> Value:
+    if x.numel == 0:
+        raise RuntimeError("max(): Expected reduction dim to be specified for input.numel() == 0. "
+                           "Specify the reduction dim with the 'dim' argument.")
+    ctx2 = LoweringContext(ctx.b, aten.amax.default if ctx.op is aten.max.default else aten.amin.default, ctx.out,
+                           ctx.precision)
+    return _amax(ctx2, x, list(range(x.rank)), False)
+
+
+def arg_reduce(b: Builder, x: Value, dim: int, is_max: bool) -> tuple[Value, Value]:
+    """(values, first index) along ``dim``; NaN counts as the extreme, like PyTorch."""
+    idx = b.iota(x.shape, dim, torch.int64)
+    init_v = b.constant(_init_max(x.dtype, is_max), x.dtype)
+    init_i = b.constant(0, torch.int64)
+    floating = x.dtype.is_floating_point
+
+    def body(bb: Builder, av: Value, ai: Value, ev: Value, ei: Value) -> list[Value]:
+        better = bb.compare(ev, av, "GT" if is_max else "LT")
+        if floating:
+            e_nan = bb.compare(ev, ev, "NE")
+            a_nan = bb.compare(av, av, "NE")
+            better = bb.binary("or", bb.binary("and", e_nan, bb.unary("not", a_nan)),
+                               bb.binary("and", better, bb.unary("not", a_nan)))
+        same = bb.compare(ev, av, "EQ")
+        if floating:
+            same = bb.binary("or", same, bb.binary("and", bb.compare(ev, ev, "NE"), bb.compare(av, av, "NE")))
+        lower_idx = bb.compare(ei, ai, "LT")
+        take = bb.binary("or", better, bb.binary("and", same, lower_idx))
+        return [bb.select(take, ev, av), bb.select(take, ei, ai)]
+
+    vals, inds = b.reduce_multi([x, idx], [init_v, init_i], [dim], body)
+    return vals, inds
+
+
+@register(aten.max.dim, aten.min.dim)
+def _max_dim(ctx: LoweringContext, x: Value, dim: int, keepdim: bool = False) -> tuple[Value, Value]:
+    b = ctx.b
+    if x.rank == 0:
+        return x, b.constant(0, torch.int64)
+    d = dim % x.rank
+    v, i = arg_reduce(b, x, d, ctx.op.overloadpacket is aten.max)
+    return _keep(b, v, x.shape, [d], keepdim), _keep(b, i, x.shape, [d], keepdim)
+
+
+@register(aten.argmax.default, aten.argmin.default)
+def _argmax(ctx: LoweringContext, x: Value, dim: int | None = None, keepdim: bool = False) -> Value:
+    b = ctx.b
+    is_max = ctx.op.overloadpacket is aten.argmax
+    if dim is None:
+        flat = b.reshape(x, (x.numel,))
+        _, i = arg_reduce(b, flat, 0, is_max)
+        return b.reshape(i, ctx.out_shape()) if keepdim else i
+    if x.rank == 0:
+        return b.constant(0, torch.int64)
+    d = dim % x.rank
+    _, i = arg_reduce(b, x, d, is_max)
+    return _keep(b, i, x.shape, [d], keepdim)
+
+
+@register(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
+def _any_all(ctx: LoweringContext, x: Value, dim: Any = None, keepdim: bool = False) -> Value:
+    b = ctx.b
+    d = norm_dims(dim, x.rank)
+    v = b.convert(x, torch.bool)
+    is_any = ctx.op.overloadpacket is aten.any
+    r = b.reduce(v, d, b.constant(not is_any, torch.bool), "stablehlo.or" if is_any else "stablehlo.and")
+    return b.convert(_keep(b, r, x.shape, d, keepdim), ctx.out_dtype())
+
+
+@register(aten.var.correction, aten.std.correction)
+def _var(ctx: LoweringContext, x: Value, dim: Any = None, correction: Any = None, keepdim: bool = False
+         ) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    acc = opmath(x.dtype)
+    v = b.convert(x, acc)
+    d = norm_dims(dim, x.rank)
+    n = math.prod(x.shape[i] for i in d)
+    mean = b.div(reduce_sum(b, v, d), b.constant(float(n), acc, [s for i, s in enumerate(x.shape) if i not in d]))
+    keep_shape = [1 if i in d else s for i, s in enumerate(x.shape)]
+    centered = b.sub(v, b.broadcast_to(b.reshape(mean, keep_shape), x.shape))
+    ss = reduce_sum(b, b.mul(centered, centered), d)
+    corr = 1 if correction is None else correction
+    denom = max(n - corr, 0)
+    r = b.div(ss, b.constant(float(denom) if denom else 0.0, acc, ss.shape))
+    if ctx.op.overloadpacket is aten.std:
+        r = b.unary("sqrt", r)
+    return b.convert(_keep(b, r, x.shape, d, keepdim), out)
+
+
+@register(aten.logsumexp.default)
+def _logsumexp(ctx: LoweringContext, x: Value, dim: Any, keepdim: bool = False) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    acc = opmath(out) if out.is_floating_point else torch.float32
+    v = b.convert(x, acc)
+    d = norm_dims(dim, x.rank)
+    m = reduce_max(b, v, d)
+    keep_shape = [1 if i in d else s for i, s in enumerate(x.shape)]
+    finite = b.select(b.op1("stablehlo.is_finite", [m], m.shape, torch.bool), m, b.constant(0.0, acc, m.shape))
+    mb = b.broadcast_to(b.reshape(finite, keep_shape), x.shape)
+    s = reduce_sum(b, b.unary("exponential", b.sub(v, mb)), d)
+    r = b.add(b.unary("log", s), finite)
+    return b.convert(_keep(b, r, x.shape, d, keepdim), out)
+
+
+def softmax(b: Builder, v: Value, dim: int, log: bool) -> Value:
+    m = reduce_max(b, v, [dim])
+    keep = [1 if i == dim else s for i, s in enumerate(v.shape)]
+    m = b.select(b.op1("stablehlo.is_finite", [m], m.shape, torch.bool), m, b.constant(0.0, v.dtype, m.shape))
+    shifted = b.sub(v, b.broadcast_to(b.reshape(m, keep), v.shape))
+    e = b.unary("exponential", shifted)
+    s = b.broadcast_to(b.reshape(reduce_sum(b, e, [dim]), keep), v.shape)
+    if log:
+        return b.sub(shifted, b.unary("log", s))
+    return b.div(e, s)
+
+
+@register(aten._softmax.default, aten._log_softmax.default)
+def _softmax(ctx: LoweringContext, x: Value, dim: int, half_to_float: bool) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    if x.rank == 0:
+        return b.constant(0.0 if ctx.op is aten._log_softmax.default else 1.0, out)
+    v = b.convert(x, opmath(x.dtype))
+    return b.convert(softmax(b, v, dim % x.rank, ctx.op is aten._log_softmax.default), out)
+
+
+@register(aten._softmax_backward_data.default)
+def _softmax_backward(ctx: LoweringContext, grad: Value, y: Value, dim: int, input_dtype: Any) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    acc = opmath(grad.dtype)
+    g, o = b.convert(grad, acc), b.convert(y, acc)
+    if g.rank == 0:
+        return b.constant(0.0, out)
+    d = dim % g.rank
+    keep = [1 if i == d else s for i, s in enumerate(g.shape)]
+    go = b.mul(g, o)
+    s = b.broadcast_to(b.reshape(reduce_sum(b, go, [d]), keep), g.shape)
+    return b.convert(b.sub(go, b.mul(o, s)), out)
+
+
+@register(aten._log_softmax_backward_data.default)
+def _log_softmax_backward(ctx: LoweringContext, grad: Value, y: Value, dim: int, input_dtype: Any) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    acc = opmath(grad.dtype)
+    g, o = b.convert(grad, acc), b.convert(y, acc)
+    if g.rank == 0:
+        return b.constant(0.0, out)
+    d = dim % g.rank
+    keep = [1 if i == d else s for i, s in enumerate(g.shape)]
+    s = b.broadcast_to(b.reshape(reduce_sum(b, g, [d]), keep), g.shape)
+    return b.convert(b.sub(g, b.mul(b.unary("exponential", o), s)), out)
+
+
+def _scan(b: Builder, v: Value, dim: int, body_op: str, init: Any) -> Value:
+    n = v.shape[dim]
+    window = [1] * v.rank
+    window[dim] = n
+    pad = [(0, 0)] * v.rank
+    pad[dim] = (n - 1, 0)
+    return b.reduce_window(v, b.constant(init, v.dtype), body_op, window, [1] * v.rank, pad)
+
+
+@register(aten.cumsum.default)
+def _cumsum(ctx: LoweringContext, x: Value, dim: int, dtype: Any = None) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    if x.rank == 0:
+        return b.convert(x, out)
+    acc = opmath(out) if out != torch.bool else torch.int64
+    return b.convert(_scan(b, b.convert(x, acc), dim % x.rank, "stablehlo.add", 0), out)
+
+
+@register(aten.cumprod.default)
+def _cumprod(ctx: LoweringContext, x: Value, dim: int, dtype: Any = None) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    if x.rank == 0:
+        return b.convert(x, out)
+    acc = opmath(out) if out != torch.bool else torch.int64
+    return b.convert(_scan(b, b.convert(x, acc), dim % x.rank, "stablehlo.multiply", 1), out)
+
+
+@register(aten.linalg_vector_norm.default)
+def _vector_norm(ctx: LoweringContext, x: Value, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
+                 dtype: Any = None) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    acc = opmath(out)
+    v = b.unary("abs", b.convert(x, acc))
+    d = norm_dims(dim, x.rank)
+    o = float(ord)
+    if o == math.inf:
+        r = reduce_max(b, v, d)
+    elif o == -math.inf:
+        r = reduce_max(b, v, d, is_max=False)
+    elif o == 0:
+        r = reduce_sum(b, b.convert(b.compare(v, b.constant(0.0, acc, v.shape), "NE"), acc), d)
+    elif o == 1:
+        r = reduce_sum(b, v, d)
+    elif o == 2:
+        r = b.unary("sqrt", reduce_sum(b, b.mul(v, v), d))
+    else:
+        p = b.binary("power", v, b.constant(o, acc, v.shape))
+        s = reduce_sum(b, p, d)
+        r = b.binary("power", s, b.constant(1.0 / o, acc, s.shape))
+    return b.convert(_keep(b, r, x.shape, d, keepdim), out)

@@ -1,0 +1,116 @@
+"""The lowering registry: ATen op -> function that emits StableHLO.
+
+A lowering is ``fn(ctx, *args)`` where ``args`` follow the op's schema
+(defaults filled in). Tensor arguments arrive as dense :class:`Value`\\ s;
+``Scalar``/``float`` arguments arrive as 0-d Values (they are runtime inputs,
+so a changing learning rate does not recompile) or, when called from a
+decomposition, as Python numbers; every other argument is a Python value.
+It returns a Value, or a tuple/list matching the op's returns.
+
+Lowerings are registered for *functional* overloads; in-place and ``out=``
+variants reuse them (the engine writes the result back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .builder import Builder, Value
+
+Lowering = Callable[..., Any]
+
+_LOWERINGS: dict[Any, Lowering] = {}
+# Host-side argument checks run in Debug mode (e.g. index bounds).
+_DEBUG_CHECKS: dict[Any, Callable[..., None]] = {}
+
+
+def register(*ops: Any) -> Callable[[Lowering], Lowering]:
+    """Register a lowering for OpOverloads or whole OpOverloadPackets."""
+
+    def deco(fn: Lowering) -> Lowering:
+        for op in ops:
+            _LOWERINGS[op] = fn
+        return fn
+
+    return deco
+
+
+def register_debug_check(*ops: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def deco(fn: Callable[..., None]) -> Callable[..., None]:
+        for op in ops:
+            _DEBUG_CHECKS[op] = fn
+        return fn
+
+    return deco
+
+
+def lookup(op: torch._ops.OpOverload) -> Lowering | None:
+    fn = _LOWERINGS.get(op)
+    if fn is None:
+        fn = _LOWERINGS.get(op.overloadpacket)
+    return fn
+
+
+def debug_check(op: torch._ops.OpOverload) -> Callable[..., None] | None:
+    fn = _DEBUG_CHECKS.get(op)
+    if fn is None:
+        fn = _DEBUG_CHECKS.get(op.overloadpacket)
+    return fn
+
+
+def registered_ops() -> list[Any]:
+    return list(_LOWERINGS)
+
+
+@dataclass
+class OutMeta:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class LoweringContext:
+    """What a lowering may use besides its arguments."""
+
+    b: Builder
+    op: torch._ops.OpOverload
+    out: list[OutMeta | None]
+    precision: str = "medium"
+    extras: dict[str, Any] = field(default_factory=dict)
+    # The lowering's arguments with tensors as meta tensors (for dtype rules
+    # such as torch.result_type); None where unavailable.
+    metas: list[Any] | None = None
+
+    def result_type(self, *positions: int) -> torch.dtype:
+        assert self.metas is not None
+        return torch.result_type(*[self.metas[i] for i in positions])
+
+    def out_dtype(self, i: int = 0) -> torch.dtype:
+        meta = self.out[i]
+        assert meta is not None
+        return meta.dtype
+
+    def out_shape(self, i: int = 0) -> tuple[int, ...]:
+        meta = self.out[i]
+        assert meta is not None
+        return meta.shape
+
+    def scalar(self, x: Value | bool | int | float, dtype: torch.dtype, shape: Sequence[int] = ()) -> Value:
+        """A runtime or constant scalar as a Value of ``dtype`` broadcast to ``shape``."""
+        b = self.b
+        if isinstance(x, Value):
+            v = b.convert(x, dtype)
+            if v.shape != tuple(shape):
+                v = b.broadcast_to(v, shape)
+            return v
+        return b.constant(x, dtype, shape)
+
+
+def as_list(x: Any) -> list[Any]:
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    return [x]

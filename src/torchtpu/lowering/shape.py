@@ -1,0 +1,149 @@
+"""Shape ops that compute (views are metadata-only and live in the C++ shim)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .builder import Value
+from .registry import LoweringContext, register
+
+aten = torch.ops.aten
+
+
+@register(aten.cat.default)
+def _cat(ctx: LoweringContext, tensors: list[Value], dim: int = 0) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = ctx.out_shape()
+    parts = [b.convert(t, out) for t in tensors if t.numel > 0 or t.shape == shape]
+    parts = [p for p in parts if p.rank == len(shape)]
+    if not parts:
+        return b.constant(0, out, shape)
+    d = dim % len(shape)
+    return b.concatenate(parts, d)
+
+
+@register(aten.constant_pad_nd.default)
+def _pad(ctx: LoweringContext, x: Value, pad: list[int], value: Any = 0) -> Value:
+    b = ctx.b
+    low = [0] * x.rank
+    high = [0] * x.rank
+    for i in range(len(pad) // 2):
+        d = x.rank - 1 - i
+        low[d], high[d] = pad[2 * i], pad[2 * i + 1]
+    # negative padding crops
+    start = [max(-lo, 0) for lo in low]
+    limit = [s - max(-hi, 0) for s, hi in zip(x.shape, high)]
+    v = b.slice(x, start, limit)
+    pv = ctx.scalar(value, x.dtype)
+    return b.pad(v, pv, [max(lo, 0) for lo in low], [max(hi, 0) for hi in high])
+
+
+@register(aten.flip.default)
+def _flip(ctx: LoweringContext, x: Value, dims: list[int]) -> Value:
+    if x.rank == 0:
+        return x
+    return ctx.b.reverse(x, sorted({d % x.rank for d in dims}))
+
+
+@register(aten.roll.default)
+def _roll(ctx: LoweringContext, x: Value, shifts: list[int], dims: list[int] = ()) -> Value:
+    b = ctx.b
+    if not dims:
+        flat = b.reshape(x, (x.numel,))
+        return b.reshape(_roll1(b, flat, shifts[0], 0), x.shape)
+    v = x
+    for s, d in zip(shifts, dims):
+        v = _roll1(b, v, s, d % x.rank)
+    return v
+
+
+def _roll1(b, v: Value, shift: int, dim: int) -> Value:
+    n = v.shape[dim]
+    if n == 0:
+        return v
+    s = shift % n
+    if s == 0:
+        return v
+    lim = list(v.shape)
+    start = [0] * v.rank
+    lim[dim] = n - s
+    first = b.slice(v, start, lim)
+    start2 = [0] * v.rank
+    start2[dim] = n - s
+    second = b.slice(v, start2, list(v.shape))
+    return b.concatenate([second, first], dim)
+
+
+@register(aten.repeat.default)
+def _repeat(ctx: LoweringContext, x: Value, repeats: list[int]) -> Value:
+    b = ctx.b
+    n = len(repeats)
+    shape = [1] * (n - x.rank) + list(x.shape)
+    v = b.reshape(x, shape)
+    # broadcast to [r0, s0, r1, s1, ...] then merge pairs
+    big = []
+    dims = []
+    for i, (r, s) in enumerate(zip(repeats, shape)):
+        big += [r, s]
+        dims.append(2 * i + 1)
+    v = b.broadcast_in_dim(v, big, dims)
+    return b.reshape(v, [r * s for r, s in zip(repeats, shape)])
+
+
+def _tri(ctx: LoweringContext, x: Value, diagonal: int, lower: bool) -> Value:
+    b = ctx.b
+    rows = b.iota(x.shape, x.rank - 2, torch.int64)
+    cols = b.iota(x.shape, x.rank - 1, torch.int64)
+    diff = b.sub(cols, rows)
+    k = b.constant(diagonal, torch.int64, x.shape)
+    keep = b.compare(diff, k, "LE" if lower else "GE")
+    return b.select(keep, x, b.constant(0, x.dtype, x.shape))
+
+
+@register(aten.tril.default)
+def _tril(ctx: LoweringContext, x: Value, diagonal: int = 0) -> Value:
+    return _tri(ctx, x, diagonal, True)
+
+
+@register(aten.triu.default)
+def _triu(ctx: LoweringContext, x: Value, diagonal: int = 0) -> Value:
+    return _tri(ctx, x, diagonal, False)
+
+
+@register(aten.arange.start_step)
+def _arange(ctx: LoweringContext, start: Any, end: Any, step: Any = 1, **kwargs: Any) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = ctx.out_shape()
+    acc = torch.float64 if out == torch.float64 else (torch.float32 if out.is_floating_point else torch.int64)
+    if out.is_floating_point and any(isinstance(v, Value) and v.dtype.is_floating_point for v in (start, step)):
+        acc = torch.float64 if out == torch.float64 else torch.float32
+    i = b.iota(shape, 0, acc)
+    r = b.add(ctx.scalar(start, acc, shape), b.mul(i, ctx.scalar(step, acc, shape)))
+    return b.convert(r, out)
+
+
+@register(aten.scalar_tensor.default)
+def _scalar_tensor(ctx: LoweringContext, value: Any, **kwargs: Any) -> Value:
+    return ctx.scalar(value, ctx.out_dtype())
+
+
+@register(aten.full.default)
+def _full(ctx: LoweringContext, size: list[int], value: Any, **kwargs: Any) -> Value:
+    return ctx.scalar(value, ctx.out_dtype(), ctx.out_shape())
+
+
+@register(aten.stack.default)
+def _stack(ctx: LoweringContext, tensors: list[Value], dim: int = 0) -> Value:
+    b = ctx.b
+    shape = ctx.out_shape()
+    d = dim % len(shape)
+    parts = []
+    for t in tensors:
+        s = list(t.shape)
+        s.insert(d, 1)
+        parts.append(b.reshape(b.convert(t, ctx.out_dtype()), s))
+    return b.concatenate(parts, d)

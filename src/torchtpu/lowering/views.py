@@ -1,0 +1,229 @@
+"""Reading a strided view out of a flat storage buffer, and writing one back.
+
+Every program takes whole storages as flat 1-D inputs. A tensor argument is a
+(dtype, shape, stride, offset) window on one of them; the program itself cuts
+the window out (a reshape when contiguous, slice/reshape/transpose when it is a
+strided box, a gather otherwise), so a view never costs an extra launch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .builder import Builder, Value
+
+
+@dataclass(frozen=True, slots=True)
+class ViewSpec:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(strides))
+
+
+def is_contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    expected = 1
+    for d, s in zip(reversed(shape), reversed(stride)):
+        if d != 1 and s != expected:
+            return False
+        expected *= d
+    return True
+
+
+# -- dtype reinterpretation --------------------------------------------------
+def reinterpret(b: Builder, flat: Value, dtype: torch.dtype) -> Value:
+    """View a flat buffer's bytes as another dtype (``Tensor.view(dtype)``)."""
+    if flat.dtype == dtype:
+        return flat
+    if flat.dtype == torch.bool or dtype == torch.bool:
+        # i1 has no byte representation in StableHLO: go through uint8 values.
+        if flat.dtype == torch.bool:
+            flat = b.convert(flat, torch.uint8)
+            return reinterpret(b, flat, dtype)
+        as_u8 = reinterpret(b, flat, torch.uint8)
+        return b.convert(as_u8, torch.bool)
+    src, dst = flat.dtype.itemsize, dtype.itemsize
+    n = flat.shape[0]
+    if src == dst:
+        return b.bitcast_convert(flat, dtype, (n,))
+    if src > dst:
+        ratio = src // dst
+        wide = b.bitcast_convert(flat, dtype, (n, ratio))
+        return b.reshape(wide, (n * ratio,))
+    ratio = dst // src
+    usable = (n // ratio) * ratio
+    if usable != n:
+        flat = b.slice(flat, [0], [usable])
+    grouped = b.reshape(flat, (usable // ratio, ratio))
+    return b.bitcast_convert(grouped, dtype, (usable // ratio,))
+
+
+# -- reading ---------------------------------------------------------------
+def _fit(b: Builder, flat: Value, length: int) -> Value:
+    """Pad a flat buffer with zeros (or trim it) to exactly ``length`` elements."""
+    n = flat.shape[0]
+    if n == length:
+        return flat
+    if n > length:
+        return b.slice(flat, [0], [length])
+    zero = b.constant(0, flat.dtype)
+    return b.pad(flat, zero, [0], [length - n])
+
+
+def _strided_box(view: ViewSpec):
+    """Describe ``view`` as a sub-box of a dense tensor, or None if it overlaps."""
+    kept = [i for i, d in enumerate(view.shape) if d != 1 and view.stride[i] != 0]
+    order = sorted(kept, key=lambda i: -view.stride[i])
+    strides = [view.stride[i] for i in order]
+    sizes = [view.shape[i] for i in order]
+    k = len(order) - 1
+    if k < 0:
+        return order, [1], [1], [1]
+    for i in range(1, k):
+        if strides[i] <= 0 or strides[i - 1] % strides[i] != 0 or sizes[i] > strides[i - 1] // strides[i]:
+            return None
+    if k >= 1 and ((sizes[k] - 1) * strides[k] + 1 > strides[k - 1] or strides[k] <= 0):
+        return None
+    if k == 0:
+        base = [sizes[0] * strides[0]]
+        limits = [(sizes[0] - 1) * strides[0] + 1]
+        steps = [strides[0]]
+        return order, base, limits, steps
+    base = [sizes[0]] + [strides[i - 1] // strides[i] for i in range(1, k)] + [strides[k - 1]]
+    limits = sizes[:k] + [(sizes[k] - 1) * strides[k] + 1]
+    steps = [1] * k + [strides[k]]
+    return order, base, limits, steps
+
+
+def _gather_indices(b: Builder, view: ViewSpec) -> Value:
+    idx = b.constant(view.offset, torch.int64, view.shape)
+    for d, (size, stride) in enumerate(zip(view.shape, view.stride)):
+        if size == 1 or stride == 0:
+            continue
+        io = b.iota(view.shape, d, torch.int64)
+        idx = b.add(idx, b.mul(io, b.constant(stride, torch.int64, view.shape)))
+    return idx
+
+
+def read_view(b: Builder, flat: Value, view: ViewSpec) -> Value:
+    """The dense value of ``view`` over the flat storage value ``flat``."""
+    flat = reinterpret(b, flat, view.dtype)
+    shape = view.shape
+    if view.numel == 0:
+        return b.constant(0, view.dtype, shape)
+    if is_contiguous(shape, view.stride):
+        part = _fit(b, b.slice(flat, [view.offset], [min(flat.shape[0], view.offset + view.numel)])
+                    if view.offset < flat.shape[0] else b.constant(0, flat.dtype, (0,)), view.numel)
+        return b.reshape(part, shape)
+    box = _strided_box(view)
+    if box is None:
+        idx = _gather_indices(b, view)
+        flat = _fit(b, flat, max(flat.shape[0], 1 + view.offset + sum((d - 1) * s for d, s in
+                                                                        zip(shape, view.stride))))
+        return _gather(b, flat, idx)
+    order, base, limits, steps = box
+    total = math.prod(base)
+    window = b.slice(_fit(b, flat, max(flat.shape[0], view.offset + total)), [view.offset], [view.offset + total])
+    boxed = b.reshape(window, base)
+    boxed = b.slice(boxed, [0] * len(base), limits, steps)
+    # boxed dims follow `order`; put them back in view order, then restore
+    # size-1 and broadcast (stride-0) dims.
+    kept_sorted = sorted(order)
+    perm = [order.index(i) for i in kept_sorted]
+    boxed = b.transpose(boxed, perm) if len(order) > 1 else boxed
+    if not order:
+        boxed = b.reshape(boxed, ())
+    kept_shape = [shape[i] for i in kept_sorted]
+    boxed = b.reshape(boxed, kept_shape)
+    return b.broadcast_in_dim(boxed, shape, kept_sorted)
+
+
+def _gather(b: Builder, flat: Value, idx: Value) -> Value:
+    rank = idx.rank
+    attrs = ("dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], "
+             f"index_vector_dim = {rank}>, slice_sizes = array<i64: 1>, indices_are_sorted = false")
+    return b.op1("stablehlo.gather", [flat, idx], idx.shape, flat.dtype, attrs=attrs)
+
+
+# -- writing ---------------------------------------------------------------
+def write_view(b: Builder, flat: Value, storage_numel: int, view: ViewSpec, value: Value) -> Value:
+    """A new flat storage value equal to ``flat`` with ``view`` replaced by ``value``.
+
+    ``flat`` is in the storage buffer's dtype; the result is too, and has
+    exactly ``storage_numel`` elements.
+    """
+    buf_dtype = flat.dtype
+    value = b.convert(value, view.dtype)
+    if flat.shape[0] != storage_numel:
+        flat = _fit(b, flat, storage_numel)
+    if view.numel == 0:
+        return flat
+    # Work in the view's dtype, then reinterpret back.
+    if buf_dtype != view.dtype:
+        work = reinterpret(b, flat, view.dtype)
+    else:
+        work = flat
+    n = work.shape[0]
+    if is_contiguous(view.shape, view.stride):
+        vflat = b.reshape(value, (view.numel,))
+        if view.offset == 0 and view.numel == n:
+            new = vflat
+        else:
+            parts = []
+            if view.offset > 0:
+                parts.append(b.slice(work, [0], [view.offset]))
+            parts.append(vflat)
+            if view.offset + view.numel < n:
+                parts.append(b.slice(work, [view.offset + view.numel], [n]))
+            new = b.concatenate(parts, 0)
+    else:
+        idx = _gather_indices(b, view)
+        new = _scatter(b, work, idx, value)
+    if buf_dtype != view.dtype:
+        new = reinterpret(b, new, buf_dtype)
+        new = _fit(b, new, storage_numel)
+    return new
+
+
+def _scatter(b: Builder, flat: Value, idx: Value, updates: Value) -> Value:
+    rank = idx.rank
+    region = b.region([((), flat.dtype), ((), flat.dtype)], lambda bb, old, upd: upd)
+    attrs = ("scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], "
+             f"scatter_dims_to_operand_dims = [0], index_vector_dim = {rank}>, "
+             "indices_are_sorted = false, unique_indices = false")
+    return b.op1("stablehlo.scatter", [flat, idx, updates], flat.shape, flat.dtype, attrs=attrs, region=region)
+
+
+def dense_to_storage(b: Builder, value: Value, stride: Sequence[int]) -> Value:
+    """Lay out a dense result as the flat storage of a tensor with ``stride``.
+
+    Only dense layouts (a permutation of a contiguous one) are produced by the
+    engine; the permutation is recovered from the strides.
+    """
+    shape = value.shape
+    if is_contiguous(shape, stride):
+        return b.reshape(value, (value.numel,))
+    order = sorted(range(len(shape)), key=lambda i: (-stride[i], i))
+    return b.reshape(b.transpose(value, order), (value.numel,))
+
+
+def is_dense_permutation(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    order = sorted(range(len(shape)), key=lambda i: (-stride[i], i))
+    return is_contiguous([shape[i] for i in order], [stride[i] for i in order])

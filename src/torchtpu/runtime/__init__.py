@@ -1,0 +1,42 @@
+"""torchtpu.runtime: PJRT C API through cffi. Knows nothing about PyTorch.
+
+Only numpy, ml_dtypes and cffi are imported here (never torch).
+"""
+
+from .buffer import Buffer
+from .client import Client, create_client
+from .compile_options import compile_options
+from .device import Device
+from .dtypes import (
+    SUPPORTED_DTYPES,
+    from_pjrt_type,
+    from_stablehlo,
+    to_pjrt_type,
+    to_stablehlo,
+)
+from .errors import PjrtError
+from .event import Event
+from .executable import Executable
+from .plugin import Plugin, load_plugin
+from .plugins import default_client_options, resolve_plugin_path, tpu_present
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "Buffer",
+    "Client",
+    "Device",
+    "Event",
+    "Executable",
+    "PjrtError",
+    "Plugin",
+    "compile_options",
+    "create_client",
+    "default_client_options",
+    "from_pjrt_type",
+    "from_stablehlo",
+    "load_plugin",
+    "resolve_plugin_path",
+    "to_pjrt_type",
+    "to_stablehlo",
+    "tpu_present",
+]

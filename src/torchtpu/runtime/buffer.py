@@ -1,0 +1,176 @@
+"""PJRT_Buffer: an immutable on-device array."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._pjrt_ffi import ffi
+from .dtypes import HOST_PJRT_TYPES, from_pjrt_type
+from .errors import PjrtError
+from .event import Event
+from .plugin import BUFFER_DESTROY_SIZE, BUFFER_DESTROY_T
+
+if TYPE_CHECKING:
+    from .client import Client
+
+_NULL = ffi.NULL
+_is_finalizing = sys.is_finalizing
+_new = ffi.new
+_FAILED_PRECONDITION = 9
+
+
+class Buffer:
+    """Owns one ``PJRT_Buffer*``. Immutable: ops produce new buffers.
+
+    Shape and dtype are passed in when the creator knows them (host transfer,
+    executable output metadata), otherwise read from PJRT on first use.
+    """
+
+    __slots__ = ("__weakref__", "_client", "_device_index", "_dtype", "_handle", "_shape")
+
+    def __init__(
+        self,
+        client: Client,
+        handle: Any,
+        shape: tuple[int, ...] | None = None,
+        dtype: np.dtype | None = None,
+        device_index: int | None = None,
+    ) -> None:
+        self._client = client
+        self._handle = handle
+        self._shape = shape
+        self._dtype = dtype
+        self._device_index = device_index
+
+    # -- metadata ---------------------------------------------------------
+    @property
+    def handle(self) -> Any:
+        """The raw ``PJRT_Buffer*``; raises if the buffer was deleted."""
+        h = self._handle
+        if h == _NULL:
+            raise PjrtError(_FAILED_PRECONDITION, "buffer has been deleted")
+        return h
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        s = self._shape
+        if s is None:
+            r = self._client._plugin.call("PJRT_Buffer_Dimensions", buffer=self.handle)
+            s = self._shape = tuple(int(r.dims[i]) for i in range(r.num_dims))
+        return s
+
+    @property
+    def dtype(self) -> np.dtype:
+        d = self._dtype
+        if d is None:
+            r = self._client._plugin.call("PJRT_Buffer_ElementType", buffer=self.handle)
+            d = self._dtype = from_pjrt_type(r.type)
+        return d
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def device_index(self) -> int:
+        """Index (into ``client.devices``) of the device PJRT placed this on."""
+        i = self._device_index
+        if i is None:
+            r = self._client._plugin.call("PJRT_Buffer_Device", buffer=self.handle)
+            i = self._device_index = self._client.device_index_of(r.device)
+        return i
+
+    @property
+    def nbytes(self) -> int:
+        """On-device size in bytes (padding included) if the plugin reports it."""
+        p = self._client._plugin
+        if p.has("PJRT_Buffer_OnDeviceSizeInBytes"):
+            r = p.call("PJRT_Buffer_OnDeviceSizeInBytes", buffer=self.handle)
+            return int(r.on_device_size_in_bytes)
+        return self.size * self.dtype.itemsize
+
+    # -- data -------------------------------------------------------------
+    def to_host(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Copy to host memory and wait for the copy (and the producer)."""
+        shape, dtype = self.shape, self.dtype
+        if dtype not in HOST_PJRT_TYPES:
+            raise TypeError(f"cannot copy {dtype} buffers to numpy (sub-byte type)")
+        if out is None:
+            out = np.empty(shape, dtype)
+        elif (
+            out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous or not out.flags.writeable
+        ):
+            raise ValueError(
+                f"out must be a writeable C-contiguous {dtype} array of shape {shape}, "
+                f"got {out.dtype} {out.shape}"
+            )
+        handle = self.handle
+        nbytes = out.nbytes
+        if nbytes == 0:
+            return out  # PJRT rejects a NULL/empty destination; nothing to copy
+        p = self._client._plugin
+        args = p.new_args("PJRT_Buffer_ToHostBuffer")
+        args.src = handle
+        # from_buffer: ~0.5 us, vs ~2.5 us for ndarray.ctypes.data
+        args.dst = ffi.from_buffer(out, require_writable=True)
+        args.dst_size = nbytes
+        p.check(p.api.PJRT_Buffer_ToHostBuffer(args))
+        p.await_and_destroy_event(args.event)
+        return out
+
+    def ready_event(self) -> Event:
+        """Event that completes when the buffer's contents are computed."""
+        p = self._client._plugin
+        r = p.call("PJRT_Buffer_ReadyEvent", buffer=self.handle)
+        return Event(p, r.event, self._client)
+
+    def block_until_ready(self) -> Buffer:
+        self.ready_event().wait()
+        return self
+
+    def unsafe_pointer(self) -> int:
+        """Device address (host-addressable only on CPU); keep self alive."""
+        r = self._client._plugin.call("PJRT_Buffer_UnsafePointer", buffer=self.handle)
+        return int(r.buffer_pointer)
+
+    # -- lifetime ---------------------------------------------------------
+    @property
+    def is_deleted(self) -> bool:
+        """True after delete(), or after PJRT consumed it (input donation)."""
+        h = self._handle
+        if h == _NULL:
+            return True
+        r = self._client._plugin.call("PJRT_Buffer_IsDeleted", buffer=h)
+        return bool(r.is_deleted)
+
+    def delete(self) -> None:
+        """Free the device memory now (idempotent)."""
+        h = self._handle
+        if h:
+            self._handle = _NULL
+            if self._client._handle:  # else leaked: its client is gone
+                self._client._plugin.destroy_buffer(h)
+
+    def __del__(self) -> None:
+        # Inlined delete(): runs for every temporary of every op. At
+        # interpreter shutdown leak instead: the plugin stays mapped
+        # (RTLD_NODELETE) and the process is about to exit anyway.
+        h = self._handle
+        if h and self._client._handle and not _is_finalizing():
+            self._handle = _NULL
+            p = self._client._plugin
+            err = p.buffer_destroy_fn(_new(BUFFER_DESTROY_T, [BUFFER_DESTROY_SIZE, _NULL, h]))
+            if err:
+                p.take_error(err)  # frees it; a finalizer cannot report it
+
+    def __repr__(self) -> str:
+        if self._handle == _NULL:
+            return "Buffer(deleted)"
+        return f"Buffer(shape={self.shape}, dtype={self.dtype}, device={self.device_index})"

@@ -1,0 +1,43 @@
+"""The one exception type the runtime raises for failures reported by PJRT."""
+
+from __future__ import annotations
+
+# Names of PJRT_Error_Code values (absl status codes), for readable messages.
+_CODE_NAMES = {
+    0: "OK",
+    1: "CANCELLED",
+    2: "UNKNOWN",
+    3: "INVALID_ARGUMENT",
+    4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND",
+    6: "ALREADY_EXISTS",
+    7: "PERMISSION_DENIED",
+    8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION",
+    10: "ABORTED",
+    11: "OUT_OF_RANGE",
+    12: "UNIMPLEMENTED",
+    13: "INTERNAL",
+    14: "UNAVAILABLE",
+    15: "DATA_LOSS",
+    16: "UNAUTHENTICATED",
+}
+
+UNIMPLEMENTED = 12
+
+
+class PjrtError(Exception):
+    """An error returned by a PJRT plugin.
+
+    ``code`` is the PJRT_Error_Code (an absl status code) and ``message`` the
+    plugin's own text, e.g. the MLIR parser diagnostic for a malformed module.
+    """
+
+    def __init__(self, code: int, message: str) -> None:
+        self.code = int(code)
+        self.message = message
+        super().__init__(f"[{self.code_name}] {message}")
+
+    @property
+    def code_name(self) -> str:
+        return _CODE_NAMES.get(self.code, str(self.code))

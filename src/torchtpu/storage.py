@@ -1,0 +1,95 @@
+"""Device data of ``tpu`` storages.
+
+A storage's device data is one immutable 1-D PJRT buffer (its *cell*), held as
+an attribute of the Python storage object. PyTorch preserves that object for as
+long as the C++ StorageImpl lives, so views, ``x.data``, tensors saved for
+backward and C++-made aliases all see the same cell. An in-place write builds
+a new buffer for the whole storage and rebinds the attribute; the old buffer
+is freed when its last reader drops it.
+
+A storage without a buffer is uninitialized (``torch.empty``); reading it
+yields zeros. A buffer may be shorter than the storage (after ``resize_``) and
+may hold another dtype than the tensor viewing it (``x.view(torch.int32)``).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from . import _device_state
+from .runtime import Buffer
+
+_ATTR = "_tpu_buffer"
+
+TORCH_TO_NUMPY: dict[torch.dtype, np.dtype] = {
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.uint8: np.dtype(np.uint8),
+    torch.uint16: np.dtype(np.uint16),
+    torch.uint32: np.dtype(np.uint32),
+    torch.uint64: np.dtype(np.uint64),
+    torch.bool: np.dtype(np.bool_),
+    torch.complex64: np.dtype(np.complex64),
+    torch.complex128: np.dtype(np.complex128),
+}
+NUMPY_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_NUMPY.items()}
+
+
+def storage_buffer(storage: torch.UntypedStorage) -> Buffer | None:
+    return getattr(storage, _ATTR, None)
+
+
+def set_storage_buffer(storage: torch.UntypedStorage, buffer: Buffer | None) -> None:
+    setattr(storage, _ATTR, buffer)
+
+
+def buffer_dtype(buffer: Buffer) -> torch.dtype:
+    return NUMPY_TO_TORCH[buffer.dtype]
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A host tensor as a numpy array (bfloat16 via ml_dtypes), no copy where possible."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def from_numpy(a: np.ndarray) -> torch.Tensor:
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def upload(host: torch.Tensor, device_index: int) -> Buffer:
+    """Copy a CPU tensor into a new 1-D device buffer."""
+    host = host.detach()
+    if not host.is_contiguous():
+        host = host.contiguous()
+    arr = to_numpy(host).reshape(-1)
+    return _device_state.client().buffer_from_host(arr, device_index)
+
+
+def zeros_buffer(numel: int, dtype: torch.dtype, device_index: int) -> Buffer:
+    return _device_state.client().buffer_from_host(np.zeros((numel,), TORCH_TO_NUMPY[dtype]), device_index)
+
+
+def storage_numel(storage: torch.UntypedStorage, dtype: torch.dtype) -> int:
+    return storage.nbytes() // dtype.itemsize
+
+
+def read_storage(storage: torch.UntypedStorage, dtype: torch.dtype, device_index: int) -> Buffer:
+    """The storage's buffer, creating zeros for an uninitialized storage."""
+    buf = storage_buffer(storage)
+    if buf is None:
+        buf = zeros_buffer(storage_numel(storage, dtype), dtype, device_index)
+        set_storage_buffer(storage, buf)
+    return buf

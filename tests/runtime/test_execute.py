@@ -1,0 +1,261 @@
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from torchtpu.runtime import Buffer, Event, PjrtError
+from torchtpu.runtime.compile_options import compile_options
+
+ADD_F32 = """module @m {
+  func.func public @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> (tensor<4xf32>) {
+    %0 = stablehlo.add %a, %b : tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}"""
+X = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+Y = np.array([10.0, 20.0, 30.0, 40.0], np.float32)
+
+DOT_2048 = """module @dot {
+  func.func public @main(%a: tensor<2048x2048xf32>, %b: tensor<2048x2048xf32>) -> tensor<2048x2048xf32> {
+    %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<2048x2048xf32>, tensor<2048x2048xf32>) -> tensor<2048x2048xf32>
+    return %0 : tensor<2048x2048xf32>
+  }
+}"""
+
+# tf.aliasing_output lets PJRT reuse (donate) %a's buffer for result 0.
+DONATING_ADD = ADD_F32.replace("%a: tensor<4xf32>", "%a: tensor<4xf32> {tf.aliasing_output = 0 : i32}")
+
+TWO_OUTPUTS = """module @two {
+  func.func public @main(%a: tensor<2x3xbf16>, %b: tensor<i64>) -> (tensor<2x3xf32>, tensor<i64>, tensor<2x3xi1>) {
+    %0 = stablehlo.convert %a : (tensor<2x3xbf16>) -> tensor<2x3xf32>
+    %1 = stablehlo.add %b, %b : tensor<i64>
+    %2 = stablehlo.compare GT, %0, %0 : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xi1>
+    return %0, %1, %2 : tensor<2x3xf32>, tensor<i64>, tensor<2x3xi1>
+  }
+}"""
+
+
+def test_add(client, add_exe, run):
+    (out,) = run(client, add_exe, X, Y)
+    np.testing.assert_array_equal(out, X + Y)
+    assert add_exe.num_outputs == 1
+    assert add_exe.output_shapes == [(4,)]
+    assert add_exe.output_dtypes == [np.dtype(np.float32)]
+
+
+def test_outputs_feed_next_launch(client, add_exe):
+    a, b = client.buffer_from_host(X), client.buffer_from_host(Y)
+    (c,), _ = add_exe.execute([a, b])  # no wait: outputs are futures
+    (d,), ev = add_exe.execute([c, c])
+    ev.wait()
+    np.testing.assert_array_equal(d.to_host(), 2 * (X + Y))
+
+
+def test_multiple_outputs_and_dtypes(client, run):
+    import ml_dtypes
+
+    exe = client.compile(TWO_OUTPUTS)
+    assert exe.num_outputs == 3
+    assert exe.output_shapes == [(2, 3), (), (2, 3)]
+    a = np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16)
+    f, i, p = run(client, exe, a, np.array(21, np.int64))
+    np.testing.assert_array_equal(f, a.astype(np.float32))
+    assert i.shape == () and i == 42 and i.dtype == np.int64
+    assert p.dtype == np.bool_ and not p.any()
+
+
+def test_async_large_dot(client):
+    exe = client.compile(DOT_2048)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2048, 2048), dtype=np.float32)
+    b = rng.standard_normal((2048, 2048), dtype=np.float32)
+    ba, bb = client.buffer_from_host(a), client.buffer_from_host(b)
+    (out,), event = exe.execute([ba, bb])
+    assert isinstance(event, Event)
+    event.wait()
+    assert event.is_ready()
+    assert event.error() is None
+    ref = a[:64].astype(np.float64) @ b.astype(np.float64)
+    got = out.to_host()[:64]
+    np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-2)
+
+
+def test_on_ready_callback(client, add_exe):
+    a, b = client.buffer_from_host(X), client.buffer_from_host(Y)
+    (out,), event = add_exe.execute([a, b])
+    fired = threading.Event()
+    seen = []
+
+    def callback(error):
+        seen.append(error)
+        fired.set()
+
+    event.on_ready(callback)
+    assert fired.wait(10)
+    assert seen == [None]
+    np.testing.assert_array_equal(out.to_host(), X + Y)
+
+
+def test_without_event(client, add_exe):
+    a, b = client.buffer_from_host(X), client.buffer_from_host(Y)
+    (out,), event = add_exe.execute([a, b], with_event=False)
+    assert event is None
+    out.ready_event().wait()
+    np.testing.assert_array_equal(out.to_host(), X + Y)
+    (out,), event = add_exe.execute([a, b])  # back to the default
+    event.wait()
+
+
+def test_execute_on_device_1(client, add_exe):
+    a, b = client.buffer_from_host(X, 1), client.buffer_from_host(Y, 1)
+    (out,), event = add_exe.execute([a, b], device_index=1)
+    event.wait()
+    assert out.device_index == 1  # asked from PJRT, not our bookkeeping
+    np.testing.assert_array_equal(out.to_host(), X + Y)
+    (out0,), _ = add_exe.execute([client.buffer_from_host(X), client.buffer_from_host(Y)], 0)
+    assert out0.device_index == 0
+
+
+def test_inputs_on_wrong_device(client, add_exe):
+    a, b = client.buffer_from_host(X, 0), client.buffer_from_host(Y, 0)
+    with pytest.raises(PjrtError, match="device"):
+        add_exe.execute([a, b], device_index=1)
+
+
+def test_fixed_device_assignment(client, run):
+    exe = client.compile(ADD_F32, options=compile_options(portable=False, device_ids=[[1]]))
+    (out,) = run(client, exe, X, Y, device=1)
+    np.testing.assert_array_equal(out, X + Y)
+    with pytest.raises(PjrtError):
+        run(client, exe, X, Y, device=0)
+
+
+def test_donation(client):
+    exe = client.compile(DONATING_ADD)
+    # Default: nothing is donated, inputs stay valid.
+    a, b = client.buffer_from_host(X), client.buffer_from_host(Y)
+    (out,), ev = exe.execute([a, b])
+    ev.wait()
+    assert not a.is_deleted and not b.is_deleted
+    np.testing.assert_array_equal(out.to_host(), X + Y)
+    np.testing.assert_array_equal(a.to_host(), X)
+    # Donating position 0: PJRT reuses a's memory and marks it deleted.
+    (out,), ev = exe.execute([a, b], donate=[0])
+    ev.wait()
+    assert a.is_deleted and not b.is_deleted
+    np.testing.assert_array_equal(out.to_host(), X + Y)
+    with pytest.raises(PjrtError, match="deleted or donated"):
+        exe.execute([a, b])
+    # Donating an argument the module does not alias is a no-op.
+    c = client.buffer_from_host(X)
+    (out,), ev = exe.execute([c, b], donate=[1])
+    ev.wait()
+    assert not b.is_deleted and not c.is_deleted
+
+
+def test_wrong_arity_raises(client, add_exe):
+    a = client.buffer_from_host(X)
+    with pytest.raises(PjrtError, match="expected 2 buffers") as info:
+        add_exe.execute([a])
+    assert info.value.code == 3  # INVALID_ARGUMENT
+    with pytest.raises(PjrtError):
+        add_exe.execute([a, a, a])
+
+
+def test_argument_size_mismatch_raises(client, add_exe):
+    # PJRT checks byte sizes (memory safety), not dtypes: a same-size
+    # reinterpretation (i32[4] for f32[4]) would run, so callers must match.
+    small = client.buffer_from_host(np.arange(2, dtype=np.float32))
+    with pytest.raises(PjrtError, match="size"):
+        add_exe.execute([small, small])
+    wide = client.buffer_from_host(np.arange(4, dtype=np.float64))
+    with pytest.raises(PjrtError, match="size"):
+        add_exe.execute([wide, wide])
+
+
+def test_on_ready_callback_exception_is_contained(client, add_exe, caplog):
+    a, b = client.buffer_from_host(X), client.buffer_from_host(Y)
+    _, event = add_exe.execute([a, b])
+    event.wait()
+    done = threading.Event()
+
+    def bad_callback(error):
+        done.set()
+        raise RuntimeError("boom")
+
+    event.on_ready(bad_callback)  # ready already: runs here, error is logged
+    assert done.wait(10)
+    assert any("on_ready callback" in r.getMessage() for r in caplog.records)
+    (out,), event = add_exe.execute([a, b])
+    event.wait()
+    np.testing.assert_array_equal(out.to_host(), X + Y)
+
+
+def test_deleted_or_foreign_argument(client, add_exe, plugin):
+    a, b = client.buffer_from_host(X), client.buffer_from_host(Y)
+    b.delete()
+    with pytest.raises(PjrtError, match="deleted"):
+        add_exe.execute([a, b])
+    other = type(client)(plugin, {"cpu_device_count": 1})
+    c = other.buffer_from_host(Y)
+    with pytest.raises(PjrtError, match="another client"):
+        add_exe.execute([a, c])
+
+
+def test_malformed_module(client):
+    with pytest.raises(PjrtError) as info:
+        client.compile("module @m { func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {")
+    assert "error" in info.value.message
+    assert info.value.code != 0
+    with pytest.raises(PjrtError, match="stablehlo.no_such_op|no_such_op"):
+        client.compile(ADD_F32.replace("stablehlo.add", "stablehlo.no_such_op"))
+
+
+def test_empty_options_refused(client):
+    with pytest.raises(ValueError):
+        client.compile(ADD_F32, options=b"")
+
+
+def test_fingerprint_and_name(add_exe):
+    fp = add_exe.fingerprint()
+    assert fp is None or (isinstance(fp, str) and fp)
+    assert add_exe.name == "m"
+
+
+def test_many_launches_free_memory(client, add_exe):
+    a, b = client.buffer_from_host(X), client.buffer_from_host(Y)
+    for _ in range(2000):
+        outs, ev = add_exe.execute([a, b])
+    ev.wait()
+    assert isinstance(outs[0], Buffer)
+
+
+def test_threads_share_an_executable(client, add_exe):
+    a, b = client.buffer_from_host(X), client.buffer_from_host(Y)
+    errors = []
+
+    def worker():
+        try:
+            for _ in range(300):
+                (out,), ev = add_exe.execute([a, b])
+                ev.wait()
+                np.testing.assert_array_equal(out.to_host(), X + Y)
+        except (AssertionError, PjrtError) as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_closed_executable(client):
+    exe = client.compile(ADD_F32)
+    exe.close()
+    exe.close()
+    with pytest.raises(PjrtError, match="closed"):
+        exe.execute([client.buffer_from_host(X), client.buffer_from_host(Y)])

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+import weakref
+
+import numpy as np
+
+EXIT_SCRIPT = textwrap.dedent(
+    """
+    import threading
+    import numpy as np
+    from torchtpu.runtime import Client, load_plugin, resolve_plugin_path
+    client = Client(load_plugin(resolve_plugin_path("cpu")), {"cpu_device_count": 2})
+    src = '''module @m {
+      func.func public @main(%a: tensor<512x512xf32>) -> tensor<512x512xf32> {
+        %0 = stablehlo.dot_general %a, %a, contracting_dims = [1] x [0] : (tensor<512x512xf32>, tensor<512x512xf32>) -> tensor<512x512xf32>
+        return %0 : tensor<512x512xf32>
+      }
+    }'''
+    exe = client.compile(src)
+    a = client.buffer_from_host(np.ones((512, 512), np.float32), 1)
+    (out,), event = exe.execute([a], 1)
+    event.on_ready(lambda err: None)
+    (out2,), event2 = exe.execute([out], 1)  # still running at exit
+    # exit with live client, executable, buffers and pending events
+    print("bye")
+    """
+)
+
+
+def test_interpreter_exit_with_live_objects():
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "bye"
+
+
+def test_objects_are_collected(client, add_exe):
+    b = client.buffer_from_host(np.ones(4, np.float32))
+    outs, event = add_exe.execute([b, b])
+    refs = [weakref.ref(x) for x in (b, outs[0], event)]
+    del b, outs, event
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_executable_and_client_keep_each_other_right(plugin):
+    from torchtpu.runtime import Client
+
+    c = Client(plugin, {"cpu_device_count": 1})
+    buf = c.buffer_from_host(np.arange(3, dtype=np.int32))
+    ref = weakref.ref(c)
+    del c
+    gc.collect()
+    assert ref() is not None  # the buffer keeps its client alive
+    np.testing.assert_array_equal(buf.to_host(), [0, 1, 2])
+    del buf
+    gc.collect()
+    assert ref() is None

@@ -6,6 +6,7 @@ nothing here runs at import: the plugin is loaded by ``torch.tpu._lazy_init``.
 
 from __future__ import annotations
 
+import os
 import threading
 
 from . import runtime
@@ -23,6 +24,8 @@ def client() -> runtime.Client:
         return c
     with _lock:
         if _client is None:
+            # XLA's INFO lines (device counts, ...) are noise for PyTorch users.
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
             _plugin_path = runtime.resolve_plugin_path(config.plugin)
             plugin = runtime.Plugin(_plugin_path)
             plugin.initialize()

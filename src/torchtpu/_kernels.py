@@ -87,6 +87,10 @@ def local_scalar_dense(t: torch.Tensor) -> Any:
     return device_to_host(t).item()
 
 
+def _sdp_choice_math(*args: Any, **kwargs: Any) -> int:
+    return int(torch.nn.attention.SDPBackend.MATH)
+
+
 def _fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     return dispatch(op, *args, **kwargs)
 
@@ -134,6 +138,9 @@ def register_kernels() -> None:
     lib.impl("_copy_from", copy_from, "PrivateUse1")
     lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
     lib.impl("_local_scalar_dense", local_scalar_dense, "PrivateUse1")
+    # scaled_dot_product_attention: the math path (matmul + softmax), which
+    # lowers to plain dot_general/reduce programs with autograd for free.
+    lib.impl("_fused_sdp_choice", _sdp_choice_math, "PrivateUse1")
     for op in _overloads_to_register():
         qual = op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else "")
         lib.impl(qual, _make_kernel(op), "PrivateUse1")

@@ -180,8 +180,10 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     key = (op, precision_mod.current(), col.has_f64, tuple(specs), skeys)
     entry = _cache.get(key)
     if entry is None:
-        entry = _compile(plan, values, specs, skeys, col, key)
-        if plan.mutated and _needs_resize(plan, values, entry):
+        try:
+            entry = _compile(plan, values, specs, skeys, col, key)
+        except _ResizeOutputs as r:
+            _resize_outputs(plan, values, r.metas)
             return run(op, args, kwargs)
     else:
         stats.hits += 1
@@ -219,11 +221,15 @@ def _first_dtypes(specs: list, n: int) -> list[torch.dtype]:
     return [d or torch.uint8 for d in out]
 
 
-def _needs_resize(plan: OpPlan, values: list[Any], entry: Entry) -> bool:
-    """out= tensors of the wrong shape are resized (with PyTorch's warning) and the call retried."""
+class _ResizeOutputs(Exception):
+    def __init__(self, metas: list[Any]) -> None:
+        self.metas = metas
+
+
+def _resize_outputs(plan: OpPlan, values: list[Any], metas: list[Any]) -> None:
+    """out= tensors of the wrong shape are resized (with PyTorch's warning); the call is then retried."""
     outs = _flat_mutated(plan, values)
-    metas = [m for m in entry.result_metas if m is not None]
-    resized = False
+    metas = [m for m in metas if m is not None]
     for t, m in zip(outs, metas):
         if tuple(t.shape) != m.shape:
             if t.numel() != 0:
@@ -234,8 +240,6 @@ def _needs_resize(plan: OpPlan, values: list[Any], entry: Entry) -> bool:
                     "have zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, "
                     "to zero elements with t.resize_(0).", UserWarning, stacklevel=4)
             t.resize_(m.shape)
-            resized = True
-    return resized
 
 
 def _flat_mutated(plan: OpPlan, values: list[Any]) -> list[torch.Tensor]:
@@ -262,6 +266,8 @@ def _meta_value(spec: Any, value: Any) -> Any:
         return [_meta_value(s, v) for s, v in zip(spec[1], value)]
     if kind == "G":
         return None
+    if isinstance(value, torch.device) and value.type == "tpu":
+        return torch.device("meta")
     return value
 
 
@@ -300,6 +306,11 @@ def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _C
         raise
     is_list_out = isinstance(meta_out, (list, tuple))
     metas = _flatten_tensors(meta_out) if is_list_out else [meta_out]
+    if plan.mutated and any(plan.kwarg_only[i] for i in plan.mutated):
+        outs = _flat_mutated(plan, values)
+        if any(tuple(t.shape) != tuple(m.shape) for t, m in zip(outs, [m for m in metas if m is not None])):
+            stats.misses -= 1
+            raise _ResizeOutputs(metas)
 
     b = Builder()
     input_values: list[Any] = []

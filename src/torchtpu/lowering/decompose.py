@@ -60,14 +60,32 @@ def lower_by_decomposition(ctx: registry.LoweringContext, *args: Any) -> Any:
             return type(t)(rebuild(x, tensors) for x in t)
         return t
 
+    schema_args = op._schema.arguments
+
     def fn(*tensors: torch.Tensor) -> Any:
-        return decomp(*[rebuild(t, tensors) for t in template])
+        pos, kw = [], {}
+        for a, t in zip(schema_args, template):
+            v = rebuild(t, tensors)
+            if isinstance(v, torch.device):
+                v = torch.device("meta")
+            if a.kwarg_only:
+                kw[a.name] = v
+            else:
+                pos.append(v)
+        return decomp(*pos, **kw)
 
     gm = make_fx(fn, decomposition_table=_table(), tracing_mode="real")(*[_meta_like(v) for v in leaves])
     outs = lower_graph(ctx.b, gm.graph, leaves, ctx.precision, ctx.extras)
     if isinstance(outs, (list, tuple)) and len(outs) == 1 and len(ctx.out) == 1:
         return outs[0]
     return outs
+
+
+def _has_value(xs: Any) -> bool:
+    for x in xs:
+        if isinstance(x, Value) or (isinstance(x, (list, tuple)) and _has_value(x)):
+            return True
+    return False
 
 
 def _as_meta(v: Any) -> Any:
@@ -128,6 +146,9 @@ def lower_call(b: Builder, op: torch._ops.OpOverload, args: list, kwargs: dict, 
     """Lower one ATen call whose tensor arguments are already Values."""
     from ..engine.opplan import normalize_args, plan_for
 
+    if not _has_value(args) and not _has_value(list(kwargs.values())) and not isinstance(val, torch.Tensor):
+        # Scalar arithmetic on Python numbers (e.g. aten.eq.default on ints).
+        return op(*args, **kwargs)
     plan = plan_for(op)
     if plan.mutated:
         raise NotImplementedError(f"torchtpu: in-place aten::{op.__name__} inside a decomposition")

@@ -580,3 +580,12 @@ def _fill(ctx: LoweringContext, x: Value, value: Any) -> Value:
 @register(aten.zero.default)
 def _zero(ctx: LoweringContext, x: Value) -> Value:
     return ctx.b.constant(0, ctx.out_dtype(), ctx.out_shape())
+
+
+@register(aten.isneginf.default, aten.isposinf.default)
+def _isneginf(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    if not x.dtype.is_floating_point:
+        return b.constant(False, torch.bool, x.shape)
+    inf = -math.inf if ctx.op is aten.isneginf.default else math.inf
+    return b.compare(x, b.constant(inf, x.dtype, x.shape), "EQ")

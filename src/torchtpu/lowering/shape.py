@@ -114,7 +114,7 @@ def _triu(ctx: LoweringContext, x: Value, diagonal: int = 0) -> Value:
 
 
 @register(aten.arange.start_step)
-def _arange(ctx: LoweringContext, start: Any, end: Any, step: Any = 1, **kwargs: Any) -> Value:
+def _arange(ctx: LoweringContext, start: Any, end: Any, step: Any = 1, *rest: Any) -> Value:
     b = ctx.b
     out = ctx.out_dtype()
     shape = ctx.out_shape()
@@ -127,12 +127,12 @@ def _arange(ctx: LoweringContext, start: Any, end: Any, step: Any = 1, **kwargs:
 
 
 @register(aten.scalar_tensor.default)
-def _scalar_tensor(ctx: LoweringContext, value: Any, **kwargs: Any) -> Value:
+def _scalar_tensor(ctx: LoweringContext, value: Any, *rest: Any) -> Value:
     return ctx.scalar(value, ctx.out_dtype())
 
 
 @register(aten.full.default)
-def _full(ctx: LoweringContext, size: list[int], value: Any, **kwargs: Any) -> Value:
+def _full(ctx: LoweringContext, size: list[int], value: Any, *rest: Any) -> Value:
     return ctx.scalar(value, ctx.out_dtype(), ctx.out_shape())
 
 
@@ -147,3 +147,13 @@ def _stack(ctx: LoweringContext, tensors: list[Value], dim: int = 0) -> Value:
         s.insert(d, 1)
         parts.append(b.reshape(b.convert(t, ctx.out_dtype()), s))
     return b.concatenate(parts, d)
+
+
+@register(aten.arange.default)
+def _arange_end(ctx: LoweringContext, end: Any, *kwargs: Any) -> Value:
+    return _arange(ctx, 0, end, 1)
+
+
+@register(aten.arange.start)
+def _arange_start(ctx: LoweringContext, start: Any, end: Any, *kwargs: Any) -> Value:
+    return _arange(ctx, start, end, 1)

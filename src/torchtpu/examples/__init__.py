@@ -1,0 +1,1 @@
+"""Small models used by the demo, tests and benchmarks."""

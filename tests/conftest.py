@@ -1,0 +1,28 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
+
+
+def assert_matches(tpu_value, cpu_value, rtol=1e-5, atol=1e-6):
+    """Compare a tpu result with the CPU one: values, dtype, shape and device."""
+    if isinstance(cpu_value, (tuple, list)):
+        assert len(tpu_value) == len(cpu_value)
+        for a, b in zip(tpu_value, cpu_value):
+            assert_matches(a, b, rtol, atol)
+        return
+    if not isinstance(cpu_value, torch.Tensor):
+        assert tpu_value == pytest.approx(cpu_value, rel=rtol, abs=atol)
+        return
+    assert tpu_value.device.type == "tpu", tpu_value.device
+    assert tpu_value.dtype == cpu_value.dtype
+    assert tpu_value.shape == cpu_value.shape
+    torch.testing.assert_close(tpu_value.cpu(), cpu_value, rtol=rtol, atol=atol, equal_nan=True)

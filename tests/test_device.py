@@ -1,0 +1,191 @@
+"""The tpu device, its module, tensors, storage semantics and serialization."""
+
+import copy
+import io
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+
+def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e,
+                          timeout=300)
+
+
+def test_autoload_without_import_torchtpu():
+    r = run_python("""
+        import sys, torch
+        m = torch.nn.Linear(8, 4).to('tpu')
+        out = m(torch.randn(2, 8, device='tpu'))
+        print(out.device, tuple(out.cpu().shape), 'torchtpu' in sys.modules)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "tpu:0 (2, 4) True" in r.stdout
+
+
+def test_autoload_can_be_disabled():
+    r = run_python("import torch; print(torch._C._get_privateuse1_backend_name())",
+                   {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "privateuseone"
+
+
+def test_device_module_mirrors_cuda():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() >= 1
+    assert torch.tpu.current_device() == 0
+    assert "emulated on XLA CPU" in torch.tpu.get_device_name()
+    assert torch.get_device_module("tpu") is torch.tpu
+    assert torch.accelerator.current_accelerator() == torch.device("tpu")
+    with torch.tpu.device(0):
+        assert torch.tpu.current_device() == 0
+    torch.tpu.synchronize()
+    torch.accelerator.synchronize()
+
+
+def test_plain_tensor_type_and_mismatch_error():
+    t = torch.ones(3, device="tpu")
+    assert type(t) is torch.Tensor and t.is_tpu and t.device == torch.device("tpu:0")
+    with pytest.raises(RuntimeError, match="same device"):
+        t + torch.ones(3)
+    # 0-d CPU tensors are scalars, as on CUDA
+    assert (t + torch.tensor(2.0)).cpu().tolist() == [3.0, 3.0, 3.0]
+
+
+def test_factories_item_tolist_numpy_print():
+    t = torch.arange(6, device="tpu").reshape(2, 3)
+    assert t.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert t.sum().item() == 15
+    assert t.cpu().numpy().sum() == 15
+    assert "device='tpu:0'" in repr(t)
+    assert torch.zeros(2, 2, device="tpu").cpu().abs().sum() == 0
+    assert torch.full((2,), 7.5, device="tpu").cpu().tolist() == [7.5, 7.5]
+    assert torch.empty(0, device="tpu").cpu().numel() == 0
+
+
+def test_views_and_inplace_on_views():
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    t[:, 0] += 1
+    x[:, 0] += 1
+    t.view(-1)[5] = 100.0
+    x.view(-1)[5] = 100.0
+    t.t()[1].mul_(2)
+    x.t()[1].mul_(2)
+    torch.testing.assert_close(t.cpu(), x)
+    v = t[1:, ::2]
+    t.zero_()
+    assert v.cpu().abs().sum() == 0  # an older view sees a later write to its base
+
+
+def test_strided_and_overlapping_reads():
+    x = torch.arange(24.0).reshape(2, 3, 4)
+    t = x.to("tpu")
+    for f in (lambda a: a.permute(2, 0, 1), lambda a: a[:, ::2, 1::2], lambda a: a.diagonal(0, 1, 2),
+              lambda a: a.expand(3, 2, 3, 4), lambda a: a.reshape(-1).unfold(0, 5, 2),
+              lambda a: a.transpose(0, 2)[1:3]):
+        torch.testing.assert_close((f(t) * 1).cpu(), f(x) * 1)
+
+
+def test_out_variant_and_resize():
+    a, b = torch.randn(4), torch.randn(4)
+    out = torch.empty(4, device="tpu")
+    torch.add(a.to("tpu"), b.to("tpu"), out=out)
+    torch.testing.assert_close(out.cpu(), a + b)
+    out2 = torch.empty(0, device="tpu")
+    torch.mul(a.to("tpu"), 2, out=out2)
+    torch.testing.assert_close(out2.cpu(), a * 2)
+
+
+def test_data_and_copy_across_devices():
+    p = torch.nn.Parameter(torch.randn(3, device="tpu"))
+    d = p.data
+    d.add_(1)
+    assert torch.equal(p.detach().cpu(), d.cpu())
+    p.data = torch.zeros(3, device="tpu")
+    assert p.detach().cpu().abs().sum() == 0
+    host = torch.empty(3, dtype=torch.float64)
+    host.copy_(torch.ones(3, device="tpu"))
+    assert host.tolist() == [1.0, 1.0, 1.0]
+    t = torch.empty(2, 3, device="tpu", dtype=torch.bfloat16)
+    t.copy_(torch.ones(3))  # broadcast + dtype conversion
+    assert t.float().cpu().sum() == 6
+
+
+def test_dtypes_round_trip():
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.bool, torch.uint8,
+                  torch.float64):
+        x = (torch.randn(5) * 10).to(dtype)
+        assert torch.equal(x.to("tpu").cpu(), x)
+
+
+def test_save_load_and_deepcopy():
+    m = torch.nn.Linear(4, 3).to("tpu")
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    for weights_only in (True, False):
+        buf.seek(0)
+        sd = torch.load(buf, weights_only=weights_only)
+        assert sd["weight"].device.type == "tpu"
+        torch.testing.assert_close(sd["weight"].cpu(), m.weight.detach().cpu())
+    buf.seek(0)
+    sd = torch.load(buf, map_location="cpu")
+    assert sd["weight"].device.type == "cpu"
+    c = copy.deepcopy(m)
+    torch.testing.assert_close(c.weight.detach().cpu(), m.weight.detach().cpu())
+    t = torch.randn(5, device="tpu")
+    t2 = copy.deepcopy(t)
+    t2.add_(1)
+    torch.testing.assert_close(t2.cpu(), t.cpu() + 1)
+    s = torch.UntypedStorage(16, device="tpu")
+    assert s.nbytes() == 16 and s.device.type == "tpu"
+
+
+def test_generator_reproducible_and_rng_state():
+    torch.manual_seed(123)
+    a = torch.randn(100, device="tpu").cpu()
+    torch.manual_seed(123)
+    b = torch.randn(100, device="tpu").cpu()
+    assert torch.equal(a, b)
+    assert abs(a.mean().item()) < 0.5 and 0.5 < a.std().item() < 1.5
+    g = torch.Generator("tpu").manual_seed(7)
+    u1 = torch.rand(10, device="tpu", generator=g).cpu()
+    g.manual_seed(7)
+    u2 = torch.rand(10, device="tpu", generator=g).cpu()
+    assert torch.equal(u1, u2) and 0 <= u1.min() and u1.max() < 1
+    state = torch.tpu.get_rng_state()
+    c = torch.rand(5, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(torch.rand(5, device="tpu").cpu(), c)
+
+
+def test_pin_memory_and_memory_stats():
+    p = torch.randn(4).pin_memory()
+    assert p.is_pinned()
+    before = torch.tpu.memory_allocated()
+    t = torch.empty(1024, device="tpu")
+    assert torch.tpu.memory_allocated() >= before + 4096
+    assert torch.tpu.max_memory_allocated() >= torch.tpu.memory_allocated()
+    del t
+    assert torch.tpu.memory_allocated() == before
+
+
+def test_second_device():
+    r = run_python("""
+        import torch
+        a = torch.arange(4.0).to('tpu:1')
+        b = (a * 2).to('tpu:1')
+        print(a.device, b.device, b.cpu().tolist(), torch.tpu.device_count())
+        torch.accelerator.set_device_index(1)
+        print(torch.tpu.current_device(), torch.empty(1, device='tpu').device)
+    """, {"TORCH_TPU_NUM_DEVICES": "2"})
+    assert r.returncode == 0, r.stderr
+    assert "tpu:1 tpu:1 [0.0, 2.0, 4.0, 6.0] 2" in r.stdout
+    assert "1 tpu:1" in r.stdout

@@ -1,4 +1,7 @@
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -26,3 +29,11 @@ def assert_matches(tpu_value, cpu_value, rtol=1e-5, atol=1e-6):
     assert tpu_value.dtype == cpu_value.dtype
     assert tpu_value.shape == cpu_value.shape
     torch.testing.assert_close(tpu_value.cpu(), cpu_value, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter (autoload, env-var modes, crash checks)."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True,
+                          text=True, env=e, timeout=300)

@@ -2,21 +2,10 @@
 
 import copy
 import io
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
-
-
-def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    import os
-
-    e = dict(os.environ)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e,
-                          timeout=300)
+from conftest import run_python
 
 
 def test_autoload_without_import_torchtpu():

@@ -54,7 +54,7 @@ def _index(device: int | str | torch.device | None) -> int:
     return d.index if d.index is not None else current_device()
 
 
-class device:  # noqa: N801  (mirrors torch.cuda.device)
+class device:
     """Context manager that changes the current tpu device."""
 
     def __init__(self, device: int | str | torch.device | None) -> None:
@@ -66,12 +66,12 @@ class device:  # noqa: N801  (mirrors torch.cuda.device)
             self.prev = current_device()
             set_device(self.idx)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.idx >= 0:
             set_device(self.prev)
 
 
-class device_of(device):  # noqa: N801
+class device_of(device):
     def __init__(self, obj: torch.Tensor) -> None:
         super().__init__(obj.device if obj.device.type == "tpu" else None)
 

@@ -28,7 +28,14 @@ from .. import storage as st
 from .._config import config
 from ..lowering import registry
 from ..lowering.builder import Builder, Value
-from ..lowering.views import ViewSpec, contiguous_strides, dense_to_storage, is_dense_permutation, read_view, write_view
+from ..lowering.views import (
+    ViewSpec,
+    contiguous_strides,
+    dense_to_storage,
+    is_dense_permutation,
+    read_view,
+    write_view,
+)
 from . import precision as precision_mod
 from .opplan import OpPlan, call_op, normalize_args, plan_for
 
@@ -67,7 +74,7 @@ _MAX_PENDING = 256
 # argument walking
 # ---------------------------------------------------------------------------
 class _Collector:
-    __slots__ = ("storages", "storage_index", "inputs", "device", "has_f64")
+    __slots__ = ("device", "has_f64", "inputs", "storage_index", "storages")
 
     def __init__(self) -> None:
         self.storages: list[torch.UntypedStorage] = []
@@ -425,7 +432,7 @@ def _conform(b: Builder, r: Value, m: Any, dtype: torch.dtype | None = None,
     dtype = dtype or m.dtype
     shape = tuple(shape if shape is not None else m.shape)
     if not isinstance(r, Value):
-        raise AssertionError(f"lowering returned {r!r} where a tensor was expected")
+        raise TypeError(f"lowering returned {r!r} where a tensor was expected")
     if r.shape != shape:
         if math.prod(r.shape) == math.prod(shape) and r.shape == tuple(m.shape):
             r = b.reshape(r, shape)

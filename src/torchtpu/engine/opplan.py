@@ -14,7 +14,9 @@ import torch
 
 from ..lowering import registry
 
-_RUNTIME_SCALAR_TYPES = {"number", "Optional[number]", "List[number]", "float", "Optional[float]", "List[float]"}
+_RUNTIME_SCALAR_TYPES = {"number", "Optional[number]", "List[number]", "float", "Optional[float]", "List[float]",
+                         # wrapped Python numbers reach Tensor arguments as plain numbers
+                         "Tensor", "Optional[Tensor]"}
 
 
 @dataclass

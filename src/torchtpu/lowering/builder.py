@@ -69,7 +69,7 @@ def _float_literal(value: float, dtype: torch.dtype) -> str:
     return f"0x{bits:0{width}X}"
 
 
-def literal(value: bool | int | float, dtype: torch.dtype) -> str:
+def literal(value: bool | float, dtype: torch.dtype) -> str:
     if dtype == torch.bool:
         return "true" if value else "false"
     if dtype.is_floating_point:
@@ -200,7 +200,7 @@ class Builder:
         )
 
     # -- constants and types -------------------------------------------------
-    def constant(self, value: bool | int | float, dtype: torch.dtype, shape: Sequence[int] = ()) -> Value:
+    def constant(self, value: bool | float, dtype: torch.dtype, shape: Sequence[int] = ()) -> Value:
         t = tensor_type((), dtype)
         c = self.op1("stablehlo.constant", [], (), dtype, attrs=f"value = dense<{literal(value, dtype)}> : {t}")
         if shape:

@@ -53,15 +53,12 @@ def _embedding(ctx: LoweringContext, weight: Value, indices: Value, padding_idx:
 def scatter_add_rows(b: Builder, base: Value, idx: Value, updates: Value, dim: int) -> Value:
     """base.index_add(dim, idx, updates) for 1-d idx."""
     idx = _wrap(b, idx, base.shape[dim])
-    window = [d for d in range(base.rank) if d != dim]
-    update_window_dims = [d if d < dim else d for d in range(base.rank - 1)]
     update_window_dims = [i for i in range(base.rank) if i != dim]
     region = b.region([((), base.dtype), ((), base.dtype)], lambda bb, a, c: bb.add(a, c))
     attrs = ("scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = ["
              + ", ".join(map(str, update_window_dims)) + f"], inserted_window_dims = [{dim}], "
              f"scatter_dims_to_operand_dims = [{dim}], index_vector_dim = 1>, "
              "indices_are_sorted = false, unique_indices = false")
-    del window
     idx2 = b.reshape(idx, (idx.numel,))
     return b.op1("stablehlo.scatter", [base, idx2, updates], base.shape, base.dtype, attrs=attrs, region=region)
 

@@ -289,7 +289,7 @@ def _cumprod(ctx: LoweringContext, x: Value, dim: int, dtype: Any = None) -> Val
 
 
 @register(aten.linalg_vector_norm.default)
-def _vector_norm(ctx: LoweringContext, x: Value, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
+def _vector_norm(ctx: LoweringContext, x: Value, ord: Any = 2, dim: Any = None, keepdim: bool = False,
                  dtype: Any = None) -> Value:
     b = ctx.b
     out = ctx.out_dtype()

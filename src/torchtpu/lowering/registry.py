@@ -99,7 +99,7 @@ class LoweringContext:
         assert meta is not None
         return meta.shape
 
-    def scalar(self, x: Value | bool | int | float, dtype: torch.dtype, shape: Sequence[int] = ()) -> Value:
+    def scalar(self, x: Value | bool | float, dtype: torch.dtype, shape: Sequence[int] = ()) -> Value:
         """A runtime or constant scalar as a Value of ``dtype`` broadcast to ``shape``."""
         b = self.b
         if isinstance(x, Value):

@@ -1,0 +1,129 @@
+"""Strict (asynchronous) and Debug (TORCH_TPU_LAUNCH_BLOCKING) modes, and crash safety."""
+
+
+import pytest
+import torch
+from conftest import run_python
+
+
+def test_strict_mode_is_asynchronous_and_debug_is_not():
+    from torchtpu.engine import executor
+
+    a = torch.randn(512, 512, device="tpu")
+    torch.tpu.synchronize()
+    assert not executor._pending
+    out = a @ a  # Strict: the completion event is queued, not waited for
+    assert len(executor._pending) >= 1
+    torch.tpu.synchronize()
+    assert not executor._pending
+    with torch.tpu.launch_blocking():
+        out = out @ a  # Debug: waited for before returning, nothing queued
+        assert not executor._pending
+    assert out.sum().item() == pytest.approx(out.cpu().sum().item(), rel=1e-4)
+
+
+@pytest.mark.parametrize("var", ["TORCH_TPU_LAUNCH_BLOCKING", "TPU_LAUNCH_BLOCKING"])
+def test_debug_mode_raises_index_error_like_cpu(var):
+    r = run_python("""
+        import torch
+        w = torch.randn(10, 4, device='tpu')
+        for fn in (lambda: torch.nn.functional.embedding(torch.tensor([3, 12], device='tpu'), w),
+                   lambda: w.index_select(0, torch.tensor([0, 10], device='tpu')),
+                   lambda: w[torch.tensor([11], device='tpu')]):
+            try:
+                fn()
+                print('no error')
+            except IndexError as e:
+                print('IndexError')
+        from torchtpu._config import config
+        print('blocking', config.launch_blocking)
+    """, {var: "1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("IndexError") == 3, r.stdout
+    assert "blocking True" in r.stdout
+
+
+def test_strict_mode_clamps_like_xla_without_checks():
+    # Documented behaviour: without Debug mode, XLA does not bounds-check gathers.
+    w = torch.randn(10, 4, device="tpu")
+    out = w.index_select(0, torch.tensor([0, 3], device="tpu"))
+    assert out.shape == (2, 4)
+
+
+def test_launch_blocking_context_manager():
+    with torch.tpu.launch_blocking(), pytest.raises(IndexError):
+        torch.randn(5, 2, device="tpu").index_select(0, torch.tensor([7], device="tpu"))
+
+
+def test_exception_in_backward_does_not_crash():
+    r = run_python("""
+        import torch
+        class Boom(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+            @staticmethod
+            def backward(ctx, g):
+                raise ValueError('boom in backward')
+        x = torch.randn(3, device='tpu', requires_grad=True)
+        try:
+            Boom.apply(x).sum().backward()
+        except ValueError as e:
+            print('caught', e)
+        # a kernel error inside backward: shape mismatch in a tpu op
+        y = torch.randn(3, device='tpu', requires_grad=True)
+        class Bad(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x + 1
+            @staticmethod
+            def backward(ctx, g):
+                return g @ torch.randn(5, 5, device='tpu')
+        try:
+            Bad.apply(y).sum().backward()
+        except RuntimeError as e:
+            print('caught runtime')
+        print('alive')
+    """)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert "caught boom in backward" in r.stdout and "caught runtime" in r.stdout and "alive" in r.stdout
+
+
+def test_nan_check_option():
+    r = run_python("""
+        import torch
+        x = torch.tensor([-1.0], device='tpu')
+        try:
+            torch.log(x)
+            print('no error')
+        except RuntimeError as e:
+            print('nan detected' if 'NaN' in str(e) else str(e))
+    """, {"TORCH_TPU_CHECK_NAN": "1"})
+    assert "nan detected" in r.stdout, r.stdout + r.stderr
+
+
+def test_precision_bands():
+    torch.manual_seed(0)
+    a = torch.randn(64, 4096, dtype=torch.float64)
+    b = torch.randn(4096, 64, dtype=torch.float64)
+    exact = a @ b
+    errs = {}
+    for p in ("medium", "high", "highest"):
+        with torch.tpu.precision(p):
+            out = (a.float().to("tpu") @ b.float().to("tpu")).cpu().double()
+        errs[p] = ((out - exact).norm() / exact.norm()).item()
+    assert 1e-3 < errs["medium"] < 5e-3, errs
+    assert errs["high"] < 1e-5, errs
+    assert errs["highest"] < 1e-6, errs
+
+
+def test_set_float32_matmul_precision_selects_passes():
+    from torchtpu.engine import precision
+
+    saved = precision.get_global()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert precision.get_global() == "highest"
+    finally:
+        torch.set_float32_matmul_precision("highest")
+        precision.set_global(saved)

@@ -1,0 +1,238 @@
+"""Lowerings against the CPU result of the same op (Strict mode)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_matches
+
+FLOAT_TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def both(fn, *tensors, **kw):
+    cpu = fn(*tensors)
+    tpu = fn(*[t.to("tpu") if isinstance(t, torch.Tensor) else t for t in tensors])
+    assert_matches(tpu, cpu, **(kw or FLOAT_TOL))
+
+
+UNARY = [torch.exp, torch.log1p, torch.sin, torch.cos, torch.tanh, torch.sigmoid, torch.abs, torch.neg, torch.floor,
+         torch.ceil, torch.round, torch.trunc, torch.sign, torch.erf, F.relu, F.gelu, F.silu, torch.square,
+         torch.reciprocal, lambda x: F.gelu(x, approximate="tanh"), torch.isnan, torch.isfinite,
+         lambda x: F.leaky_relu(x, 0.1), F.softplus, F.elu, torch.atan, torch.frac]
+
+
+@pytest.mark.parametrize("fn", UNARY)
+def test_unary_float(fn):
+    both(fn, torch.randn(4, 5) * 3)
+
+
+@pytest.mark.parametrize("fn", [torch.sqrt, torch.log, torch.rsqrt, torch.log2])
+def test_unary_positive(fn):
+    both(fn, torch.rand(6) + 0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.bool])
+@pytest.mark.parametrize("fn", [torch.add, torch.sub, torch.mul, torch.maximum, torch.minimum, torch.eq, torch.lt,
+                                torch.ge])
+def test_binary(fn, dtype):
+    a = (torch.randn(3, 4) * 5).to(dtype)
+    b = (torch.randn(4) * 5).to(dtype)
+    if dtype == torch.bool and fn is torch.sub:
+        # PyTorch rejects bool subtraction; the tpu must raise the same type.
+        with pytest.raises(RuntimeError):
+            fn(a, b)
+        with pytest.raises(RuntimeError):
+            fn(a.to("tpu"), b.to("tpu"))
+        return
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dtype == torch.bfloat16 else FLOAT_TOL
+    both(fn, a, b, **tol)
+
+
+def test_division_modes_and_remainder():
+    a, b = torch.randn(20) * 10, torch.randn(20) * 3
+    both(torch.div, a, b)
+    both(lambda x, y: torch.div(x, y, rounding_mode="trunc"), a, b)
+    both(lambda x, y: torch.div(x, y, rounding_mode="floor"), a, b)
+    both(torch.remainder, a, b)
+    both(torch.fmod, a, b)
+    ai, bi = torch.randint(-20, 20, (20,)), torch.randint(1, 6, (20,)) * torch.tensor([1, -1]).repeat(10)
+    both(lambda x, y: torch.div(x, y, rounding_mode="floor"), ai, bi)
+    both(torch.remainder, ai, bi)
+
+
+def test_scalars_and_type_promotion():
+    x = torch.randn(5)
+    both(lambda t: t * 2.5 + 1, x)
+    both(lambda t: t + 3, torch.arange(5))
+    both(lambda t: t * 0.5, torch.arange(5))  # int tensor * float scalar -> float
+    both(lambda t: t.pow(2), x)
+    both(lambda t: t.pow(3.0), x.abs())
+    both(lambda t: torch.clamp(t, -0.5, 0.5), x)
+    both(lambda t: torch.where(t > 0, t, 0.0), x)
+    both(lambda t: t.masked_fill(t < 0, -1.0), x)
+
+
+def test_runtime_scalars_do_not_recompile():
+    t = torch.randn(8, device="tpu")
+    t * 0.1
+    before = torch.tpu.compile_cache_stats()["misses"]
+    for lr in (0.2, 0.3, 0.4, 0.5):
+        t * lr
+    assert torch.tpu.compile_cache_stats()["misses"] == before
+
+
+@pytest.mark.parametrize("dim,keepdim", [(None, False), (0, False), (1, True), ((0, 1), False)])
+def test_reductions(dim, keepdim):
+    x = torch.randn(4, 6)
+    kw = {} if dim is None else {"dim": dim, "keepdim": keepdim}
+    both(lambda t: t.sum(**kw), x)
+    both(lambda t: t.mean(**kw), x)
+    both(lambda t: t.amax(**kw) if dim is not None else t.max(), x)
+    both(lambda t: t.var(**kw), x)
+    both(lambda t: t.std(**kw), x)
+
+
+def test_arg_reductions_and_scans():
+    x = torch.randn(5, 7)
+    both(lambda t: t.argmax(1), x)
+    both(lambda t: t.argmin(), x)
+    both(lambda t: t.max(1), x)
+    both(lambda t: t.min(0, keepdim=True), x)
+    both(lambda t: t.cumsum(1), x)
+    both(lambda t: t.cumprod(0), x)
+    both(lambda t: torch.logsumexp(t, 1), x)
+    both(lambda t: t.norm(), x)
+    both(lambda t: (t > 0).any(1), x)
+    both(lambda t: (t > -5).all(), x)
+    both(lambda t: t.prod(1), x)
+    both(lambda t: t.sum(0, dtype=torch.float64), x)
+
+
+def test_softmax_family():
+    x = torch.randn(3, 10)
+    both(lambda t: F.softmax(t, -1), x)
+    both(lambda t: F.log_softmax(t, 0), x)
+
+
+def test_matmul_highest_precision_matches_cpu():
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    with torch.tpu.precision("highest"):
+        both(torch.mm, a, b)
+        both(lambda bias, x, y: torch.addmm(bias, x, y, beta=0.5, alpha=2), torch.randn(8), a, b)
+        both(torch.bmm, torch.randn(3, 4, 5), torch.randn(3, 5, 6))
+        both(lambda x, y: x @ y, torch.randn(2, 3, 4, 5), torch.randn(5, 2))
+        both(F.linear, torch.randn(4, 6), torch.randn(3, 6))
+
+
+def test_matmul_default_is_bf16_pass():
+    a, b = torch.randn(64, 256), torch.randn(256, 64)
+    ref = (a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float())
+    out = (a.to("tpu") @ b.to("tpu")).cpu()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_shape_ops():
+    x = torch.randn(3, 4)
+    both(lambda t: torch.cat([t, t * 2], 1), x)
+    both(lambda t: torch.stack([t, t], 0), x)
+    both(lambda t: F.pad(t, (1, 2, 0, 1), value=3.0), x)
+    both(lambda t: t.flip(0), x)
+    both(lambda t: t.roll(2, 1), x)
+    both(lambda t: t.repeat(2, 3), x)
+    both(torch.tril, x)
+    both(lambda t: torch.triu(t, 1), x)
+    both(lambda t: t.contiguous().view(2, 6), x)
+    both(lambda t: t.t().contiguous(), x)
+    both(lambda t: t.to(torch.bfloat16), x)
+    both(lambda t: t.to(torch.int32), x * 10)
+
+
+def test_indexing_ops():
+    x = torch.randn(6, 4)
+    idx = torch.tensor([0, 5, 2, 2])
+    both(lambda t, i: t.index_select(0, i), x, idx)
+    both(lambda t, i: t[i], x, idx)
+    both(lambda t, i: t[:, i[:2] % 4], x, idx)
+    both(lambda t, i: torch.gather(t, 1, i.view(2, 2) % 4), x, idx)
+    both(lambda t, i: torch.zeros(6, 4, device=t.device).scatter_add(0, i.view(4, 1).expand(4, 4), t[:4]), x, idx)
+    both(lambda t, i: t.index_add(0, i, torch.ones(4, 4, device=t.device)), x, idx)
+    both(lambda w, i: F.embedding(i, w), x, idx.view(2, 2))
+
+    def put(t, i):
+        t = t.clone()
+        t[i] = 1.5
+        return t
+
+    both(put, x, idx[:2])
+
+    def put_acc(t, i):
+        return t.index_put((i,), torch.ones(4, 4, device=t.device), accumulate=True)
+
+    both(put_acc, x, idx)
+
+
+def test_layer_norm_and_losses():
+    x = torch.randn(4, 8)
+    w, b = torch.randn(8), torch.randn(8)
+    both(lambda t, ww, bb: F.layer_norm(t, (8,), ww, bb), x, w, b)
+    target = torch.tensor([1, 0, 7, 3])
+    both(lambda t, y: F.cross_entropy(t, y), x, target)
+    both(lambda t, y: F.cross_entropy(t, y, reduction="sum"), x, target)
+    both(lambda t, y: F.nll_loss(F.log_softmax(t, 1), y, ignore_index=0), x, target)
+    both(lambda t, y: F.mse_loss(t, y), x, torch.randn(4, 8))
+
+
+def test_backward_matches_cpu():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    w = torch.randn(8, 8)
+    target = torch.tensor([1, 0, 7, 3])
+
+    def loss(inp, weight):
+        h = F.gelu(F.layer_norm(inp @ weight, (8,)))
+        return F.cross_entropy(h.softmax(-1).log(), target.to(inp.device)) + h.pow(2).mean()
+
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    loss(xc, wc).backward()
+    xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+    with torch.tpu.precision("highest"):
+        loss(xt, wt).backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(wt.grad.cpu(), wc.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_is_random_and_scaled():
+    x = torch.ones(1000, device="tpu")
+    y = F.dropout(x, 0.25, training=True).cpu()
+    kept = (y != 0).float().mean().item()
+    assert 0.65 < kept < 0.85
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.75))
+
+
+def test_unsupported_op_names_the_op():
+    x = torch.randn(4, device="tpu")
+    with pytest.raises(NotImplementedError, match=r"aten::.*tpu.*TORCH_TPU_CPU_FALLBACK"):
+        torch.fft.fft(x)
+
+
+def test_cpu_fallback_warns_once(recwarn):
+    torch.tpu.set_cpu_fallback(True)
+    try:
+        x = torch.randn(8)
+        for _ in range(2):
+            out = torch.fft.fft(x.to("tpu"))
+        assert out.device.type == "tpu"
+        torch.testing.assert_close(out.cpu(), torch.fft.fft(x))
+        msgs = [w for w in recwarn if "running it on the CPU" in str(w.message)]
+        assert len(msgs) == 1
+    finally:
+        torch.tpu.set_cpu_fallback(False)
+
+
+def test_bad_input_raises_cpu_exception_type():
+    a = torch.randn(2, 3, device="tpu")
+    with pytest.raises(RuntimeError):
+        a @ torch.randn(4, 5, device="tpu")
+    with pytest.raises(RuntimeError):
+        torch.arange(4, device="tpu").add_(0.5)  # float result into an int tensor
+    with pytest.raises(IndexError):
+        torch.randn(3, device="tpu").max(5)

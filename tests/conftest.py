@@ -1,7 +1,4 @@
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -13,27 +10,3 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 def _seed():
     torch.manual_seed(0)
     yield
-
-
-def assert_matches(tpu_value, cpu_value, rtol=1e-5, atol=1e-6):
-    """Compare a tpu result with the CPU one: values, dtype, shape and device."""
-    if isinstance(cpu_value, (tuple, list)):
-        assert len(tpu_value) == len(cpu_value)
-        for a, b in zip(tpu_value, cpu_value):
-            assert_matches(a, b, rtol, atol)
-        return
-    if not isinstance(cpu_value, torch.Tensor):
-        assert tpu_value == pytest.approx(cpu_value, rel=rtol, abs=atol)
-        return
-    assert tpu_value.device.type == "tpu", tpu_value.device
-    assert tpu_value.dtype == cpu_value.dtype
-    assert tpu_value.shape == cpu_value.shape
-    torch.testing.assert_close(tpu_value.cpu(), cpu_value, rtol=rtol, atol=atol, equal_nan=True)
-
-
-def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run code in a fresh interpreter (autoload, env-var modes, crash checks)."""
-    e = dict(os.environ)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True,
-                          text=True, env=e, timeout=300)

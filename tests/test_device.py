@@ -5,7 +5,7 @@ import io
 
 import pytest
 import torch
-from conftest import run_python
+from helpers import run_python
 
 
 def test_autoload_without_import_torchtpu():

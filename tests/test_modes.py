@@ -3,7 +3,7 @@
 
 import pytest
 import torch
-from conftest import run_python
+from helpers import run_python
 
 
 def test_strict_mode_is_asynchronous_and_debug_is_not():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_matches
+from helpers import assert_matches
 
 FLOAT_TOL = {"rtol": 1e-5, "atol": 1e-5}
 

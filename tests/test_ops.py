@@ -236,3 +236,25 @@ def test_bad_input_raises_cpu_exception_type():
         torch.arange(4, device="tpu").add_(0.5)  # float result into an int tensor
     with pytest.raises(IndexError):
         torch.randn(3, device="tpu").max(5)
+
+
+def test_foreach_ops_one_program_per_call():
+    ps = [torch.randn(5), torch.randn(2, 3), torch.randn(4)]
+    gs = [torch.randn_like(p) for p in ps]
+    tp, tg = [p.to("tpu") for p in ps], [g.to("tpu") for g in gs]
+    torch._foreach_add_(tp, tg, alpha=0.5)
+    torch._foreach_add_(ps, gs, alpha=0.5)
+    before = torch.tpu.compile_cache_stats()
+    torch._foreach_addcdiv_(tp, tg, [g.abs() + 1 for g in tg], [0.1, 0.2, 0.3])
+    after = torch.tpu.compile_cache_stats()
+    torch._foreach_addcdiv_(ps, gs, [g.abs() + 1 for g in gs], [0.1, 0.2, 0.3])
+    # the abs/add per tensor plus ONE addcdiv launch for the whole list
+    assert after["hits"] + after["misses"] - before["hits"] - before["misses"] == 2 * len(ps) + 1
+    for a, b in zip(tp, ps):
+        torch.testing.assert_close(a.cpu(), b)
+    for a, b in zip(torch._foreach_sqrt([p.abs() for p in tp]), torch._foreach_sqrt([p.abs() for p in ps])):
+        torch.testing.assert_close(a.cpu(), b)
+    torch._foreach_lerp_(tp, tg, 0.3)
+    torch._foreach_lerp_(ps, gs, 0.3)
+    for a, b in zip(tp, ps):
+        torch.testing.assert_close(a.cpu(), b)

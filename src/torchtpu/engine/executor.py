@@ -74,10 +74,11 @@ _MAX_PENDING = 256
 # argument walking
 # ---------------------------------------------------------------------------
 class _Collector:
-    __slots__ = ("device", "has_f64", "inputs", "storage_index", "storages")
+    __slots__ = ("device", "has_f64", "inputs", "skeys", "storage_index", "storages")
 
     def __init__(self) -> None:
         self.storages: list[torch.UntypedStorage] = []
+        self.skeys: list[tuple] = []  # per storage: see _storage_key
         self.storage_index: dict[int, int] = {}
         self.inputs: list[tuple] = []  # ("storage", k) | ("host", ndarray)
         self.device: int | None = None
@@ -110,6 +111,7 @@ class _Collector:
             k = len(self.storages)
             self.storage_index[sid] = k
             self.storages.append(s)
+            self.skeys.append(_storage_key(s, t.dtype))
             self.inputs.append(("storage", k))
         return ("T", k, t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
 
@@ -146,11 +148,24 @@ class _Collector:
 
 
 def _storage_key(s: torch.UntypedStorage, first_dtype: torch.dtype) -> tuple:
-    buf = st.storage_buffer(s)
+    """("B", buffer numel, buffer dtype, storage numel) or ("U", numel, dtype) when uninitialized."""
+    buf = getattr(s, _BUFFER_ATTR, None)
     if buf is None:
         return ("U", s.nbytes() // first_dtype.itemsize, first_dtype)
-    dt = st.buffer_dtype(buf)
+    dt = _NUMPY_TO_TORCH[buf.dtype]
     return ("B", buf.shape[0], dt, s.nbytes() // dt.itemsize)
+
+
+_BUFFER_ATTR = st._ATTR
+_NUMPY_TO_TORCH = st.NUMPY_TO_TORCH
+_devices: dict[int, torch.device] = {}
+
+
+def _torch_device(index: int) -> torch.device:
+    d = _devices.get(index)
+    if d is None:
+        d = _devices[index] = torch.device("tpu", index)
+    return d
 
 
 # ---------------------------------------------------------------------------
@@ -182,8 +197,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
             values.append(None)
     if col.device is None:
         col.device = _device_from_args(values)
-    first_dtypes = _first_dtypes(specs, len(col.storages))
-    skeys = tuple(_storage_key(s, first_dtypes[k]) for k, s in enumerate(col.storages))
+    skeys = tuple(col.skeys)
     key = (op, precision_mod.current(), col.has_f64, tuple(specs), skeys)
     entry = _cache.get(key)
     if entry is None:
@@ -208,24 +222,6 @@ def _device_from_args(values: list[Any]) -> int:
         if isinstance(v, torch.device) and v.type == "tpu":
             return v.index if v.index is not None else _C._current_device()
     return _C._current_device()
-
-
-def _first_dtypes(specs: list, n: int) -> list[torch.dtype]:
-    out: list[torch.dtype | None] = [None] * n
-
-    def visit(s: Any) -> None:
-        if not isinstance(s, tuple) or not s:
-            return
-        if s[0] == "T":
-            if out[s[1]] is None:
-                out[s[1]] = s[2]
-        elif s[0] == "L":
-            for x in s[1]:
-                visit(x)
-
-    for s in specs:
-        visit(s)
-    return [d or torch.uint8 for d in out]
 
 
 class _ResizeOutputs(Exception):
@@ -468,7 +464,7 @@ def _launch(plan: OpPlan, values: list[Any], col: _Collector, skeys: tuple, entr
         if kind == "storage":
             if skeys[inp[1]][0] == "U":
                 continue
-            buffers.append(st.storage_buffer(col.storages[inp[1]]))
+            buffers.append(getattr(col.storages[inp[1]], _BUFFER_ATTR))
         elif kind == "scalar":
             dt = inp[2] or (torch.float64 if col.has_f64 else torch.float32)
             buffers.append(_scalar_buffer(inp[1], dt, device))
@@ -481,7 +477,7 @@ def _launch(plan: OpPlan, values: list[Any], col: _Collector, skeys: tuple, entr
     outs, event = entry.executable.execute(buffers, device)
     _track(event)
     new_tensors = []
-    dev = torch.device("tpu", device)
+    dev = _torch_device(device)
     bufs = iter(outs)
     for spec in entry.outputs:
         if spec[0] == "none":
@@ -490,7 +486,7 @@ def _launch(plan: OpPlan, values: list[Any], col: _Collector, skeys: tuple, entr
         buf = next(bufs)
         if spec[0] == "new":
             t = torch.empty_strided(spec[2], spec[3], dtype=spec[1], device=dev)
-            st.set_storage_buffer(t.untyped_storage(), buf)
+            setattr(t.untyped_storage(), _BUFFER_ATTR, buf)
             new_tensors.append(t)
         else:
             st.set_storage_buffer(col.storages[spec[1]], buf)

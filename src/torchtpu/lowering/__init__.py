@@ -1,3 +1,3 @@
 """ATen -> StableHLO lowerings, one module per op family (importing fills the registry)."""
 
-from . import elementwise, indexing, matmul, normalization, random_ops, reductions, shape  # noqa: F401
+from . import elementwise, foreach, indexing, matmul, normalization, random_ops, reductions, shape  # noqa: F401

@@ -1,0 +1,84 @@
+"""``_foreach_*`` ops: one program for the whole tensor list.
+
+Without these, PyTorch's composite kernels run one tiny executable per tensor
+(an AdamW step on a GPT is then thousands of launches). Each element reuses
+the lowering of the matching single-tensor op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import registry
+from .registry import LoweringContext, register
+
+aten = torch.ops.aten
+
+# foreach op name -> overload of the single-tensor op used per element
+_BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "pow", "clamp_min", "clamp_max"]
+_UNARY = ["sqrt", "exp", "log", "abs", "neg", "reciprocal", "sigmoid", "tanh", "sign", "zero", "rsqrt", "sin",
+          "cos", "floor", "ceil", "round", "trunc", "frac", "log1p", "expm1", "erf"]
+_TERNARY = ["addcmul", "addcdiv", "lerp"]
+
+
+def _base_overload(name: str, foreach_overload: str) -> torch._ops.OpOverload:
+    packet = getattr(aten, name)
+    if name in ("clamp_min", "clamp_max"):
+        return packet.Tensor if foreach_overload == "List" else packet.default
+    if name in ("maximum", "minimum"):
+        return packet.default
+    if name == "pow":
+        return packet.Tensor_Tensor if foreach_overload == "List" else packet.Tensor_Scalar
+    if name == "lerp":
+        return packet.Tensor if foreach_overload == "List" else packet.Scalar
+    if name in ("addcmul", "addcdiv", "zero") or name in _UNARY:
+        return packet.default
+    if foreach_overload in ("List", "Tensor"):
+        return packet.Tensor
+    return packet.Scalar if hasattr(packet, "Scalar") else packet.Tensor
+
+
+def _lower_foreach(ctx: LoweringContext, *args: Any) -> list[Any]:
+    op = ctx.op
+    name = op.overloadpacket.__name__[len("_foreach_"):]
+    base = _base_overload(name, op._overloadname)
+    fn = registry.lookup(base)
+    if fn is None:
+        raise NotImplementedError(f"torchtpu: no lowering for aten::{base} used by {op}")
+    schema = op._schema.arguments
+    n = len(args[0])
+    results = []
+    for i in range(n):
+        elem = []
+        elem_meta = []
+        for a, m, s in zip(args, ctx.metas or [None] * len(args), schema):
+            per_elem = str(s.type).startswith("List[")
+            elem.append(a[i] if per_elem else a)
+            elem_meta.append(m[i] if per_elem and m is not None else m)
+        sub = LoweringContext(ctx.b, base, [ctx.out[i]], ctx.precision, ctx.extras, metas=elem_meta)
+        if name == "pow" and op._overloadname == "ScalarAndTensor":
+            raise NotImplementedError("torchtpu: _foreach_pow.ScalarAndTensor")
+        results.append(fn(sub, *elem))
+    return results
+
+
+def _register_all() -> None:
+    for name in _BINARY + _UNARY + _TERNARY:
+        packet = getattr(aten, f"_foreach_{name}", None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            if overload == "Tensor" and name in _TERNARY:
+                continue  # per-element scalars held in a tensor: left to PyTorch's composite
+            register(getattr(packet, overload))(_lower_foreach)
+
+
+_register_all()
+
+
+@register(aten._foreach_copy.default)
+def _foreach_copy(ctx: LoweringContext, dst: list, src: list, non_blocking: bool = False) -> list:
+    b = ctx.b
+    return [b.broadcast_to(b.convert(s, ctx.out[i].dtype), ctx.out[i].shape) for i, s in enumerate(src)]

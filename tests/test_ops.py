@@ -258,3 +258,10 @@ def test_foreach_ops_one_program_per_call():
     torch._foreach_lerp_(ps, gs, 0.3)
     for a, b in zip(tp, ps):
         torch.testing.assert_close(a.cpu(), b)
+
+
+def test_shape_setting_scalars_are_static():
+    # arange's bounds set the output shape: they must be part of the cache key
+    for n in (4, 6, 3):
+        assert torch.arange(n, device="tpu").cpu().tolist() == list(range(n))
+    assert torch.arange(1, 7, 2, device="tpu").cpu().tolist() == [1, 3, 5]

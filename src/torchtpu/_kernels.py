@@ -107,6 +107,8 @@ def _overloads_to_register() -> list[torch._ops.OpOverload]:
     ops: list[torch._ops.OpOverload] = []
     seen: set[str] = set()
     for key in registry.registered_ops():
+        if key in registry.GRAPH_ONLY:
+            continue
         packets = []
         if isinstance(key, torch._ops.OpOverloadPacket):
             name = key.__name__

@@ -32,6 +32,7 @@ from ..lowering.views import (
     ViewSpec,
     contiguous_strides,
     dense_to_storage,
+    fit,
     is_dense_permutation,
     read_view,
     write_view,
@@ -316,34 +317,7 @@ def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _C
             raise _ResizeOutputs(metas)
 
     b = Builder()
-    input_values: list[Any] = []
-    for inp in col.inputs:
-        if inp[0] == "storage":
-            sk = skeys[inp[1]]
-            if sk[0] == "U":
-                input_values.append(("U", sk[1], sk[2]))
-            else:
-                input_values.append(b.arg((sk[1],), sk[2]))
-        elif inp[0] == "host":
-            input_values.append(b.arg((), st.NUMPY_TO_TORCH[inp[1].dtype]))
-        elif inp[0] == "scalar":
-            dt = inp[2] or (torch.float64 if col.has_f64 else torch.float32)
-            input_values.append(b.arg((), dt))
-        elif inp[0] == "seed":
-            input_values.append(b.arg((2,), torch.uint64))
-    storage_vals: dict[int, Value] = {}
-    for slot, inp in enumerate(col.inputs):
-        if inp[0] == "storage":
-            iv = input_values[slot]
-            if isinstance(iv, tuple):
-                iv = b.constant(0, iv[2], (iv[1],))
-            else:
-                sk = skeys[inp[1]]
-                if sk[3] != sk[1]:
-                    from ..lowering.views import _fit
-
-                    iv = _fit(b, iv, sk[3])
-            storage_vals[inp[1]] = iv
+    input_values, storage_vals = program_inputs(b, col, skeys)
 
     def lower_arg(s: Any, v: Any) -> Any:
         kind = s[0] if isinstance(s, tuple) and s else None
@@ -417,6 +391,41 @@ def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _C
     return entry
 
 
+def program_inputs(b: Builder, col: _Collector, skeys: tuple) -> tuple[list[Any], dict[int, Value]]:
+    """Declare the program's arguments for the collected inputs.
+
+    Returns one entry per collected input (a Value, or a Value of zeros for an
+    uninitialized storage) and the flat value of every storage by slot.
+    """
+    input_values: list[Any] = []
+    for inp in col.inputs:
+        if inp[0] == "storage":
+            sk = skeys[inp[1]]
+            if sk[0] == "U":
+                input_values.append(("U", sk[1], sk[2]))
+            else:
+                input_values.append(b.arg((sk[1],), sk[2]))
+        elif inp[0] == "host":
+            input_values.append(b.arg((), st.NUMPY_TO_TORCH[inp[1].dtype]))
+        elif inp[0] == "scalar":
+            dt = inp[2] or (torch.float64 if col.has_f64 else torch.float32)
+            input_values.append(b.arg((), dt))
+        elif inp[0] == "seed":
+            input_values.append(b.arg((2,), torch.uint64))
+    storage_vals: dict[int, Value] = {}
+    for slot, inp in enumerate(col.inputs):
+        if inp[0] == "storage":
+            iv = input_values[slot]
+            if isinstance(iv, tuple):
+                iv = b.constant(0, iv[2], (iv[1],))
+            else:
+                sk = skeys[inp[1]]
+                if sk[3] != sk[1]:
+                    iv = fit(b, iv, sk[3])
+            storage_vals[inp[1]] = iv
+    return input_values, storage_vals
+
+
 def _args_for(op: torch._ops.OpOverload, meta_args: list[Any]) -> list[Any]:
     # Meta copies of written-to arguments, so the meta in-place call cannot
     # disturb the metas used for the functional call.
@@ -456,6 +465,24 @@ def _scalar_buffer(value: Any, dtype: torch.dtype, device: int) -> Any:
 
 
 def _launch(plan: OpPlan, values: list[Any], col: _Collector, skeys: tuple, entry: Entry) -> Any:
+    new_tensors = execute_and_bind(col, skeys, entry)
+    if config.check_nan:
+        _check_nan(plan, new_tensors)
+    # Build the op's return value.
+    if plan.returns_list:
+        if plan.mutated:
+            return values[plan.returns[0][1]]
+        return new_tensors
+    rets = []
+    for kind, i in plan.returns:
+        rets.append(values[i] if kind == "arg" else new_tensors[i])
+    if not rets:
+        return None
+    return rets[0] if len(rets) == 1 else tuple(rets)
+
+
+def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry) -> list[torch.Tensor | None]:
+    """Launch ``entry`` on the collected inputs; bind outputs to new tensors or written storages."""
     device = col.device or 0
     client = _device_state.client()
     buffers = []
@@ -490,19 +517,7 @@ def _launch(plan: OpPlan, values: list[Any], col: _Collector, skeys: tuple, entr
             new_tensors.append(t)
         else:
             st.set_storage_buffer(col.storages[spec[1]], buf)
-    if config.check_nan:
-        _check_nan(plan, new_tensors)
-    # Build the op's return value.
-    if plan.returns_list:
-        if plan.mutated:
-            return values[plan.returns[0][1]]
-        return new_tensors
-    rets = []
-    for kind, i in plan.returns:
-        rets.append(values[i] if kind == "arg" else new_tensors[i])
-    if not rets:
-        return None
-    return rets[0] if len(rets) == 1 else tuple(rets)
+    return new_tensors
 
 
 def _track(event: Any) -> None:

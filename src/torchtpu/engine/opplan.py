@@ -43,7 +43,7 @@ class OpPlan:
 _MISSING = object()
 # Scalars that shape the program itself (a correction term, a norm's order)
 # stay compile-time constants.
-_STATIC_SCALAR_NAMES = {"correction", "ord"}
+_STATIC_SCALAR_NAMES = {"correction", "ord", "start", "end", "step"}  # arange: they set the shape
 _aten = torch.ops.aten
 # In-place ops whose functional twin does not follow the naming rule.
 _FUNCTIONAL_OVERRIDES = {
@@ -94,9 +94,12 @@ def plan_for(op: torch._ops.OpOverload) -> OpPlan:
     returns: list[tuple[str, int]] = []
     k = 0
     for r in schema.returns:
-        if r.alias_info is not None:
+        pos = None
+        if r.alias_info is not None and r.alias_info.is_write:
             sets = r.alias_info.before_set
-            pos = next(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.before_set == sets)
+            pos = next((i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.before_set == sets),
+                       None)
+        if pos is not None:
             returns.append(("arg", pos))
         else:
             returns.append(("new", k))

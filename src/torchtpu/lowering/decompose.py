@@ -28,6 +28,17 @@ def _table() -> dict:
     return dict(decomposition_table)
 
 
+def _inner_table() -> dict:
+    """Decompositions applied *inside* a traced decomposition: only for ops without a lowering.
+
+    Decomposing an op that has a lowering would only lose it (PyTorch's refs turn
+    ``aten.mul`` into ``prims.mul``, and so on), so those ops stay whole. Not
+    cached: lowerings may be registered after the first trace.
+    """
+    return {op: fn for op, fn in _table().items()
+            if not isinstance(op, torch._ops.OpOverload) or registry.lookup(op) is None}
+
+
 def has_decomposition(op: torch._ops.OpOverload) -> bool:
     return op in _table()
 
@@ -74,7 +85,7 @@ def lower_by_decomposition(ctx: registry.LoweringContext, *args: Any) -> Any:
                 pos.append(v)
         return decomp(*pos, **kw)
 
-    gm = make_fx(fn, decomposition_table=_table(), tracing_mode="real")(*[_meta_like(v) for v in leaves])
+    gm = make_fx(fn, decomposition_table=_inner_table(), tracing_mode="real")(*[_meta_like(v) for v in leaves])
     outs = lower_graph(ctx.b, gm.graph, leaves, ctx.precision, ctx.extras)
     if isinstance(outs, (list, tuple)) and len(outs) == 1 and len(ctx.out) == 1:
         return outs[0]
@@ -150,6 +161,12 @@ def lower_call(b: Builder, op: torch._ops.OpOverload, args: list, kwargs: dict, 
         # Scalar arithmetic on Python numbers (e.g. aten.eq.default on ints).
         return op(*args, **kwargs)
     plan = plan_for(op)
+    if extras and "seed_counter" in extras and plan.random:
+        # A graph has one seed input; every random node gets its own stream.
+        extras = dict(extras)
+        extras["seed_counter"][0] += 1
+        bump = b.constant(extras["seed_counter"][0] * 0x9E3779B97F4A7C15 % (1 << 64), torch.uint64, (2,))
+        extras["seed"] = b.add(extras["seed"], bump)
     if plan.mutated:
         raise NotImplementedError(f"torchtpu: in-place aten::{op.__name__} inside a decomposition")
     values = normalize_args(plan, tuple(args), kwargs)

@@ -30,6 +30,8 @@ def _base_overload(name: str, foreach_overload: str) -> torch._ops.OpOverload:
     if name in ("maximum", "minimum"):
         return packet.default
     if name == "pow":
+        if foreach_overload == "ScalarAndTensor":
+            return packet.Scalar
         return packet.Tensor_Tensor if foreach_overload == "List" else packet.Tensor_Scalar
     if name == "lerp":
         return packet.Tensor if foreach_overload == "List" else packet.Scalar
@@ -48,7 +50,7 @@ def _lower_foreach(ctx: LoweringContext, *args: Any) -> list[Any]:
     if fn is None:
         raise NotImplementedError(f"torchtpu: no lowering for aten::{base} used by {op}")
     schema = op._schema.arguments
-    n = len(args[0])
+    n = next(len(a) for a, s in zip(args, schema) if str(s.type).startswith("List["))
     results = []
     for i in range(n):
         elem = []
@@ -58,8 +60,6 @@ def _lower_foreach(ctx: LoweringContext, *args: Any) -> list[Any]:
             elem.append(a[i] if per_elem else a)
             elem_meta.append(m[i] if per_elem and m is not None else m)
         sub = LoweringContext(ctx.b, base, [ctx.out[i]], ctx.precision, ctx.extras, metas=elem_meta)
-        if name == "pow" and op._overloadname == "ScalarAndTensor":
-            raise NotImplementedError("torchtpu: _foreach_pow.ScalarAndTensor")
         results.append(fn(sub, *elem))
     return results
 

@@ -39,6 +39,21 @@ def register(*ops: Any) -> Callable[[Lowering], Lowering]:
     return deco
 
 
+# Lowerings used only inside graphs (view ops): in eager mode these ops stay
+# metadata-only views on the C++ side and must not get a computing kernel.
+GRAPH_ONLY: set[Any] = set()
+
+
+def register_graph_only(*ops: Any) -> Callable[[Lowering], Lowering]:
+    def deco(fn: Lowering) -> Lowering:
+        for op in ops:
+            _LOWERINGS[op] = fn
+            GRAPH_ONLY.add(op)
+        return fn
+
+    return deco
+
+
 def register_debug_check(*ops: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
     def deco(fn: Callable[..., None]) -> Callable[..., None]:
         for op in ops:

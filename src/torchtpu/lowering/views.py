@@ -76,7 +76,7 @@ def reinterpret(b: Builder, flat: Value, dtype: torch.dtype) -> Value:
 
 
 # -- reading ---------------------------------------------------------------
-def _fit(b: Builder, flat: Value, length: int) -> Value:
+def fit(b: Builder, flat: Value, length: int) -> Value:
     """Pad a flat buffer with zeros (or trim it) to exactly ``length`` elements."""
     n = flat.shape[0]
     if n == length:
@@ -129,18 +129,18 @@ def read_view(b: Builder, flat: Value, view: ViewSpec) -> Value:
     if view.numel == 0:
         return b.constant(0, view.dtype, shape)
     if is_contiguous(shape, view.stride):
-        part = _fit(b, b.slice(flat, [view.offset], [min(flat.shape[0], view.offset + view.numel)])
+        part = fit(b, b.slice(flat, [view.offset], [min(flat.shape[0], view.offset + view.numel)])
                     if view.offset < flat.shape[0] else b.constant(0, flat.dtype, (0,)), view.numel)
         return b.reshape(part, shape)
     box = _strided_box(view)
     if box is None:
         idx = _gather_indices(b, view)
-        flat = _fit(b, flat, max(flat.shape[0], 1 + view.offset + sum((d - 1) * s for d, s in
+        flat = fit(b, flat, max(flat.shape[0], 1 + view.offset + sum((d - 1) * s for d, s in
                                                                         zip(shape, view.stride))))
         return _gather(b, flat, idx)
     order, base, limits, steps = box
     total = math.prod(base)
-    window = b.slice(_fit(b, flat, max(flat.shape[0], view.offset + total)), [view.offset], [view.offset + total])
+    window = b.slice(fit(b, flat, max(flat.shape[0], view.offset + total)), [view.offset], [view.offset + total])
     boxed = b.reshape(window, base)
     boxed = b.slice(boxed, [0] * len(base), limits, steps)
     # boxed dims follow `order`; put them back in view order, then restore
@@ -172,7 +172,7 @@ def write_view(b: Builder, flat: Value, storage_numel: int, view: ViewSpec, valu
     buf_dtype = flat.dtype
     value = b.convert(value, view.dtype)
     if flat.shape[0] != storage_numel:
-        flat = _fit(b, flat, storage_numel)
+        flat = fit(b, flat, storage_numel)
     if view.numel == 0:
         return flat
     # Work in the view's dtype, then reinterpret back.
@@ -198,7 +198,7 @@ def write_view(b: Builder, flat: Value, storage_numel: int, view: ViewSpec, valu
         new = _scatter(b, work, idx, value)
     if buf_dtype != view.dtype:
         new = reinterpret(b, new, buf_dtype)
-        new = _fit(b, new, storage_numel)
+        new = fit(b, new, storage_numel)
     return new
 
 

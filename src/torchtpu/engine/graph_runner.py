@@ -1,0 +1,131 @@
+"""Run a whole FX graph of ATen ops as one XLA executable.
+
+Used by ``torch.compile(backend="tpu")`` for AOTAutograd's forward and
+backward graphs. Inputs are bound exactly like an eager op's (whole storages
+plus views cut out inside the program), so the same compiled graph serves
+inputs with any storage layout; a program variant is compiled per distinct
+input layout and cached.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from .. import _device_state
+from ..lowering import decompose
+from ..lowering.builder import Builder, Value
+from ..lowering.views import ViewSpec, contiguous_strides, dense_to_storage, is_dense_permutation, read_view
+from . import executor
+from . import precision as precision_mod
+
+_RANDOM_TARGETS = {torch.ops.aten.native_dropout.default, torch.ops.aten.bernoulli.p,
+                   torch.ops.aten.bernoulli.default, torch.ops.aten.uniform.default,
+                   torch.ops.aten.normal_functional.default, torch.ops.aten.rand.default,
+                   torch.ops.aten.randn.default}
+
+
+@dataclass
+class _OutSpec:
+    kind: str  # "tensor" | "input" (an input returned as is) | "value" (a non-tensor constant)
+    index: int = 0
+    value: Any = None
+
+
+class GraphProgram:
+    """A lowered graph: call it with the graph's runtime inputs."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str = "graph") -> None:
+        self.gm = gm
+        self.graph = gm.graph
+        self.name = name
+        self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        out_node = next(n for n in self.graph.nodes if n.op == "output")
+        outs = out_node.args[0]
+        self.out_is_tuple = isinstance(outs, (list, tuple))
+        self.out_nodes = list(outs) if self.out_is_tuple else [outs]
+        self.random = any(n.op == "call_function" and (n.target in _RANDOM_TARGETS or "generator" in n.kwargs)
+                          for n in self.graph.nodes)
+        self.cache: dict[tuple, executor.Entry] = {}
+        self.compiles = 0
+
+    def __call__(self, args: list[Any]) -> Any:
+        col = executor._Collector()
+        specs = [col.walk(a, False) for a in args]
+        if self.random:
+            specs.append(col.generator(None))
+        if col.device is None:
+            col.device = 0
+        skeys = tuple(col.skeys)
+        key = (precision_mod.current(), tuple(specs), skeys)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = self._compile(specs, skeys, col, key)
+        else:
+            executor.stats.hits += 1
+        new = executor.execute_and_bind(col, skeys, entry)
+        results = []
+        for spec in entry.result_metas:
+            if spec.kind == "tensor":
+                results.append(new[spec.index])
+            elif spec.kind == "input":
+                results.append(args[spec.index])
+            else:
+                results.append(spec.value)
+        return results
+
+    def _compile(self, specs: list, skeys: tuple, col: Any, key: tuple) -> executor.Entry:
+        executor.stats.misses += 1
+        start = time.perf_counter()
+        b = Builder()
+        input_values, storage_vals = executor.program_inputs(b, col, skeys)
+        graph_inputs = []
+        for s in specs[: len(self.placeholders)]:
+            kind = s[0] if isinstance(s, tuple) and s else None
+            if kind == "T":
+                graph_inputs.append(read_view(b, storage_vals[s[1]], ViewSpec(s[2], s[3], s[4], s[5])))
+            elif kind in ("C", "S"):
+                graph_inputs.append(input_values[s[1]])
+            elif kind == "V":
+                graph_inputs.append(s[1])
+            else:
+                graph_inputs.append(None)
+        extras: dict[str, Any] = {}
+        if self.random:
+            extras["seed"] = input_values[specs[-1][1]]
+            extras["seed_counter"] = [0]
+        results = decompose.lower_graph(b, self.graph, graph_inputs, key[0], extras)
+        if not self.out_is_tuple:
+            results = [results]
+        outputs: list[tuple] = []
+        out_values: list[Value] = []
+        result_specs: list[_OutSpec] = []
+        for node, r in zip(self.out_nodes, results):
+            if isinstance(node, torch.fx.Node) and node.op == "placeholder":
+                result_specs.append(_OutSpec("input", self.placeholders.index(node)))
+                continue
+            val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+            if isinstance(r, Value) and isinstance(val, torch.Tensor):
+                shape = tuple(int(d) for d in val.shape)
+                stride = tuple(int(d) for d in val.stride())
+                if not is_dense_permutation(shape, stride):
+                    stride = contiguous_strides(shape)
+                v = b.convert(r, val.dtype)
+                if v.shape != shape:
+                    v = b.reshape(v, shape) if v.numel == val.numel() else b.broadcast_to(v, shape)
+                result_specs.append(_OutSpec("tensor", len(outputs)))
+                outputs.append(("new", val.dtype, shape, stride))
+                out_values.append(dense_to_storage(b, v, stride))
+            else:
+                result_specs.append(_OutSpec("value", value=r if not isinstance(r, Value) else None))
+        text = b.module(out_values, name=self.name)
+        exe = _device_state.client().compile(text)
+        entry = executor.Entry(exe, outputs, result_specs)
+        self.cache[key] = entry
+        self.compiles += 1
+        executor.stats.compile_seconds += time.perf_counter() - start
+        return entry

@@ -1,6 +1,7 @@
 """ATen -> StableHLO lowerings, one module per op family (importing fills the registry)."""
 
 from . import (  # noqa: F401
+    conv,
     elementwise,
     foreach,
     indexing,
@@ -9,6 +10,6 @@ from . import (  # noqa: F401
     random_ops,
     reductions,
     shape,
+    sort,
     view_ops,
 )
-from . import conv, sort  # noqa: F401,E402  (issue 3 families)

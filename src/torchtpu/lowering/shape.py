@@ -157,3 +157,16 @@ def _arange_end(ctx: LoweringContext, end: Any, *kwargs: Any) -> Value:
 @register(aten.arange.start)
 def _arange_start(ctx: LoweringContext, start: Any, end: Any, *kwargs: Any) -> Value:
     return _arange(ctx, start, end, 1)
+
+
+@register(torch.ops.prims.iota.default)
+def _prims_iota(ctx: LoweringContext, length: int, start: int, step: int, dtype: torch.dtype, device: Any,
+                requires_grad: bool) -> Value:
+    # Appears inside traced decompositions (e.g. adaptive pooling's index maps).
+    b = ctx.b
+    i = b.iota((length,), 0, torch.int64)
+    if step != 1:
+        i = b.mul(i, b.constant(step, torch.int64, (length,)))
+    if start != 0:
+        i = b.add(i, b.constant(start, torch.int64, (length,)))
+    return b.convert(i, ctx.out_dtype())

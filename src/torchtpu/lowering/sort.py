@@ -1,0 +1,160 @@
+"""Sorting and order statistics: sort, topk, kthvalue, median, nanmedian.
+
+All of them are one stable ``stablehlo.sort`` of (values, indices) along the
+dimension. NaN sorts as the largest value, as in PyTorch, so ascending sorts
+put NaNs last and descending sorts put them first.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .builder import Builder, Value
+from .registry import LoweringContext, register
+
+aten = torch.ops.aten
+
+
+def _comparator(descending: bool, floating: bool):
+    def body(bb: Builder, a: Value, c: Value, ia: Value, ic: Value) -> Value:
+        if descending:
+            r = bb.compare(a, c, "GT")
+            if floating:
+                r = bb.binary("or", r, bb.binary("and", bb.compare(a, a, "NE"), bb.compare(c, c, "EQ")))
+        else:
+            r = bb.compare(a, c, "LT")
+            if floating:
+                r = bb.binary("or", r, bb.binary("and", bb.compare(a, a, "EQ"), bb.compare(c, c, "NE")))
+        return r
+
+    return body
+
+
+def sort_with_indices(b: Builder, x: Value, dim: int, descending: bool) -> tuple[Value, Value]:
+    """Stable sort along ``dim``: (sorted values, int64 source indices)."""
+    idx = b.iota(x.shape, dim, torch.int64)
+    region = b.region([((), x.dtype), ((), x.dtype), ((), torch.int64), ((), torch.int64)],
+                      _comparator(descending, x.dtype.is_floating_point))
+    vals, inds = b.op("stablehlo.sort", [x, idx], [(x.shape, x.dtype), (x.shape, torch.int64)],
+                      attrs=f"dimension = {dim} : i64, is_stable = true", region=region)
+    return vals, inds
+
+
+def _norm_dim(dim: int, rank: int) -> int:
+    return dim % rank if rank else 0
+
+
+@register(aten.sort.default)
+def _sort(ctx: LoweringContext, x: Value, dim: int = -1, descending: bool = False) -> tuple[Value, Value]:
+    b = ctx.b
+    if x.rank == 0:
+        return x, b.constant(0, torch.int64)
+    return sort_with_indices(b, x, _norm_dim(dim, x.rank), descending)
+
+
+@register(aten.sort.stable)
+def _sort_stable(ctx: LoweringContext, x: Value, stable: bool | None = None, dim: int = -1,
+                 descending: bool = False) -> tuple[Value, Value]:
+    # The sort is always stable; an unstable sort may return any tie order, so this is one of them.
+    return _sort(ctx, x, dim, descending)
+
+
+@register(aten.topk.default)
+def _topk(ctx: LoweringContext, x: Value, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
+          ) -> tuple[Value, Value]:
+    b = ctx.b
+    if x.rank == 0:
+        return x, b.constant(0, torch.int64)
+    d = _norm_dim(dim, x.rank)
+    vals, inds = sort_with_indices(b, x, d, descending=largest)
+    limit = list(x.shape)
+    limit[d] = k
+    return b.slice(vals, [0] * x.rank, limit), b.slice(inds, [0] * x.rank, limit)
+
+
+def _pick(b: Builder, v: Value, dim: int, pos: Value) -> Value:
+    """v[..., pos, ...] along ``dim`` where ``pos`` has v's shape without ``dim``."""
+    mask = b.compare(b.iota(v.shape, dim, torch.int64),
+                     b.broadcast_in_dim(pos, v.shape, [i for i in range(v.rank) if i != dim]), "EQ")
+    if v.dtype == torch.bool:
+        return b.reduce(b.binary("and", mask, v), [dim], b.constant(False, torch.bool), "stablehlo.or")
+    zero = b.constant(0, v.dtype, v.shape)
+    if v.dtype.is_floating_point:
+        # max of (selected, -inf elsewhere) keeps -0.0 and NaN exactly
+        from .reductions import reduce_max
+
+        sel = b.select(mask, v, b.constant(float("-inf"), v.dtype, v.shape))
+        anynan = b.reduce(b.binary("and", mask, b.compare(v, v, "NE")), [dim], b.constant(False, torch.bool),
+                          "stablehlo.or")
+        r = reduce_max(b, sel, [dim])
+        return b.select(anynan, b.constant(float("nan"), v.dtype, r.shape), r)
+    return b.reduce(b.select(mask, v, zero), [dim], b.constant(0, v.dtype), "stablehlo.add")
+
+
+def _keep(b: Builder, v: Value, shape: tuple[int, ...], dim: int, keepdim: bool) -> Value:
+    if keepdim:
+        return b.reshape(v, [1 if i == dim else s for i, s in enumerate(shape)])
+    return v
+
+
+@register(aten.kthvalue.default)
+def _kthvalue(ctx: LoweringContext, x: Value, k: int, dim: int = -1, keepdim: bool = False) -> tuple[Value, Value]:
+    b = ctx.b
+    if x.rank == 0:
+        return x, b.constant(0, torch.int64)
+    d = _norm_dim(dim, x.rank)
+    vals, inds = sort_with_indices(b, x, d, descending=False)
+    start = [0] * x.rank
+    start[d] = k - 1
+    limit = list(x.shape)
+    limit[d] = k
+    v = b.reshape(b.slice(vals, start, limit), [s for i, s in enumerate(x.shape) if i != d])
+    i = b.reshape(b.slice(inds, start, limit), [s for i, s in enumerate(x.shape) if i != d])
+    return _keep(b, v, x.shape, d, keepdim), _keep(b, i, x.shape, d, keepdim)
+
+
+def _median_along(ctx: LoweringContext, x: Value, d: int, ignore_nan: bool) -> tuple[Value, Value]:
+    b = ctx.b
+    n = x.shape[d]
+    vals, inds = sort_with_indices(b, x, d, descending=False)
+    red_shape = [s for i, s in enumerate(x.shape) if i != d]
+    if x.dtype.is_floating_point:
+        notnan = b.convert(b.compare(x, x, "EQ"), torch.int64)
+        count = b.reduce(notnan, [d], b.constant(0, torch.int64), "stablehlo.add")
+        one = b.constant(1, torch.int64, red_shape)
+        two = b.constant(2, torch.int64, red_shape)
+        if ignore_nan:
+            # lower median of the non-NaN values; all-NaN rows give the first NaN
+            pos = b.maximum(b.div(b.sub(count, one), two), b.constant(0, torch.int64, red_shape))
+        else:
+            # any NaN: the result is NaN (the first one, which a stable sort puts right after the numbers)
+            has_nan = b.compare(count, b.constant(n, torch.int64, red_shape), "LT")
+            pos = b.select(has_nan, count, b.constant((n - 1) // 2, torch.int64, red_shape))
+    else:
+        pos = b.constant((n - 1) // 2, torch.int64, red_shape)
+    return _pick(b, vals, d, pos), _pick(b, inds, d, pos)
+
+
+@register(aten.median.default, aten.nanmedian.default)
+def _median_all(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    if x.numel == 0:
+        return b.constant(float("nan") if x.dtype.is_floating_point else 0, x.dtype)
+    flat = b.reshape(x, (x.numel,))
+    v, _ = _median_along(ctx, flat, 0, ctx.op is aten.nanmedian.default)
+    return v
+
+
+@register(aten.median.dim, aten.nanmedian.dim)
+def _median_dim(ctx: LoweringContext, x: Value, dim: int, keepdim: bool = False) -> tuple[Value, Value]:
+    b = ctx.b
+    if x.rank == 0:
+        return x, b.constant(0, torch.int64)
+    d = _norm_dim(dim, x.rank)
+    v, i = _median_along(ctx, x, d, ctx.op is aten.nanmedian.dim)
+    return _keep(b, v, x.shape, d, keepdim), _keep(b, i, x.shape, d, keepdim)
+
+
+@register(aten.msort.default)
+def _msort(ctx: LoweringContext, x: Value) -> Value:
+    return _sort(ctx, x, 0, False)[0]

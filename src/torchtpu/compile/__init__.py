@@ -52,5 +52,8 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
 
         _backend = aot_autograd(fw_compiler=_graph_compiler("forward"), bw_compiler=_graph_compiler("backward"),
                                 inference_compiler=_graph_compiler("inference"),
-                                decompositions=_decompositions())
+                                decompositions=_decompositions(),
+                                # Optimizer steps mutate their inputs: keep the copies in the
+                                # graph, where they become storage write-backs of one program.
+                                keep_inference_input_mutations=True)
     return _backend(gm, example_inputs, **kwargs)

@@ -19,7 +19,14 @@ import torch.fx
 from .. import _device_state
 from ..lowering import decompose
 from ..lowering.builder import Builder, Value
-from ..lowering.views import ViewSpec, contiguous_strides, dense_to_storage, is_dense_permutation, read_view
+from ..lowering.views import (
+    ViewSpec,
+    contiguous_strides,
+    dense_to_storage,
+    is_dense_permutation,
+    read_view,
+    write_view,
+)
 from . import executor
 from . import precision as precision_mod
 
@@ -98,7 +105,8 @@ class GraphProgram:
         if self.random:
             extras["seed"] = input_values[specs[-1][1]]
             extras["seed_counter"] = [0]
-        results = decompose.lower_graph(b, self.graph, graph_inputs, key[0], extras)
+        mutations: dict[int, Value] = {}
+        results = decompose.lower_graph(b, self.graph, graph_inputs, key[0], extras, mutations)
         if not self.out_is_tuple:
             results = [results]
         outputs: list[tuple] = []
@@ -122,6 +130,21 @@ class GraphProgram:
                 out_values.append(dense_to_storage(b, v, stride))
             else:
                 result_specs.append(_OutSpec("value", value=r if not isinstance(r, Value) else None))
+        # In-graph input mutations: write the new values back into the inputs' storages.
+        current = dict(storage_vals)
+        written: list[int] = []
+        for pos, value in sorted(mutations.items()):
+            s = specs[pos]
+            if not (isinstance(s, tuple) and s and s[0] == "T"):
+                raise NotImplementedError(f"torchtpu: graph mutates input {pos}, which is not a tpu tensor")
+            sk = skeys[s[1]]
+            numel = sk[1] if sk[0] == "U" else sk[3]
+            current[s[1]] = write_view(b, current[s[1]], numel, ViewSpec(s[2], s[3], s[4], s[5]), value)
+            if s[1] not in written:
+                written.append(s[1])
+        for k in written:
+            outputs.append(("store", k))
+            out_values.append(current[k])
         text = b.module(out_values, name=self.name)
         exe = _device_state.client().compile(text)
         entry = executor.Entry(exe, outputs, result_specs)

@@ -116,8 +116,13 @@ def _out_meta(val: Any) -> Any:
 
 
 def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precision: str,
-                extras: dict | None = None) -> Any:
-    """Lower an FX graph of ATen ops; ``inputs`` bind the placeholders in order."""
+                extras: dict | None = None, mutations: dict | None = None) -> Any:
+    """Lower an FX graph of ATen ops; ``inputs`` bind the placeholders in order.
+
+    ``copy_`` into a placeholder (AOTAutograd's in-graph input mutation) is
+    recorded in ``mutations`` (placeholder position -> new value) when given.
+    """
+    positions = {n: i for i, n in enumerate(n for n in graph.nodes if n.op == "placeholder")}
     env: dict[torch.fx.Node, Any] = {}
     it = iter(inputs)
     result = None
@@ -138,6 +143,18 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
             kwargs = {k: load(v) for k, v in node.kwargs.items()}
             if target is _getitem:
                 env[node] = args[0][args[1]]
+                continue
+            if target is _aten.copy_.default and mutations is not None and node.args[0] in positions:
+                dst = node.args[0]
+                val = dst.meta.get("val")
+                src = args[1]
+                if isinstance(src, Value) and isinstance(val, torch.Tensor):
+                    src = b.convert(src, val.dtype)
+                    if src.shape != tuple(val.shape):
+                        src = b.broadcast_to(src, tuple(val.shape))
+                mutations[positions[dst]] = src
+                env[dst] = src
+                env[node] = src
                 continue
             if not isinstance(target, torch._ops.OpOverload):
                 raise NotImplementedError(f"torchtpu: cannot lower graph node {target}")

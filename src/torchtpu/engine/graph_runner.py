@@ -75,6 +75,8 @@ class GraphProgram:
         else:
             executor.stats.hits += 1
         new = executor.execute_and_bind(col, skeys, entry)
+        for pos, k in entry.host_writes:  # type: ignore[attr-defined]
+            args[pos].copy_(new[k].cpu())
         results = []
         for spec in entry.result_metas:
             if spec.kind == "tensor":
@@ -133,10 +135,18 @@ class GraphProgram:
         # In-graph input mutations: write the new values back into the inputs' storages.
         current = dict(storage_vals)
         written: list[int] = []
+        host_writes: list[tuple[int, int]] = []
         for pos, value in sorted(mutations.items()):
             s = specs[pos]
+            if isinstance(s, tuple) and s and s[0] == "C":
+                # A CPU scalar input (e.g. a non-capturable optimizer's step count):
+                # return its new value and copy it to the host after the launch.
+                host_writes.append((pos, len(outputs)))
+                outputs.append(("new", s[2], (), ()))
+                out_values.append(dense_to_storage(b, b.reshape(b.convert(value, s[2]), ()), ()))
+                continue
             if not (isinstance(s, tuple) and s and s[0] == "T"):
-                raise NotImplementedError(f"torchtpu: graph mutates input {pos}, which is not a tpu tensor")
+                raise NotImplementedError(f"torchtpu: graph mutates input {pos}, which is not a tensor")
             sk = skeys[s[1]]
             numel = sk[1] if sk[0] == "U" else sk[3]
             current[s[1]] = write_view(b, current[s[1]], numel, ViewSpec(s[2], s[3], s[4], s[5]), value)
@@ -148,6 +158,7 @@ class GraphProgram:
         text = b.module(out_values, name=self.name)
         exe = _device_state.client().compile(text)
         entry = executor.Entry(exe, outputs, result_specs)
+        entry.host_writes = host_writes  # type: ignore[attr-defined]
         self.cache[key] = entry
         self.compiles += 1
         executor.stats.compile_seconds += time.perf_counter() - start

@@ -7,6 +7,7 @@ from . import (  # noqa: F401
     indexing,
     matmul,
     normalization,
+    prims,
     random_ops,
     reductions,
     shape,

@@ -43,9 +43,14 @@ _UNARY_CHLO = {aten.erf: "erf", aten.asin: "asin", aten.acos: "acos", aten.atan:
                aten.asinh: "asinh", aten.acosh: "acosh", aten.atanh: "atanh"}
 
 
+_INTEGER_IDENTITY = {"stablehlo.floor", "stablehlo.ceil", "stablehlo.round_nearest_even"}
+
+
 def _float_unary(name: str):
     def lower(ctx: LoweringContext, x: Value) -> Value:
         out = ctx.out_dtype()
+        if name in _INTEGER_IDENTITY and not out.is_floating_point:
+            return x  # rounding an integer (or bool) tensor is the identity, as on CPU
         v = ctx.b.convert(x, opmath(out))
         return ctx.b.convert(ctx.b.op1(name, [v], v.shape, v.dtype), out)
 
@@ -61,6 +66,8 @@ for _op, _name in _UNARY_CHLO.items():
 @register(aten.round.decimals)
 def _round_decimals(ctx: LoweringContext, x: Value, decimals: int = 0) -> Value:
     b = ctx.b
+    if not x.dtype.is_floating_point:
+        return x
     v = b.convert(x, opmath(x.dtype))
     scale = b.constant(10.0 ** decimals, v.dtype, v.shape)
     r = b.unary("round_nearest_even", b.mul(v, scale))
@@ -589,3 +596,110 @@ def _isneginf(ctx: LoweringContext, x: Value) -> Value:
         return b.constant(False, torch.bool, x.shape)
     inf = -math.inf if ctx.op is aten.isneginf.default else math.inf
     return b.compare(x, b.constant(inf, x.dtype, x.shape), "EQ")
+
+
+@register(aten.signbit.default)
+def _signbit(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    if x.dtype == torch.bool or x.dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
+        return b.constant(False, torch.bool, x.shape)
+    if not x.dtype.is_floating_point:
+        return b.compare(x, b.constant(0, x.dtype, x.shape), "LT")
+    # The sign bit itself: true for -0.0 and negative NaNs too, like std::signbit.
+    int_t = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+             torch.bfloat16: torch.int16}[x.dtype]
+    bits = b.bitcast_convert(x, int_t, x.shape)
+    return b.compare(bits, b.constant(0, int_t, x.shape), "LT")
+
+
+register(aten.erfc.default)(_float_unary("chlo.erfc"))
+
+
+@register(aten.hypot.default)
+def _hypot(ctx: LoweringContext, a: Any, c: Any) -> Value:
+    x, y, out = _binary_operands(ctx, a, c)
+    b = ctx.b
+    # scaled by max(|x|, |y|) so squares neither overflow nor underflow, like std::hypot
+    ax, ay = b.unary("abs", x), b.unary("abs", y)
+    hi, lo = b.maximum(ax, ay), b.minimum(ax, ay)
+    zero = b.constant(0.0, x.dtype, x.shape)
+    safe = b.select(b.compare(hi, zero, "EQ"), b.constant(1.0, x.dtype, x.shape), hi)
+    q = b.div(lo, safe)
+    r = b.mul(hi, b.unary("sqrt", b.add(b.constant(1.0, x.dtype, x.shape), b.mul(q, q))))
+    inf = b.constant(math.inf, x.dtype, x.shape)
+    r = b.select(b.binary("or", b.compare(ax, inf, "EQ"), b.compare(ay, inf, "EQ")), inf, r)
+    return b.convert(r, out)
+
+
+_BITS_INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+             torch.bfloat16: torch.int16}
+
+
+@register(aten.nextafter.default)
+def _nextafter(ctx: LoweringContext, a: Any, c: Any) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = _shape(ctx)
+    x, y = operand(ctx, a, out, shape), operand(ctx, c, out, shape)
+    it = _BITS_INT[out]
+    bits = b.bitcast_convert(x, it, shape)
+    one = b.constant(1, it, shape)
+    zero = b.constant(0.0, out, shape)
+    # Moving away from zero adds one ulp to the magnitude bits, towards zero subtracts one.
+    away = b.compare(b.compare(y, x, "GT"), b.compare(x, zero, "GT"), "EQ")
+    stepped = b.bitcast_convert(b.select(away, b.add(bits, one), b.sub(bits, one)), out, shape)
+    tiny = b.bitcast_convert(one, out, shape)  # smallest subnormal, signed like y
+    from_zero = b.select(b.compare(y, zero, "GT"), tiny, b.neg(tiny))
+    r = b.select(b.compare(x, zero, "EQ"), from_zero, stepped)
+    r = b.select(b.compare(x, y, "EQ"), y, r)
+    nan = b.binary("or", b.compare(x, x, "NE"), b.compare(y, y, "NE"))
+    return b.select(nan, b.constant(math.nan, out, shape), r)
+
+
+def _shift(name: str):
+    def lower(ctx: LoweringContext, a: Any, c: Any) -> Value:
+        out = ctx.out_dtype()
+        shape = _shape(ctx)
+        x, y = operand(ctx, a, out, shape), operand(ctx, c, out, shape)
+        if name == "shift_right" and out in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
+            op = "shift_right_logical"
+        else:
+            op = "shift_left" if name == "shift_left" else "shift_right_arithmetic"
+        # StableHLO reads the shift as unsigned: negative or too-large shifts give 0 (left) or
+        # the sign fill (right), which is what PyTorch's CPU kernels return too.
+        return ctx.b.binary(op, x, y)
+
+    return lower
+
+
+register(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+         aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar)(_shift("shift_left"))
+register(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+         aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)(
+    _shift("shift_right"))
+
+
+@register(aten.frexp.Tensor)
+def _frexp(ctx: LoweringContext, x: Value) -> tuple[Value, Value]:
+    b = ctx.b
+    s = x.shape
+    v = b.convert(x, torch.float32) if x.dtype != torch.float64 else x
+    it = torch.int32 if v.dtype == torch.float32 else torch.int64
+    mbits, bias = (23, 126) if v.dtype == torch.float32 else (52, 1022)
+    emask = (1 << (31 if v.dtype == torch.float32 else 63) - mbits) - 1
+    # Subnormals: scale into the normal range first, then take the exponent off the bits.
+    small = b.compare(b.unary("abs", v), b.constant(2.0 ** -(bias + 1), v.dtype, s), "LT")
+    scaled = b.select(small, b.mul(v, b.constant(2.0 ** 54, v.dtype, s)), v)
+    bits = b.bitcast_convert(scaled, it, s)
+    efield = b.binary("and", b.binary("shift_right_logical", bits, b.constant(mbits, it, s)),
+                      b.constant(emask, it, s))
+    e = b.sub(efield, b.constant(bias, it, s))
+    e = b.select(small, b.sub(e, b.constant(54, it, s)), e)
+    keep = b.constant(~(emask << mbits), it, s)
+    mant = b.bitcast_convert(b.binary("or", b.binary("and", bits, keep), b.constant(bias << mbits, it, s)),
+                             v.dtype, s)
+    special = b.binary("or", b.compare(v, b.constant(0.0, v.dtype, s), "EQ"),
+                       b.unary("not", b.op1("stablehlo.is_finite", [v], s, torch.bool)))
+    mant = b.select(special, v, mant)
+    e = b.select(special, b.constant(0, it, s), e)
+    return b.convert(mant, ctx.out_dtype(0)), b.convert(e, ctx.out_dtype(1))

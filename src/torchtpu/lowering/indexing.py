@@ -125,6 +125,11 @@ def _gather(ctx: LoweringContext, x: Value, dim: int, index: Value, sparse_grad:
 def _scatter_elements(ctx: LoweringContext, x: Value, dim: int, index: Value, src: Value, combine: str | None
                       ) -> Value:
     b = ctx.b
+    if x.rank == 0:
+        # 0-d: the one element, scattered through a 1-element view
+        r = _scatter_elements(ctx, b.reshape(x, (1,)), 0, b.reshape(index, (index.numel,)),
+                              b.reshape(src, (src.numel,)) if src.rank else b.reshape(src, (1,)), combine)
+        return b.reshape(r, ())
     d = dim % max(x.rank, 1)
     idx = b.convert(index, torch.int64)
     zero = b.constant(0, torch.int64, idx.shape)

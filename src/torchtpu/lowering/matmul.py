@@ -114,3 +114,11 @@ def _baddbmm(ctx: LoweringContext, inp: Value, a: Value, c: Value, beta: Any = 1
 def _addmv(ctx: LoweringContext, inp: Value, a: Value, v: Value, beta: Any = 1, alpha: Any = 1) -> Value:
     prod = dot(ctx, a, v, ([], []), ([1], [0]), torch.float32 if ctx.out_dtype() != torch.float64 else torch.float64)
     return _scaled_sum(ctx, inp, prod, beta, alpha)
+
+
+@register(aten.addbmm.default)
+def _addbmm(ctx: LoweringContext, inp: Value, a: Value, c: Value, beta: Any = 1, alpha: Any = 1) -> Value:
+    # Sum over the batch too: one dot_general contracting (batch, k).
+    prod = dot(ctx, a, c, ([], []), ([0, 2], [0, 1]), torch.float32 if ctx.out_dtype() != torch.float64
+               else torch.float64)
+    return _scaled_sum(ctx, inp, prod, beta, alpha)

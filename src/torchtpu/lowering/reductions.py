@@ -261,6 +261,8 @@ def _log_softmax_backward(ctx: LoweringContext, grad: Value, y: Value, dim: int,
 
 def _scan(b: Builder, v: Value, dim: int, body_op: str, init: Any) -> Value:
     n = v.shape[dim]
+    if v.numel == 0:
+        return v  # XLA rejects a zero-sized window; an empty scan is empty
     window = [1] * v.rank
     window[dim] = n
     pad = [(0, 0)] * v.rank

@@ -20,6 +20,8 @@ class Config:
         # Debug eager: every op completes before returning, plus host-side checks.
         # TorchTPU's pre-release source used TPU_LAUNCH_BLOCKING; accept both.
         self.launch_blocking = _flag("TORCH_TPU_LAUNCH_BLOCKING", "TPU_LAUNCH_BLOCKING")
+        # DeferAndFuse eager: record ops, run them fused at materialization points.
+        self.defer_and_fuse = _flag("TORCH_TPU_DEFER_AND_FUSE", "TPU_DEFER_AND_FUSE")
         self.cpu_fallback = _flag("TORCH_TPU_CPU_FALLBACK")
         self.check_nan = _flag("TORCH_TPU_CHECK_NAN")
         self.num_devices = int(os.environ.get("TORCH_TPU_NUM_DEVICES", "1"))

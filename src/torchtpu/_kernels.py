@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from . import storage as st
-from .engine import executor
+from .engine import deferred, executor
 from .lowering import registry
 from .lowering.views import is_contiguous
+from .runtime import Buffer
 
 _aten = torch.ops.aten
 _libs: list[torch.library.Library] = []
@@ -39,6 +40,9 @@ def device_to_host(t: torch.Tensor) -> torch.Tensor:
         return torch.empty(t.shape, dtype=t.dtype)
     src = t
     buf = st.storage_buffer(src.untyped_storage())
+    if buf is not None and not isinstance(buf, Buffer):  # DeferAndFuse: a materialization point
+        deferred.flush()
+        buf = st.storage_buffer(src.untyped_storage())
     if not (_covers_storage(src) and buf is not None and st.buffer_dtype(buf) == src.dtype
             and buf.shape[0] == src.numel()):
         src = executor.run(_aten.clone.default, (t,), {"memory_format": torch.contiguous_format})
@@ -88,6 +92,9 @@ def _sdp_choice_math(*args: Any, **kwargs: Any) -> int:
 
 
 def _fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    host = registry.host_kernel(op)
+    if host is not None:
+        return host(*args, **kwargs)
     return dispatch(op, *args, **kwargs)
 
 
@@ -163,6 +170,10 @@ def register_kernels() -> None:
 
 
 def _make_kernel(op: torch._ops.OpOverload):
+    host = registry.host_kernel(op)
+    if host is not None:
+        return host
+
     def kernel(*args: Any, **kwargs: Any) -> Any:
         return dispatch(op, *args, **kwargs)
 

@@ -205,12 +205,53 @@ def launch_blocking(enabled: bool = True) -> Iterator[None]:
         config.launch_blocking = saved
 
 
+EAGER_MODES = ("strict", "debug", "defer_and_fuse")
+
+
+def get_eager_mode() -> str:
+    if config.launch_blocking:
+        return "debug"
+    return "defer_and_fuse" if config.defer_and_fuse else "strict"
+
+
+def set_eager_mode(mode: str) -> None:
+    """Switch eager mode: 'strict' (default), 'debug' (synchronous, checked) or 'defer_and_fuse'.
+
+    Switching is a materialization point: recorded work runs first.
+    """
+    if mode not in EAGER_MODES:
+        raise ValueError(f"eager mode must be one of {EAGER_MODES}, got {mode!r}")
+    from .engine import deferred
+
+    deferred.flush()
+    config.launch_blocking = mode == "debug"
+    config.defer_and_fuse = mode == "defer_and_fuse"
+
+
+@contextlib.contextmanager
+def eager_mode(mode: str) -> Iterator[None]:
+    saved = get_eager_mode()
+    set_eager_mode(mode)
+    try:
+        yield
+    finally:
+        set_eager_mode(saved)
+
+
+def defer_and_fuse() -> contextlib.AbstractContextManager[None]:
+    """``with torch.tpu.defer_and_fuse():`` records ops and fuses them at reads."""
+    return eager_mode("defer_and_fuse")
+
+
 def compile_cache_stats() -> dict[str, float]:
     return {**executor.stats.as_dict(), "entries": executor.cache_size()}
 
 
 def clear_compile_cache() -> None:
+    from .engine import deferred
+
     executor.cache_clear()
+    deferred.cache_clear()
 
 
 # Streams and events are placeholders (PJRT orders work per device itself),

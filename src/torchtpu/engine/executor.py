@@ -37,6 +37,7 @@ from ..lowering.views import (
     read_view,
     write_view,
 )
+from ..runtime import Buffer
 from . import precision as precision_mod
 from .opplan import OpPlan, call_op, normalize_args, plan_for
 
@@ -200,6 +201,14 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         col.device = _device_from_args(values)
     skeys = tuple(col.skeys)
     key = (op, precision_mod.current(), col.has_f64, tuple(specs), skeys)
+    if config.defer_and_fuse and not config.launch_blocking:
+        from . import deferred
+
+        try:
+            return deferred.record(plan, values, specs, skeys, col, key)
+        except _ResizeOutputs as r:
+            _resize_outputs(plan, values, r.metas)
+            return run(op, args, kwargs)
     entry = _cache.get(key)
     if entry is None:
         try:
@@ -292,10 +301,11 @@ def _flatten_tensors(x: Any) -> list[Any]:
     return [x]
 
 
-def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _Collector, key: tuple) -> Entry:
-    stats.misses += 1
-    start = time.perf_counter()
-    # Output metadata (and PyTorch's own argument errors) from meta kernels.
+def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], list[Any]]:
+    """Output metadata (and PyTorch's own argument errors) from meta kernels.
+
+    Returns the flattened output metas and the functional op's meta arguments.
+    """
     meta_args = [_meta_value(s, v) for s, v in zip(specs, values)]
     try:
         if plan.mutated:
@@ -313,11 +323,18 @@ def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _C
     if plan.mutated and any(plan.kwarg_only[i] for i in plan.mutated):
         outs = _flat_mutated(plan, values)
         if any(tuple(t.shape) != tuple(m.shape) for t, m in zip(outs, [m for m in metas if m is not None])):
-            stats.misses -= 1
             raise _ResizeOutputs(metas)
+    return metas, func_args
 
-    b = Builder()
-    input_values, storage_vals = program_inputs(b, col, skeys)
+
+def emit_op(b: Builder, plan: OpPlan, specs: list, values: list[Any], skeys: tuple, input_values: list[Any],
+            storage_vals: dict[int, Value], metas: list[Any], func_args: list[Any], precision: str
+            ) -> tuple[list[tuple], list[Value]]:
+    """Emit one op into ``b``: view reads, the lowering, and its outputs.
+
+    Returns the output specs (("new", dtype, shape, stride) | ("store", slot) |
+    ("none",)) and the flat storage Values of the non-"none" ones.
+    """
 
     def lower_arg(s: Any, v: Any) -> Any:
         kind = s[0] if isinstance(s, tuple) and s else None
@@ -334,8 +351,7 @@ def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _C
     lowered = [lower_arg(s, v) for s, v in zip(specs, values)]
     seed_slot = next((s[1] for s in specs if isinstance(s, tuple) and s and s[0] == "G"), None)
     out_metas = [_to_out_meta(m) for m in metas]
-    ctx = registry.LoweringContext(b, plan.functional, out_metas, precision=key[1],
-                                   metas=[func_args[i] for i in range(len(func_args))])
+    ctx = registry.LoweringContext(b, plan.functional, out_metas, precision=precision, metas=list(func_args))
     if seed_slot is not None:
         ctx.extras["seed"] = input_values[seed_slot]
     lowering = plan.lowering
@@ -359,29 +375,40 @@ def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _C
             stride = m.stride() if is_dense_permutation(m.shape, m.stride()) else contiguous_strides(m.shape)
             outputs.append(("new", m.dtype, tuple(m.shape), tuple(stride)))
             out_values.append(dense_to_storage(b, r, stride))
-    else:
-        targets = []
-        for i in plan.mutated:
-            s = specs[i]
-            if s[0] == "L":
-                targets.extend(s[1])
-            else:
-                targets.append(s)
-        current = dict(storage_vals)
-        written: list[int] = []
-        for s, r, m in zip(targets, results, metas):
-            if s[0] != "T" or m is None:
-                continue
-            view = ViewSpec(s[2], s[3], s[4], s[5])
-            r = _conform(b, r, m, dtype=view.dtype, shape=view.shape)
-            sk = skeys[s[1]]
-            numel = sk[1] if sk[0] == "U" else sk[3]
-            current[s[1]] = write_view(b, current[s[1]], numel, view, r)
-            if s[1] not in written:
-                written.append(s[1])
-        for k in written:
-            outputs.append(("store", k))
-            out_values.append(current[k])
+        return outputs, out_values
+    targets = []
+    for i in plan.mutated:
+        s = specs[i]
+        if s[0] == "L":
+            targets.extend(s[1])
+        else:
+            targets.append(s)
+    current = dict(storage_vals)
+    written: list[int] = []
+    for s, r, m in zip(targets, results, metas):
+        if s[0] != "T" or m is None:
+            continue
+        view = ViewSpec(s[2], s[3], s[4], s[5])
+        r = _conform(b, r, m, dtype=view.dtype, shape=view.shape)
+        sk = skeys[s[1]]
+        numel = sk[1] if sk[0] == "U" else sk[3]
+        current[s[1]] = write_view(b, current[s[1]], numel, view, r)
+        if s[1] not in written:
+            written.append(s[1])
+    for k in written:
+        outputs.append(("store", k))
+        out_values.append(current[k])
+    return outputs, out_values
+
+
+def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _Collector, key: tuple) -> Entry:
+    start = time.perf_counter()
+    metas, func_args = op_metas(plan, values, specs)
+    stats.misses += 1
+    b = Builder()
+    input_values, storage_vals = program_inputs(b, col, skeys)
+    outputs, out_values = emit_op(b, plan, specs, values, skeys, input_values, storage_vals, metas, func_args,
+                                  key[1])
     text = b.module(out_values)
     exe = _device_state.client().compile(text)
     entry = Entry(exe, outputs, [_to_out_meta(m) for m in metas])
@@ -468,7 +495,11 @@ def _launch(plan: OpPlan, values: list[Any], col: _Collector, skeys: tuple, entr
     new_tensors = execute_and_bind(col, skeys, entry)
     if config.check_nan:
         _check_nan(plan, new_tensors)
-    # Build the op's return value.
+    return op_result(plan, values, new_tensors)
+
+
+def op_result(plan: OpPlan, values: list[Any], new_tensors: list[Any]) -> Any:
+    """The op's return value: new tensors and/or the arguments it wrote to."""
     if plan.returns_list:
         if plan.mutated:
             return values[plan.returns[0][1]]
@@ -481,6 +512,17 @@ def _launch(plan: OpPlan, values: list[Any], col: _Collector, skeys: tuple, entr
     return rets[0] if len(rets) == 1 else tuple(rets)
 
 
+_meta_cache: dict[tuple, tuple[list[Any], list[Any]]] = {}
+
+
+def meta_for(plan: OpPlan, values: list[Any], specs: list, key: tuple) -> tuple[list[Any], list[Any]]:
+    """op_metas, cached by the op's cache key (used by DeferAndFuse recording)."""
+    m = _meta_cache.get(key)
+    if m is None:
+        m = _meta_cache[key] = op_metas(plan, values, specs)
+    return m
+
+
 def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry) -> list[torch.Tensor | None]:
     """Launch ``entry`` on the collected inputs; bind outputs to new tensors or written storages."""
     device = col.device or 0
@@ -491,7 +533,13 @@ def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry) -> list[torch.
         if kind == "storage":
             if skeys[inp[1]][0] == "U":
                 continue
-            buffers.append(getattr(col.storages[inp[1]], _BUFFER_ATTR))
+            buf = getattr(col.storages[inp[1]], _BUFFER_ATTR)
+            if not isinstance(buf, Buffer):  # recorded by DeferAndFuse: materialize first
+                from . import deferred
+
+                deferred.flush()
+                buf = getattr(col.storages[inp[1]], _BUFFER_ATTR)
+            buffers.append(buf)
         elif kind == "scalar":
             dt = inp[2] or (torch.float64 if col.has_f64 else torch.float32)
             buffers.append(_scalar_buffer(inp[1], dt, device))
@@ -536,6 +584,9 @@ def _track(event: Any) -> None:
 
 def synchronize(device: int | None = None) -> None:
     """Wait for every launched op (errors raised by the device surface here)."""
+    from . import deferred
+
+    deferred.flush()
     while _pending:
         _pending.popleft().wait()
 

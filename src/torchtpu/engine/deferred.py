@@ -1,0 +1,302 @@
+"""DeferAndFuse eager mode: record ops, run them as one program at a read.
+
+Each op is recorded as a node (its cache key, argument specs and concrete
+runtime inputs); the tensors it returns get storages whose data is a
+:class:`Pending` value instead of a buffer. At a materialization point (a
+host read, ``torch.tpu.synchronize()``, a mode switch, or the graph reaching
+its size limit) the recorded nodes are emitted into ONE StableHLO module with
+the same per-op emitter Strict mode uses. Only values still held by live
+storages become outputs (liveness): dead intermediates are never
+materialized. The fused program is cached by the graph's structure (op keys
+and wiring, never object identities), so the same training step hits the
+cache on the next iteration.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import _C, _device_state
+from .. import storage as st
+from ..lowering.builder import Builder, Value
+from ..lowering.views import fit
+from . import executor
+from . import precision as precision_mod
+
+MAX_NODES = 4096
+
+
+class Pending:
+    """A storage's flat value that a recorded node will produce."""
+
+    __slots__ = ("__weakref__", "dtype", "graph", "index", "node", "shape", "torch_dtype")
+
+    def __init__(self, graph: _Graph, node: int, index: int, numel: int, dtype: torch.dtype) -> None:
+        self.graph = graph
+        self.node = node
+        self.index = index
+        self.shape = (numel,)
+        self.torch_dtype = dtype
+        self.dtype = st.TORCH_TO_NUMPY[dtype]  # same interface as runtime.Buffer for cache keys
+
+
+@dataclass
+class _Node:
+    plan: Any
+    specs: list
+    values: list
+    skeys: tuple
+    inputs: list  # per collected input: ("buf", Buffer) | ("pending", Pending) | ("uninit",) | ("scalar", v, dt)
+    #               | ("host", ndarray) | ("seed", int)
+    metas: list
+    func_args: list
+    key: tuple
+    device: int
+
+
+@dataclass
+class _Graph:
+    nodes: list[_Node] = field(default_factory=list)
+    touched: list[weakref.ref] = field(default_factory=list)
+
+
+@dataclass
+class _Fused:
+    executable: Any
+    live: list[tuple[int, int]]
+
+
+_lock = threading.RLock()
+_graph = _Graph()
+_cache: dict[tuple, _Fused] = {}
+stats = {"flushes": 0, "nodes": 0, "compiles": 0, "hits": 0}
+
+
+def _strip(v: Any) -> Any:
+    """Argument values without tensors: a node must not keep its inputs alive."""
+    if isinstance(v, torch.Tensor):
+        return None
+    if isinstance(v, (list, tuple)):
+        return [_strip(x) for x in v]
+    return v
+
+
+def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, key: tuple) -> Any:
+    """Record one op; returns what the op returns, with pending storages."""
+    with _lock:
+        metas, func_args = executor.meta_for(plan, values, specs, key)
+        g = _graph
+        device = col.device or 0
+        inputs: list[tuple] = []
+        for inp in col.inputs:
+            kind = inp[0]
+            if kind == "storage":
+                s = col.storages[inp[1]]
+                buf = getattr(s, st._ATTR, None)
+                if buf is None:
+                    inputs.append(("uninit",))
+                elif isinstance(buf, Pending) and buf.graph is g:
+                    inputs.append(("pending", buf))
+                else:
+                    if isinstance(buf, Pending):  # from an older graph: cannot happen after its flush
+                        raise AssertionError("stale pending storage")
+                    inputs.append(("buf", buf))
+            elif kind == "scalar":
+                dt = inp[2] or (torch.float64 if col.has_f64 else torch.float32)
+                inputs.append(("scalar", inp[1], dt))
+            elif kind == "host":
+                inputs.append(("host", inp[1]))
+            elif kind == "seed":
+                gen = inp[1] if inp[1] is not None else _C._default_generator(device)
+                inputs.append(("seed", _C._next_seed(gen)))
+        node_index = len(g.nodes)
+        g.nodes.append(_Node(plan, specs, _strip(values), skeys, inputs, metas, func_args, key, device))
+        stats["nodes"] += 1
+        dev = torch.device("tpu", device)
+        new_tensors: list[torch.Tensor | None] = []
+        k = 0
+        if not plan.mutated:
+            for m in metas:
+                if m is None:
+                    new_tensors.append(None)
+                    continue
+                stride = m.stride() if executor.is_dense_permutation(m.shape, m.stride()) else \
+                    executor.contiguous_strides(m.shape)
+                t = torch.empty_strided(tuple(m.shape), tuple(stride), dtype=m.dtype, device=dev)
+                _bind(g, t.untyped_storage(), Pending(g, node_index, k, t.numel(), m.dtype))
+                new_tensors.append(t)
+                k += 1
+        else:
+            written: list[int] = []
+            for s, m in zip(_targets(plan, specs), metas):
+                if s[0] == "T" and m is not None and s[1] not in written:
+                    written.append(s[1])
+            for slot in written:
+                storage = col.storages[slot]
+                sk = skeys[slot]
+                numel, dtype = (sk[1], sk[2]) if sk[0] == "U" else (sk[3], sk[2])
+                _bind(g, storage, Pending(g, node_index, k, numel, dtype))
+                k += 1
+        if len(g.nodes) >= MAX_NODES:
+            flush()
+    return executor.op_result(plan, values, new_tensors)
+
+
+def _targets(plan: Any, specs: list) -> list:
+    out = []
+    for i in plan.mutated:
+        s = specs[i]
+        if s[0] == "L":
+            out.extend(s[1])
+        else:
+            out.append(s)
+    return out
+
+
+def _bind(g: _Graph, storage: torch.UntypedStorage, value: Pending) -> None:
+    setattr(storage, st._ATTR, value)
+    g.touched.append(weakref.ref(storage))
+
+
+def has_pending() -> bool:
+    return bool(_graph.nodes)
+
+
+def flush() -> None:
+    """Materialize every recorded node that a live tensor still needs."""
+    global _graph
+    with _lock:
+        g = _graph
+        if not g.nodes:
+            return
+        _graph = _Graph()
+        stats["flushes"] += 1
+        live: list[tuple[int, int]] = []
+        holders: dict[tuple[int, int], list[torch.UntypedStorage]] = {}
+        for ref in g.touched:
+            s = ref()
+            if s is None:
+                continue
+            v = getattr(s, st._ATTR, None)
+            if isinstance(v, Pending) and v.graph is g:
+                k = (v.node, v.index)
+                if k not in holders:
+                    holders[k] = []
+                    live.append(k)
+                if not any(h is s for h in holders[k]):
+                    holders[k].append(s)
+        if not live:
+            return
+        args: list[tuple] = []
+        wiring = []
+        for node in g.nodes:
+            w = []
+            for inp in node.inputs:
+                if inp[0] == "pending":
+                    w.append(("p", inp[1].node, inp[1].index))
+                elif inp[0] == "uninit":
+                    w.append(("u",))
+                else:
+                    w.append(("a", len(args)))
+                    args.append(inp)
+            wiring.append((node.key, tuple(w)))
+        key = (tuple(wiring), tuple(live))
+        fused = _cache.get(key)
+        if fused is None:
+            fused = _build(g, args, live, key)
+        else:
+            stats["hits"] += 1
+            executor.stats.hits += 1
+        device = g.nodes[0].device
+        buffers = [_arg_buffer(a, device) for a in args]
+        outs, event = fused.executable.execute(buffers, device)
+        executor._track(event)
+        for k, buf in zip(fused.live, outs):
+            for s in holders[k]:
+                setattr(s, st._ATTR, buf)
+
+
+def _arg_buffer(a: tuple, device: int) -> Any:
+    kind = a[0]
+    if kind == "buf":
+        return a[1]
+    if kind == "scalar":
+        return executor._scalar_buffer(a[1], a[2], device)
+    client = _device_state.client()
+    if kind == "host":
+        return client.buffer_from_host(np.ascontiguousarray(a[1]), device)
+    return client.buffer_from_host(np.array([a[1], 0], dtype=np.uint64), device)
+
+
+def _arg_value(b: Builder, a: tuple) -> Value:
+    kind = a[0]
+    if kind == "buf":
+        return b.arg(a[1].shape, st.NUMPY_TO_TORCH[a[1].dtype])
+    if kind == "scalar":
+        return b.arg((), a[2])
+    if kind == "host":
+        return b.arg((), st.NUMPY_TO_TORCH[a[1].dtype])
+    return b.arg((2,), torch.uint64)
+
+
+def _build(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple) -> _Fused:
+    start = time.perf_counter()
+    b = Builder()
+    arg_values = [_arg_value(b, a) for a in args]
+    produced: dict[tuple[int, int], Value] = {}
+    precision = precision_mod.current()
+    for ni, (node, (_, wires)) in enumerate(zip(g.nodes, key[0])):
+        input_values: list[Any] = []
+        storage_vals: dict[int, Value] = {}
+        for inp, wire, col_inp in zip(node.inputs, wires, _collected_kinds(node)):
+            if wire[0] == "a":
+                v = arg_values[wire[1]]
+            elif wire[0] == "p":
+                v = produced[(wire[1], wire[2])]
+            else:
+                v = None
+            input_values.append(v)
+            if col_inp is not None:  # a storage slot
+                sk = node.skeys[col_inp]
+                if v is None:
+                    v = b.constant(0, sk[2], (sk[1],))
+                elif sk[0] == "B" and v.shape[0] != sk[3]:
+                    v = fit(b, v, sk[3])
+                storage_vals[col_inp] = v
+        _, out_values = executor.emit_op(b, node.plan, node.specs, node.values, node.skeys, input_values,
+                                         storage_vals, node.metas, node.func_args, precision)
+        for k, v in enumerate(out_values):
+            produced[(ni, k)] = v
+    text = b.module([produced[k] for k in live], name="fused")
+    exe = _device_state.client().compile(text)
+    fused = _Fused(exe, live)
+    _cache[key] = fused
+    stats["compiles"] += 1
+    executor.stats.misses += 1
+    executor.stats.compile_seconds += time.perf_counter() - start
+    return fused
+
+
+def _collected_kinds(node: _Node) -> list[int | None]:
+    """For each collected input of a node: its storage slot, or None for non-storage inputs."""
+    slots: list[int | None] = []
+    k = 0
+    for inp in node.inputs:
+        if inp[0] in ("buf", "pending", "uninit"):
+            slots.append(k)
+            k += 1
+        else:
+            slots.append(None)
+    return slots
+
+
+def cache_clear() -> None:
+    with _lock:
+        _cache.clear()

@@ -1,0 +1,105 @@
+"""DeferAndFuse eager mode: recorded ops, fused at materialization points."""
+
+import copy
+
+import torch
+from helpers import run_python
+
+from torchtpu.engine import deferred
+from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
+
+
+def test_records_then_fuses_at_read():
+    x = torch.randn(4, 5)
+    before = dict(deferred.stats)
+    with torch.tpu.defer_and_fuse():
+        t = x.to("tpu")
+        y = (t * 2 + 1).exp().sum(1)
+        t[:, 0] += 1
+        assert deferred.has_pending()
+        host = y.cpu()  # materialization point
+        assert not deferred.has_pending()
+    torch.testing.assert_close(host, (x * 2 + 1).exp().sum(1))
+    xc = x.clone()
+    xc[:, 0] += 1
+    torch.testing.assert_close(t.cpu(), xc)
+    assert deferred.stats["flushes"] > before["flushes"]
+
+
+def test_dead_intermediates_are_not_outputs():
+    with torch.tpu.defer_and_fuse():
+        a = torch.ones(8, device="tpu")
+        for _ in range(10):
+            a = a * 2  # every intermediate dies
+        key_before = set(deferred._cache)
+        assert a.sum().item() == 8 * 1024
+    new_keys = set(deferred._cache) - key_before
+    for k in new_keys:
+        assert len(deferred._cache[k].live) <= 2  # only `a` (and the sum), not the 10 intermediates
+
+
+def test_mode_switch_and_sync_materialize():
+    torch.tpu.set_eager_mode("defer_and_fuse")
+    try:
+        t = torch.arange(6.0, device="tpu") + 1
+        assert deferred.has_pending()
+        torch.tpu.synchronize()
+        assert not deferred.has_pending()
+        u = t * 3
+        assert torch.tpu.get_eager_mode() == "defer_and_fuse"
+    finally:
+        torch.tpu.set_eager_mode("strict")
+    assert not deferred.has_pending()
+    assert u.cpu().tolist() == [3.0, 6.0, 9.0, 12.0, 15.0, 18.0]
+
+
+def test_gpt_matches_strict_and_stops_compiling():
+    torch.manual_seed(0)
+    cfg = GPTConfig(seq=32, d_model=64, layers=2)
+    base = GPT(cfg)
+
+    def train(mode):
+        m = copy.deepcopy(base).to("tpu")
+        opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+        g = torch.Generator().manual_seed(0)
+        losses, compiles = [], []
+        with torch.tpu.eager_mode(mode):
+            for _ in range(6):
+                x, y = make_batch(cfg, 4, g)
+                before = torch.tpu.compile_cache_stats()["misses"]
+                loss = m.loss(x.to("tpu"), y.to("tpu"))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+                compiles.append(torch.tpu.compile_cache_stats()["misses"] - before)
+        return losses, compiles
+
+    with torch.tpu.precision("highest"):
+        strict, _ = train("strict")
+        fused, compiles = train("defer_and_fuse")
+    for a, b in zip(strict, fused):
+        assert abs(a - b) <= 1e-4 * abs(a), (a, b)
+    assert compiles[-3:] == [0, 0, 0], compiles  # after warm-up: zero compiles per step
+
+
+def test_env_var_selects_mode():
+    for var in ("TORCH_TPU_DEFER_AND_FUSE", "TPU_DEFER_AND_FUSE"):
+        r = run_python("""
+            import torch
+            t = torch.ones(3, device='tpu') * 2
+            from torchtpu.engine import deferred
+            print(torch.tpu.get_eager_mode(), deferred.has_pending(), t.cpu().tolist())
+        """, {var: "1"})
+        assert r.returncode == 0, r.stderr
+        assert "defer_and_fuse True [2.0, 2.0, 2.0]" in r.stdout
+
+
+def test_launch_blocking_wins():
+    r = run_python("""
+        import torch
+        from torchtpu.engine import deferred
+        t = torch.ones(3, device='tpu') * 2
+        print(torch.tpu.get_eager_mode(), deferred.has_pending())
+    """, {"TORCH_TPU_DEFER_AND_FUSE": "1", "TORCH_TPU_LAUNCH_BLOCKING": "1"})
+    assert "debug False" in r.stdout, r.stdout + r.stderr

@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401
     conv,
+    data_dependent,
     elementwise,
     foreach,
     indexing,

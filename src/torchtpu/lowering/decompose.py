@@ -156,6 +156,10 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
                 env[dst] = src
                 env[node] = src
                 continue
+            if isinstance(target, type) and issubclass(target, tuple):
+                # A decomposition's named result (e.g. var_mean's), built in the graph.
+                env[node] = target(*args, **kwargs)
+                continue
             if not isinstance(target, torch._ops.OpOverload):
                 raise NotImplementedError(f"torchtpu: cannot lower graph node {target}")
             env[node] = lower_call(b, target, args, kwargs, node.meta.get("val"), precision, extras)

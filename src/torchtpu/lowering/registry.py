@@ -54,6 +54,27 @@ def register_graph_only(*ops: Any) -> Callable[[Lowering], Lowering]:
     return deco
 
 
+# Kernels that must talk to the host between device programs: ops whose output
+# shape depends on the data (nonzero, masked_select, unique, boolean-mask
+# indexing) or that write to an argument their schema does not mark as written
+# (native_batch_norm's running stats). ``fn(*args, **kwargs)`` replaces the
+# engine call for that OpOverload.
+_HOST_KERNELS: dict[Any, Callable[..., Any]] = {}
+
+
+def register_host_kernel(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for op in ops:
+            _HOST_KERNELS[op] = fn
+        return fn
+
+    return deco
+
+
+def host_kernel(op: torch._ops.OpOverload) -> Callable[..., Any] | None:
+    return _HOST_KERNELS.get(op)
+
+
 def register_debug_check(*ops: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
     def deco(fn: Callable[..., None]) -> Callable[..., None]:
         for op in ops:

@@ -1,0 +1,262 @@
+"""Ops whose output shape depends on the data: they sync with the host.
+
+``nonzero``, ``masked_select``, ``unique``, boolean-mask indexing and
+``repeat_interleave`` with a tensor of repeats cannot be one static-shape XLA
+program. Each is computed in two steps: a device program that yields the
+result size (a count), read back to the host (the sync), then static-shape
+programs with that size (``nonzero_static`` and friends, which are ordinary
+lowerings). The list of syncing ops is in ``docs/data_dependent_ops.md``.
+
+The same host-kernel mechanism serves ops that write to arguments their
+schema does not mark as written: ``native_batch_norm`` updates the running
+statistics in place, so it runs the functional variant and copies the new
+statistics back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .builder import Builder, Value
+from .registry import LoweringContext, register, register_host_kernel
+
+aten = torch.ops.aten
+
+
+# -- static-shape building blocks (lowerings) -----------------------------------
+def _prefix_positions(b: Builder, flat_mask: Value) -> Value:
+    """For each true element of a 1-d mask, its rank among the true elements (int64)."""
+    from .reductions import _scan
+
+    ones = b.convert(flat_mask, torch.int64)
+    inclusive = _scan(b, ones, 0, "stablehlo.add", 0)
+    return b.sub(inclusive, b.constant(1, torch.int64, inclusive.shape))
+
+
+@register(aten.nonzero_static.default)
+def _nonzero_static(ctx: LoweringContext, x: Value, size: int, fill_value: int = -1) -> Value:
+    b = ctx.b
+    nd = x.rank
+    if nd == 0 or size == 0:
+        if nd == 0 and size > 0:
+            return b.constant(fill_value, torch.int64, (size, 0))
+        return b.constant(fill_value, torch.int64, (size, nd))
+    n = x.numel
+    flat = b.reshape(b.convert(x, torch.bool), (n,))
+    pos = _prefix_positions(b, flat)
+    # false elements scatter out of bounds, which drops them
+    target = b.select(flat, pos, b.constant(size, torch.int64, (n,)))
+    lin = b.iota((n,), 0, torch.int64)
+    coords = []
+    for d in range(nd):
+        stride = math.prod(x.shape[d + 1:])
+        c = b.div(lin, b.constant(stride, torch.int64, (n,))) if stride != 1 else lin
+        c = b.binary("remainder", c, b.constant(x.shape[d], torch.int64, (n,)))
+        coords.append(b.reshape(c, (n, 1)))
+    upd = b.concatenate(coords, 1)
+    base = b.constant(fill_value, torch.int64, (size, nd))
+    region = b.region([((), torch.int64), ((), torch.int64)], lambda bb, a, c: c)
+    attrs = ("scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], "
+             "scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, "
+             "indices_are_sorted = true, unique_indices = true")
+    return b.op1("stablehlo.scatter", [base, b.reshape(target, (n, 1)), upd], (size, nd), torch.int64,
+                 attrs=attrs, region=region)
+
+
+@register(aten.masked_scatter.default)
+def _masked_scatter(ctx: LoweringContext, x: Value, mask: Value, source: Value) -> Value:
+    """Static shape: the k-th true position of ``mask`` takes ``source.flatten()[k]``."""
+    b = ctx.b
+    shape = ctx.out_shape()
+    n = math.prod(shape)
+    xv = b.broadcast_to(b.convert(x, ctx.out_dtype()), shape)
+    m = b.broadcast_to(b.convert(mask, torch.bool), shape)
+    if n == 0 or source.numel == 0:
+        return xv
+    flat_m = b.reshape(m, (n,))
+    pos = _prefix_positions(b, flat_m)
+    pos = b.clamp(b.constant(0, torch.int64, (n,)), pos, b.constant(source.numel - 1, torch.int64, (n,)))
+    from .indexing import take_rows
+
+    src = b.reshape(b.convert(source, ctx.out_dtype()), (source.numel,))
+    picked = take_rows(b, src, pos, 0)
+    return b.select(m, b.reshape(picked, shape), xv)
+
+
+# -- host kernels ----------------------------------------------------------------
+def _count_true(mask: torch.Tensor) -> int:
+    """The sync: how many elements of ``mask`` are nonzero, read back to the host."""
+    return int(aten.count_nonzero.default(mask).item())
+
+
+@register_host_kernel(aten.nonzero.default)
+def nonzero(x: torch.Tensor) -> torch.Tensor:
+    n = _count_true(x)
+    return aten.nonzero_static.default(x, size=n, fill_value=-1)
+
+
+@register_host_kernel(aten.argwhere.default)
+def argwhere(x: torch.Tensor) -> torch.Tensor:
+    return nonzero(x)
+
+
+@register_host_kernel(aten.masked_select.default)
+def masked_select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_select: expected BoolTensor for mask, got {mask.dtype}")
+    xb, mb = torch.broadcast_tensors(x, mask)
+    flat_idx = nonzero(mb.reshape(-1)).reshape(-1)
+    return aten.index_select.default(xb.reshape(-1), 0, flat_idx)
+
+
+def _expand_bool_indices(indices: list[Any]) -> list[Any] | None:
+    """Boolean index tensors -> their nonzero() long coordinates (one per masked dim)."""
+    if not any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in indices):
+        return None
+    out: list[Any] = []
+    for t in indices:
+        if isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8):
+            nz = nonzero(t)
+            out.extend(nz[:, k] for k in range(t.dim()))
+        else:
+            out.append(t)
+    return out
+
+
+def _engine(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    from ..engine import executor
+
+    return executor.run(op, args, kwargs)
+
+
+@register_host_kernel(aten.index.Tensor)
+def index(x: torch.Tensor, indices: list[Any]) -> torch.Tensor:
+    expanded = _expand_bool_indices(list(indices))
+    return _engine(aten.index.Tensor, x, expanded if expanded is not None else indices)
+
+
+def _index_put_kernel(op: torch._ops.OpOverload):
+    def kernel(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumulate: bool = False,
+               *rest: Any) -> Any:
+        expanded = _expand_bool_indices(list(indices))
+        return _engine(op, x, expanded if expanded is not None else indices, values, accumulate, *rest)
+
+    return kernel
+
+
+for _op in (aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default):
+    register_host_kernel(_op)(_index_put_kernel(_op))
+
+
+@register_host_kernel(aten.repeat_interleave.Tensor)
+def repeat_interleave(repeats: torch.Tensor, output_size: int | None = None) -> torch.Tensor:
+    if repeats.dim() != 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    total = int(repeats.sum().item()) if output_size is None else int(output_size)
+    dev = repeats.device
+    if total == 0:
+        return torch.empty(0, dtype=repeats.dtype, device=dev)
+    # marks[k] = how many source rows start at output position k; its running sum is the row id
+    ends = repeats.to(torch.int64).cumsum(0)
+    marks = torch.zeros(total + 1, dtype=torch.int64, device=dev)
+    marks = marks.index_add(0, ends, torch.ones_like(ends))
+    return marks[:total].cumsum(0).to(repeats.dtype)
+
+
+@register_host_kernel(aten.equal.default)
+def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape:
+        return False
+    return bool((a == b).all().item())
+
+
+def _unique_sorted(x: torch.Tensor, return_inverse: bool, return_counts: bool, consecutive: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dev = x.device
+    flat = x.reshape(-1)
+    n = flat.numel()
+    if n == 0:
+        empty = torch.empty(0, dtype=torch.int64, device=dev)
+        return flat.clone(), torch.empty(x.shape, dtype=torch.int64, device=dev), empty
+    if consecutive:
+        s, order = flat, None
+    else:
+        s, order = torch.sort(flat, stable=True)
+    new_group = torch.ones(n, dtype=torch.bool, device=dev)
+    if n > 1:
+        new_group[1:] = s[1:] != s[:-1]
+    group = new_group.to(torch.int64).cumsum(0) - 1
+    k = _count_true(new_group)
+    firsts = nonzero(new_group).reshape(-1)
+    values = s.index_select(0, firsts)
+    inverse = torch.empty(0, dtype=torch.int64, device=dev)
+    if return_inverse:
+        inverse = group if order is None else torch.empty_like(group).scatter(0, order, group)
+        inverse = inverse.reshape(x.shape)
+    counts = torch.empty(0, dtype=torch.int64, device=dev)
+    if return_counts:
+        counts = torch.zeros(k, dtype=torch.int64, device=dev).index_add(0, group, torch.ones_like(group))
+    return values, inverse, counts
+
+
+@register_host_kernel(aten._unique2.default)
+def unique2(x: torch.Tensor, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Always sorted: an unsorted unique may return any order, and CPU's is sorted too.
+    return _unique_sorted(x, return_inverse, return_counts, consecutive=False)
+
+
+@register_host_kernel(aten._unique.default)
+def unique(x: torch.Tensor, sorted: bool = True, return_inverse: bool = False
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    v, inv, _ = _unique_sorted(x, return_inverse, False, consecutive=False)
+    return v, inv
+
+
+@register_host_kernel(aten.unique_consecutive.default)
+def unique_consecutive(x: torch.Tensor, return_inverse: bool = False, return_counts: bool = False,
+                       dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if dim is not None:
+        raise NotImplementedError("torchtpu: aten::unique_consecutive with dim is not implemented")
+    return _unique_sorted(x, return_inverse, return_counts, consecutive=True)
+
+
+# -- batch norm: running statistics are updated in place --------------------------
+def _copy_stats(dst: torch.Tensor | None, src: torch.Tensor) -> None:
+    if dst is not None:
+        dst.copy_(src)
+
+
+@register_host_kernel(aten.native_batch_norm.default)
+def native_batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                      running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
+                      momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if training and running_mean is not None and running_var is not None:
+        out, mean, rstd, new_rm, new_rv = _engine(aten._native_batch_norm_legit_functional.default, x, weight,
+                                                  bias, running_mean, running_var, True, momentum, eps)
+        _copy_stats(running_mean, new_rm)
+        _copy_stats(running_var, new_rv)
+        return out, mean, rstd
+    if training:
+        return _engine(aten._native_batch_norm_legit.no_stats, x, weight, bias, True, momentum, eps)
+    return _engine(aten._native_batch_norm_legit_no_training.default, x, weight, bias, running_mean, running_var,
+                   momentum, eps)
+
+
+@register_host_kernel(aten._native_batch_norm_legit.default)
+def native_batch_norm_legit(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                            running_mean: torch.Tensor, running_var: torch.Tensor, training: bool, momentum: float,
+                            eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@register_host_kernel(aten._batch_norm_with_update.default)
+def batch_norm_with_update(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                           running_mean: torch.Tensor, running_var: torch.Tensor, momentum: float, eps: float
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    out, mean, rstd = native_batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
+    reserve = torch.empty(0, dtype=torch.uint8, device=x.device)
+    return out, mean, rstd, reserve

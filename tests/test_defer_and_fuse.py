@@ -103,3 +103,26 @@ def test_launch_blocking_wins():
         print(torch.tpu.get_eager_mode(), deferred.has_pending())
     """, {"TORCH_TPU_DEFER_AND_FUSE": "1", "TORCH_TPU_LAUNCH_BLOCKING": "1"})
     assert "debug False" in r.stdout, r.stdout + r.stderr
+
+
+def test_second_process_with_tier3_filled_compiles_nothing(tmp_path):
+    code = """
+        import torch
+        from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
+        torch.manual_seed(0)
+        cfg = GPTConfig(seq=16, d_model=32, layers=1)
+        m = GPT(cfg).to('tpu')
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        x, y = make_batch(cfg, 2, torch.Generator().manual_seed(0))
+        loss = m.loss(x.to('tpu'), y.to('tpu'))
+        opt.zero_grad(); loss.backward(); opt.step()
+        print('loss', round(loss.item(), 5), 'compiles', torch.tpu.compile_cache_stats()['compiles'])
+    """
+    env = {"TORCH_TPU_DEFER_AND_FUSE": "1", "TORCH_TPU_TIER2_COMPILATION_CACHE": "disabled",
+           "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(tmp_path / "cache")}
+    first = run_python(code, env)
+    second = run_python(code, env)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    loss1, compiles1 = first.stdout.split()[1], int(first.stdout.split()[3])
+    loss2, compiles2 = second.stdout.split()[1], int(second.stdout.split()[3])
+    assert compiles1 > 0 and compiles2 == 0 and loss1 == loss2

@@ -21,7 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--mode", choices=["strict", "debug", "defer_and_fuse"], default=None,
+                        help="eager mode (default: from the environment, else strict)")
     args = parser.parse_args(argv)
+    if args.mode:
+        torch.tpu.set_eager_mode(args.mode)
 
     torch.manual_seed(0)
     cfg = GPTConfig()
@@ -57,11 +61,13 @@ def main(argv: list[str] | None = None) -> int:
             stats = torch.tpu.compile_cache_stats()
             rate = (step + 1) / (time.perf_counter() - start)
             bar.set_postfix(loss=f"{loss_value:.4f}", steps_s=f"{rate:.2f}", cache_hits=stats["hits"],
-                            compiles=stats["misses"])
+                            compiles=stats["compiles"])
     elapsed = time.perf_counter() - start
     stats = torch.tpu.compile_cache_stats()
-    print(f"final loss {loss_value:.4f} after {args.steps} steps, {args.steps / elapsed:.2f} steps/s; "
-          f"compile cache: {stats['hits']} hits, {stats['misses']} compiles ({stats['compile_seconds']:.1f} s)")
+    print(f"final loss {loss_value:.4f} after {args.steps} steps, {args.steps / elapsed:.2f} steps/s")
+    print(f"compile cache: {stats['hits']} hits, {stats['misses']} misses; {stats['compiles']} XLA compiles "
+          f"({stats['compile_seconds']:.1f} s), tier-2 hits {stats.get('tier2_hits', 0)}, "
+          f"tier-3 hits {stats.get('tier3_hits', 0)}")
     return 0
 
 

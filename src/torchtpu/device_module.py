@@ -244,14 +244,27 @@ def defer_and_fuse() -> contextlib.AbstractContextManager[None]:
 
 
 def compile_cache_stats() -> dict[str, float]:
-    return {**executor.stats.as_dict(), "entries": executor.cache_size()}
+    """Op-cache hits/misses (every mode) plus per-tier figures of the executable cache.
+
+    ``hits``/``misses``: lookups of eager ops, fused graphs and compiled graphs;
+    ``compiles``: XLA compilations actually run (0 when tier 2/3 supplied them);
+    ``tierN_hits``/``tierN_misses``/``tierN_load_seconds``: the three cache tiers.
+    """
+    from .engine import compile_cache
+
+    ours = executor.stats.as_dict()
+    ours["lookup_seconds"] = ours.pop("compile_seconds")
+    return {**ours, "entries": executor.cache_size(), **compile_cache.stats()}
 
 
-def clear_compile_cache() -> None:
-    from .engine import deferred
+def clear_compile_cache(tier: int | None = None) -> None:
+    """Clear tier 1 (process memory), 2 (host-shared) or 3 (persistent); all tiers by default."""
+    from .engine import compile_cache, deferred
 
-    executor.cache_clear()
-    deferred.cache_clear()
+    if tier in (None, 1):
+        executor.cache_clear()
+        deferred.cache_clear()
+    compile_cache.clear(tier)
 
 
 # Streams and events are placeholders (PJRT orders work per device itself),

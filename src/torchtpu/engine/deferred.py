@@ -27,7 +27,7 @@ from .. import _C, _device_state
 from .. import storage as st
 from ..lowering.builder import Builder, Value
 from ..lowering.views import fit
-from . import executor
+from . import compile_cache, executor
 from . import precision as precision_mod
 
 MAX_NODES = 4096
@@ -275,7 +275,7 @@ def _build(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple
         for k, v in enumerate(out_values):
             produced[(ni, k)] = v
     text = b.module([produced[k] for k in live], name="fused")
-    exe = _device_state.client().compile(text)
+    exe = compile_cache.compile(text)
     fused = _Fused(exe, live)
     _cache[key] = fused
     stats["compiles"] += 1

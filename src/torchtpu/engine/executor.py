@@ -38,6 +38,7 @@ from ..lowering.views import (
     write_view,
 )
 from ..runtime import Buffer
+from . import compile_cache
 from . import precision as precision_mod
 from .opplan import OpPlan, call_op, normalize_args, plan_for
 
@@ -410,7 +411,7 @@ def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _C
     outputs, out_values = emit_op(b, plan, specs, values, skeys, input_values, storage_vals, metas, func_args,
                                   key[1])
     text = b.module(out_values)
-    exe = _device_state.client().compile(text)
+    exe = compile_cache.compile(text)
     entry = Entry(exe, outputs, [_to_out_meta(m) for m in metas])
     with _cache_lock:
         _cache[key] = entry

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 import torch.fx
 
-from .. import _device_state
 from ..lowering import decompose
 from ..lowering.builder import Builder, Value
 from ..lowering.views import (
@@ -27,7 +26,7 @@ from ..lowering.views import (
     read_view,
     write_view,
 )
-from . import executor
+from . import compile_cache, executor
 from . import precision as precision_mod
 
 _RANDOM_TARGETS = {torch.ops.aten.native_dropout.default, torch.ops.aten.bernoulli.p,
@@ -156,7 +155,7 @@ class GraphProgram:
             outputs.append(("store", k))
             out_values.append(current[k])
         text = b.module(out_values, name=self.name)
-        exe = _device_state.client().compile(text)
+        exe = compile_cache.compile(text)
         entry = executor.Entry(exe, outputs, result_specs)
         entry.host_writes = host_writes  # type: ignore[attr-defined]
         self.cache[key] = entry

@@ -1,16 +1,24 @@
-"""Strict-mode eager overhead and a GPT training step: tpu vs native PyTorch CPU, in one run.
+"""tpu execution modes vs native PyTorch CPU, in one run, as ratios.
 
-    python bench/eager.py [--json out.json] [--steps N]
+    python bench/eager.py [--json out.json] [--steps N] [--skip-inductor]
 
-Figures are ratios taken in the same process; the machines are small and noisy,
-so each timing is the best of several repetitions.
+Measures, each as the best of several repetitions (machines are small and noisy):
+- per-op overhead: a chain of 1,000 tiny elementwise ops then one read;
+- the demo GPT's training step (forward, backward, AdamW) in Strict, DeferAndFuse,
+  ``torch.compile(backend="tpu")``, CPU eager and CPU ``torch.compile`` (inductor);
+- GPT inference at batch 1;
+- peak device memory (bytes of PJRT buffers held) of a training step, Strict vs DeferAndFuse;
+- first-step latency (compile included) per mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import json
 import time
+from typing import Any
 
 import torch
 
@@ -38,57 +46,115 @@ def op_chain(device: str, n: int = 1000) -> float:
         x.sum().item()
 
     run()  # warm-up (compiles)
-    return best_of(run) / n
+    return best_of(run, 7) / n
 
 
-def gpt_step(device: str, steps: int) -> float:
-    torch.manual_seed(0)
-    cfg = GPTConfig()
-    model = GPT(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(0)
-    x, y = make_batch(cfg, 8, g)
-    x, y = x.to(device), y.to(device)
-
-    def step() -> None:
+def _train_step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer):
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = model.loss(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        return loss
 
-    for _ in range(3):
-        step()
-    loss = model.loss(x, y)
-    loss.item()
+    return step
 
-    def run() -> None:
-        for _ in range(steps):
-            step()
-        model.loss(x, y).item()
 
-    return best_of(run, 3) / steps
+def gpt_train(base: GPT, device: str, mode: str, steps: int) -> dict[str, Any]:
+    """Steps/s, first-step seconds and peak device bytes of a training loop reading the loss each step."""
+    cfg = base.cfg
+    model = copy.deepcopy(base).to(device)
+    capturable = device == "tpu" and mode == "compile"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=capturable)
+    step = _train_step_fn(model, opt)
+    if mode == "compile":
+        step = torch.compile(step, backend="tpu")
+    elif mode == "inductor":
+        step = torch.compile(step)
+    g = torch.Generator().manual_seed(0)
+    x, y = make_batch(cfg, 8, g)
+    x, y = x.to(device), y.to(device)
+    ctx = torch.tpu.eager_mode("defer_and_fuse" if mode == "defer_and_fuse" else "strict") \
+        if device == "tpu" else contextlib.nullcontext()
+    with ctx:
+        t0 = time.perf_counter()
+        step(x, y).item()
+        first = time.perf_counter() - t0
+        for _ in range(2):
+            step(x, y).item()
+        if device == "tpu":
+            torch.tpu.synchronize()
+            torch.tpu.reset_peak_device_memory()
+
+        def run() -> None:
+            for _ in range(steps):
+                step(x, y).item()
+
+        t = best_of(run, 3) / steps
+        peak = torch.tpu.device_memory_in_use()[1] if device == "tpu" else None
+    return {"step_ms": t * 1e3, "steps_per_s": 1.0 / t, "first_step_s": first, "peak_device_bytes": peak}
+
+
+def gpt_infer(base: GPT, device: str, mode: str) -> float:
+    model = copy.deepcopy(base).to(device).eval()
+    fwd = model
+    if mode == "compile":
+        fwd = torch.compile(model, backend="tpu")
+    elif mode == "inductor":
+        fwd = torch.compile(model)
+    x, _ = make_batch(base.cfg, 1, torch.Generator().manual_seed(1))
+    x = x.to(device)
+    ctx = torch.tpu.eager_mode("defer_and_fuse" if mode == "defer_and_fuse" else "strict") \
+        if device == "tpu" else contextlib.nullcontext()
+    with ctx, torch.no_grad():
+        for _ in range(3):
+            fwd(x).sum().item()
+        return best_of(lambda: fwd(x).sum().item(), 7) * 1e3
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json", default=None)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--skip-inductor", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(2)
-    res = {
-        "op_us_cpu": op_chain("cpu") * 1e6,
-        "op_us_tpu_strict": op_chain("tpu") * 1e6,
-        "gpt_step_ms_cpu": gpt_step("cpu", args.steps) * 1e3,
-        "gpt_step_ms_tpu_strict": gpt_step("tpu", args.steps) * 1e3,
+    torch.manual_seed(0)
+    base = GPT(GPTConfig())
+    res: dict[str, Any] = {
+        "op_us": {"cpu": op_chain("cpu") * 1e6, "tpu_strict": op_chain("tpu") * 1e6},
     }
-    res["op_overhead_ratio_tpu_vs_cpu"] = res["op_us_tpu_strict"] / res["op_us_cpu"]
-    res["gpt_steps_per_s_ratio_tpu_vs_cpu"] = res["gpt_step_ms_cpu"] / res["gpt_step_ms_tpu_strict"]
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        res["op_us"]["tpu_defer_and_fuse"] = op_chain("tpu") * 1e6
+    train = {
+        "cpu_eager": gpt_train(base, "cpu", "eager", args.steps),
+        "tpu_strict": gpt_train(base, "tpu", "strict", args.steps),
+        "tpu_defer_and_fuse": gpt_train(base, "tpu", "defer_and_fuse", args.steps),
+        "tpu_compile": gpt_train(base, "tpu", "compile", args.steps),
+    }
+    infer = {m: gpt_infer(base, "tpu", m) for m in ("strict", "defer_and_fuse", "compile")}
+    infer["cpu_eager"] = gpt_infer(base, "cpu", "eager")
+    if not args.skip_inductor:
+        train["cpu_inductor"] = gpt_train(base, "cpu", "inductor", args.steps)
+        infer["cpu_inductor"] = gpt_infer(base, "cpu", "inductor")
+    res["gpt_train"] = train
+    res["gpt_infer_batch1_ms"] = infer
+    cpu = train["cpu_eager"]["steps_per_s"]
+    res["ratios"] = {
+        "op_overhead_strict_vs_cpu": res["op_us"]["tpu_strict"] / res["op_us"]["cpu"],
+        "train_steps_per_s_vs_cpu_eager": {k: v["steps_per_s"] / cpu for k, v in train.items()},
+        "train_defer_and_fuse_vs_strict": train["tpu_defer_and_fuse"]["steps_per_s"]
+        / train["tpu_strict"]["steps_per_s"],
+        "train_compile_vs_defer_and_fuse": train["tpu_compile"]["steps_per_s"]
+        / train["tpu_defer_and_fuse"]["steps_per_s"],
+        "peak_memory_defer_and_fuse_vs_strict": train["tpu_defer_and_fuse"]["peak_device_bytes"]
+        / train["tpu_strict"]["peak_device_bytes"],
+    }
     res["compile_cache"] = torch.tpu.compile_cache_stats()
-    for k, v in res.items():
-        print(f"{k:40s} {v:.3f}" if isinstance(v, float) else f"{k:40s} {v}")
+    print(json.dumps(res, indent=2, default=float))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+            json.dump(res, f, indent=2, default=float)
 
 
 if __name__ == "__main__":

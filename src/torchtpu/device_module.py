@@ -180,6 +180,23 @@ def memory_stats(device: int | str | torch.device | None = None) -> dict[str, in
             "allocation.all.freed": s["total_frees"]}
 
 
+def device_memory_in_use() -> tuple[int, int]:
+    """(current, peak) bytes of PJRT buffers this process holds on its devices.
+
+    Unlike memory_allocated (bytes of live tpu storages), this counts what is
+    materialized: in DeferAndFuse mode dead intermediates never are.
+    """
+    from . import runtime
+
+    return runtime.live_bytes()
+
+
+def reset_peak_device_memory() -> None:
+    from . import runtime
+
+    runtime.reset_peak_bytes()
+
+
 def empty_cache() -> None:
     """Nothing is cached beyond live storages: PJRT frees buffers as soon as they die."""
 

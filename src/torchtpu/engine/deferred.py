@@ -193,6 +193,8 @@ def flush() -> None:
                 if not any(h is s for h in holders[k]):
                     holders[k].append(s)
         if not live:
+            g.nodes.clear()
+            g.touched.clear()
             return
         args: list[tuple] = []
         wiring = []
@@ -221,6 +223,10 @@ def flush() -> None:
         for k, buf in zip(fused.live, outs):
             for s in holders[k]:
                 setattr(s, st._ATTR, buf)
+        # Nodes reference Pendings that reference the graph: break the cycle so
+        # the input buffers are freed now, not at the next garbage collection.
+        g.nodes.clear()
+        g.touched.clear()
 
 
 def _arg_buffer(a: tuple, device: int) -> Any:

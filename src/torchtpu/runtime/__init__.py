@@ -3,7 +3,7 @@
 Only numpy, ml_dtypes and cffi are imported here (never torch).
 """
 
-from .buffer import Buffer
+from .buffer import Buffer, live_bytes, reset_peak_bytes
 from .client import Client, create_client
 from .compile_options import compile_options
 from .device import Device
@@ -34,7 +34,9 @@ __all__ = [
     "default_client_options",
     "from_pjrt_type",
     "from_stablehlo",
+    "live_bytes",
     "load_plugin",
+    "reset_peak_bytes",
     "resolve_plugin_path",
     "to_pjrt_type",
     "to_stablehlo",

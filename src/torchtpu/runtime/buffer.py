@@ -22,6 +22,18 @@ _new = ffi.new
 _FAILED_PRECONDITION = 9
 
 
+_LIVE = [0, 0]  # bytes held by live Buffers: [current, peak]
+
+
+def live_bytes() -> tuple[int, int]:
+    """(current, peak) bytes of device memory held by live Buffer objects in this process."""
+    return _LIVE[0], _LIVE[1]
+
+
+def reset_peak_bytes() -> None:
+    _LIVE[1] = _LIVE[0]
+
+
 class Buffer:
     """Owns one ``PJRT_Buffer*``. Immutable: ops produce new buffers.
 
@@ -29,7 +41,7 @@ class Buffer:
     executable output metadata), otherwise read from PJRT on first use.
     """
 
-    __slots__ = ("__weakref__", "_client", "_device_index", "_dtype", "_handle", "_shape")
+    __slots__ = ("__weakref__", "_client", "_device_index", "_dtype", "_handle", "_nbytes", "_shape")
 
     def __init__(
         self,
@@ -44,6 +56,16 @@ class Buffer:
         self._shape = shape
         self._dtype = dtype
         self._device_index = device_index
+        # Live device bytes held through Buffer objects (what a backend keeps
+        # resident between launches; executables' temporaries excluded).
+        n = 0
+        if shape is not None and dtype is not None:
+            n = dtype.itemsize
+            for d in shape:
+                n *= d
+        self._nbytes = n
+        _LIVE[0] += n
+        _LIVE[1] = max(_LIVE[1], _LIVE[0])
 
     # -- metadata ---------------------------------------------------------
     @property
@@ -155,6 +177,7 @@ class Buffer:
         h = self._handle
         if h:
             self._handle = _NULL
+            _LIVE[0] -= self._nbytes
             if self._client._handle:  # else leaked: its client is gone
                 self._client._plugin.destroy_buffer(h)
 
@@ -165,6 +188,7 @@ class Buffer:
         h = self._handle
         if h and self._client._handle and not _is_finalizing():
             self._handle = _NULL
+            _LIVE[0] -= self._nbytes
             p = self._client._plugin
             err = p.buffer_destroy_fn(_new(BUFFER_DESTROY_T, [BUFFER_DESTROY_SIZE, _NULL, h]))
             if err:

@@ -52,3 +52,49 @@ def test_compiled_gpt_training_step_matches_eager():
 
 def test_backend_registered_by_entry_point():
     assert "tpu" in torch._dynamo.list_backends()
+
+
+def test_changing_python_scalar_does_not_recompile_each_step():
+    w = torch.randn(4, device="tpu")
+
+    @torch.compile(backend="tpu")
+    def f(w, lr):
+        return w * lr + 1
+
+    f(w, 0.1)
+    f(w, 0.2)
+    before = torch.tpu.compile_cache_stats()["misses"]
+    for lr in (0.3, 0.4, 0.5, 0.6):
+        out = f(w, lr)
+    assert torch.tpu.compile_cache_stats()["misses"] == before
+    torch.testing.assert_close(out.cpu(), w.cpu() * 0.6 + 1)
+
+
+def test_compiled_autocast_bfloat16():
+    m = nn.Linear(8, 4).to("tpu")
+    x = torch.randn(3, 8, device="tpu")
+
+    @torch.compile(backend="tpu")
+    def f(x):
+        with torch.autocast("tpu", dtype=torch.bfloat16):
+            return m(x)
+
+    out = f(x)
+    assert out.dtype == torch.bfloat16
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        ref = m(x)
+    torch.testing.assert_close(out.float().cpu(), ref.float().cpu(), rtol=1e-2, atol=1e-2)
+
+
+def test_compiled_precision_follows_context():
+    a = torch.randn(64, 1024, dtype=torch.float64)
+    b = torch.randn(1024, 64, dtype=torch.float64)
+    exact = a @ b
+    f = torch.compile(lambda x, y: x @ y, backend="tpu")
+    errs = {}
+    for p in ("medium", "highest"):
+        with torch.tpu.precision(p):
+            out = f(a.float().to("tpu"), b.float().to("tpu")).cpu().double()
+        errs[p] = ((out - exact).norm() / exact.norm()).item()
+    assert errs["medium"] > 1e-3, errs
+    assert errs["highest"] < 1e-6, errs

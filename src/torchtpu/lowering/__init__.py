@@ -13,5 +13,6 @@ from . import (  # noqa: F401
     reductions,
     shape,
     sort,
+    special,
     view_ops,
 )

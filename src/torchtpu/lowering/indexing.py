@@ -296,3 +296,43 @@ def _check_index(x: torch.Tensor, indices: list, *rest: Any) -> None:
 @register_debug_check(aten.scatter.src, aten.scatter.value, aten.scatter_add.default)
 def _check_scatter(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> None:
     _check_range(index, x.shape[dim] if x.dim() else 1, "scatter")
+
+
+def _reduce_identity(dtype: torch.dtype, reduce: str) -> float | int | bool:
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    if dtype == torch.bool:
+        return reduce == "amin"
+    if dtype.is_floating_point:
+        return float("-inf") if reduce == "amax" else float("inf")
+    info = torch.iinfo(dtype)
+    return info.min if reduce == "amax" else info.max
+
+
+@register(aten.scatter_reduce.two)
+def _scatter_reduce(ctx: LoweringContext, x: Value, dim: int, index: Value, src: Value, reduce: str,
+                    include_self: bool = True) -> Value:
+    b = ctx.b
+    combine = {"sum": "add", "mean": "add", "prod": "multiply", "amax": "amax", "amin": "amin"}[reduce]
+    base = x
+    if not include_self:
+        # Targets start from the reduction's identity, so x itself does not take part.
+        base = _scatter_elements(ctx, x, dim, index, b.constant(_reduce_identity(x.dtype, reduce), x.dtype,
+                                                                 index.shape), None)
+    r = _scatter_elements(ctx, base, dim, index, src, combine)
+    if reduce != "mean":
+        return r
+    cnt_t = torch.int64
+    start = b.constant(1 if include_self else 0, cnt_t, x.shape)
+    counts = _scatter_elements(ctx, start, dim, index, b.constant(1, cnt_t, index.shape), "add")
+    counts = b.maximum(counts, b.constant(1, cnt_t, x.shape))
+    if x.dtype.is_floating_point:
+        return b.div(r, b.convert(counts, x.dtype))
+    # integer mean rounds down, as the CPU kernel's floor division does
+    q = b.div(r, b.convert(counts, x.dtype))
+    rem = b.binary("remainder", r, b.convert(counts, x.dtype))
+    neg = b.binary("and", b.compare(rem, b.constant(0, x.dtype, x.shape), "NE"),
+                   b.compare(r, b.constant(0, x.dtype, x.shape), "LT"))
+    return b.select(neg, b.sub(q, b.constant(1, x.dtype, x.shape)), q)

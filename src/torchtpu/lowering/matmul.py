@@ -118,7 +118,49 @@ def _addmv(ctx: LoweringContext, inp: Value, a: Value, v: Value, beta: Any = 1, 
 
 @register(aten.addbmm.default)
 def _addbmm(ctx: LoweringContext, inp: Value, a: Value, c: Value, beta: Any = 1, alpha: Any = 1) -> Value:
+    out = ctx.out_dtype()
+    if out in (torch.bfloat16, torch.float16) and a.shape[0] > 0:
+        # CPU accumulates batch by batch with addmm_, rounding to the dtype after each one.
+        b = ctx.b
+        r = None
+        for i in range(a.shape[0]):
+            ai = b.reshape(b.slice(a, [i, 0, 0], [i + 1, *a.shape[1:]]), a.shape[1:])
+            ci = b.reshape(b.slice(c, [i, 0, 0], [i + 1, *c.shape[1:]]), c.shape[1:])
+            prod = dot(ctx, ai, ci, ([], []), ([1], [0]), torch.float32)
+            r = _scaled_sum(ctx, inp, prod, beta, alpha) if r is None else _scaled_sum(ctx, r, prod, 1, alpha)
+        return r
     # Sum over the batch too: one dot_general contracting (batch, k).
     prod = dot(ctx, a, c, ([], []), ([0, 2], [0, 1]), torch.float32 if ctx.out_dtype() != torch.float64
                else torch.float64)
     return _scaled_sum(ctx, inp, prod, beta, alpha)
+
+
+@register(aten.addr.default)
+def _addr(ctx: LoweringContext, inp: Value, v1: Value, v2: Value, beta: Any = 1, alpha: Any = 1) -> Value:
+    """beta * self + alpha * v1 * v2, each product rounded to the dtype like CPU's elementwise kernel."""
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = ctx.out_shape()
+    x1 = b.broadcast_in_dim(b.convert(v1, out), shape, [0])
+    x2 = b.broadcast_in_dim(b.convert(v2, out), shape, [1])
+    if out == torch.bool:
+        prod = b.binary("and", x1, x2)
+        if isinstance(beta, (int, float)) and not beta:
+            return prod
+        return b.binary("or", b.broadcast_to(b.convert(inp, out), shape), prod)
+
+    def rnd(v: Value) -> Value:
+        return b.convert(v, out)
+
+    acc = torch.float32 if out in (torch.bfloat16, torch.float16) else out
+
+    def up(v: Value) -> Value:
+        return b.convert(v, acc)
+
+    # the scalars are converted to the tensor dtype first, as CPU's kernel does
+    al, be = up(rnd(ctx.scalar(alpha, acc, shape))), up(rnd(ctx.scalar(beta, acc, shape)))
+    term = up(rnd(b.mul(up(rnd(b.mul(al, up(x1)))), up(x2))))
+    base = up(rnd(b.mul(be, up(b.broadcast_to(b.convert(inp, out), shape)))))
+    # beta == 0 ignores self entirely (NaN included)
+    r = b.select(b.compare(be, b.constant(0, acc, shape), "EQ"), term, b.add(base, term))
+    return rnd(r)

@@ -102,3 +102,47 @@ def _dropout_backward(ctx: LoweringContext, grad: Value, mask: Value, scale: Any
     g = b.convert(grad, acc)
     m = b.convert(mask, acc)
     return b.convert(b.mul(b.mul(g, m), ctx.scalar(scale, acc, g.shape)), ctx.out_dtype())
+
+
+@register(aten.exponential.default)
+def _exponential(ctx: LoweringContext, x: Value, lambd: Any = 1.0, generator: Any = None) -> Value:
+    b = ctx.b
+    shape = ctx.out_shape()
+    u = uniform01(b, _seed(ctx, generator), shape)
+    one = b.constant(1.0, torch.float32, shape)
+    # -log(1 - u) / lambda, with 1 - u in (0, 1]
+    r = b.div(b.neg(b.unary("log", b.sub(one, u))), ctx.scalar(lambd, torch.float32, shape))
+    return b.convert(r, ctx.out_dtype())
+
+
+@register(aten.cauchy.default)
+def _cauchy(ctx: LoweringContext, x: Value, median: Any = 0.0, sigma: Any = 1.0, generator: Any = None) -> Value:
+    b = ctx.b
+    shape = ctx.out_shape()
+    u = uniform01(b, _seed(ctx, generator), shape)
+    t = b.unary("tan", b.mul(b.constant(math.pi, torch.float32, shape),
+                             b.sub(u, b.constant(0.5, torch.float32, shape))))
+    r = b.add(ctx.scalar(median, torch.float32, shape), b.mul(ctx.scalar(sigma, torch.float32, shape), t))
+    return b.convert(r, ctx.out_dtype())
+
+
+@register(aten.log_normal.default)
+def _log_normal(ctx: LoweringContext, x: Value, mean: Any = 1.0, std: Any = 2.0, generator: Any = None) -> Value:
+    b = ctx.b
+    shape = ctx.out_shape()
+    z = normal01(b, _seed(ctx, generator), shape)
+    r = b.unary("exponential", b.add(ctx.scalar(mean, torch.float32, shape),
+                                      b.mul(ctx.scalar(std, torch.float32, shape), z)))
+    return b.convert(r, ctx.out_dtype())
+
+
+@register(aten.geometric.default)
+def _geometric(ctx: LoweringContext, x: Value, p: Any, generator: Any = None) -> Value:
+    b = ctx.b
+    shape = ctx.out_shape()
+    u = uniform01(b, _seed(ctx, generator), shape)
+    one = b.constant(1.0, torch.float32, shape)
+    # number of Bernoulli(p) trials up to the first success: ceil(log(1-u) / log(1-p)), at least 1
+    k = b.unary("ceil", b.div(b.unary("log", b.sub(one, u)),
+                              b.unary("log", b.sub(one, ctx.scalar(p, torch.float32, shape)))))
+    return b.convert(b.maximum(k, one), ctx.out_dtype())

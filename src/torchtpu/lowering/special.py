@@ -1,0 +1,244 @@
+"""Special functions: Bessel, gamma family, error-function family.
+
+CHLO provides ``polygamma``, ``zeta``, ``erf``/``erfc``/``erf_inv``, ``lgamma``,
+``digamma`` and ``bessel_i1e``; the modified Bessel functions I0/I1 use the
+Chebyshev expansions of the Cephes Math Library, as PyTorch's CPU kernels do
+(coefficients from ATen/native/Math.h; Cephes is 3-clause BSD licensed).
+All compute in f32 (f64 for f64 inputs) and round once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .builder import Builder, Value
+from .elementwise import _binary_operands
+from .registry import LoweringContext, register
+
+aten = torch.ops.aten
+
+_I0E_A = [
+    -4.41534164647933937950E-18, 3.33079451882223809783E-17, -2.43127984654795469359E-16,
+    1.71539128555513303061E-15, -1.16853328779934516808E-14, 7.67618549860493561688E-14,
+    -4.85644678311192946090E-13, 2.95505266312963983461E-12, -1.72682629144155570723E-11,
+    9.67580903537323691224E-11, -5.18979560163526290666E-10, 2.65982372468238665035E-9,
+    -1.30002500998624804212E-8, 6.04699502254191894932E-8, -2.67079385394061173391E-7,
+    1.11738753912010371815E-6, -4.41673835845875056359E-6, 1.64484480707288970893E-5,
+    -5.75419501008210370398E-5, 1.88502885095841655729E-4, -5.76375574538582365885E-4,
+    1.63947561694133579842E-3, -4.32430999505057594430E-3, 1.05464603945949983183E-2,
+    -2.37374148058994688156E-2, 4.93052842396707084878E-2, -9.49010970480476444210E-2,
+    1.71620901522208775349E-1, -3.04682672343198398683E-1, 6.76795274409476084995E-1,
+]
+_I0E_B = [
+    -7.23318048787475395456E-18, -4.83050448594418207126E-18, 4.46562142029675999901E-17,
+    3.46122286769746109310E-17, -2.82762398051658348494E-16, -3.42548561967721913462E-16,
+    1.77256013305652638360E-15, 3.81168066935262242075E-15, -9.55484669882830764870E-15,
+    -4.15056934728722208663E-14, 1.54008621752140982691E-14, 3.85277838274214270114E-13,
+    7.18012445138366623367E-13, -1.79417853150680611778E-12, -1.32158118404477131188E-11,
+    -3.14991652796324136454E-11, 1.18891471078464383424E-11, 4.94060238822496958910E-10,
+    3.39623202570838634515E-9, 2.26666899049817806459E-8, 2.04891858946906374183E-7,
+    2.89137052083475648297E-6, 6.88975834691682398426E-5, 3.36911647825569408990E-3,
+    8.04490411014108831608E-1,
+]
+_I1E_A = [
+    2.77791411276104639959E-18, -2.11142121435816608115E-17, 1.55363195773620046921E-16,
+    -1.10559694773538630805E-15, 7.60068429473540693410E-15, -5.04218550472791168711E-14,
+    3.22379336594557470981E-13, -1.98397439776494371520E-12, 1.17361862988909016308E-11,
+    -6.66348972350202774223E-11, 3.62559028155211703701E-10, -1.88724975172282928790E-9,
+    9.38153738649577178388E-9, -4.44505912879632808065E-8, 2.00329475355213526229E-7,
+    -8.56872026469545474066E-7, 3.47025130813767847674E-6, -1.32731636560394358279E-5,
+    4.78156510755005422638E-5, -1.61760815825896745588E-4, 5.12285956168575772895E-4,
+    -1.51357245063125314899E-3, 4.15642294431288815669E-3, -1.05640848946261981558E-2,
+    2.47264490306265168283E-2, -5.29459812080949914269E-2, 1.02643658689847095384E-1,
+    -1.76416518357834055153E-1, 2.52587186443633654823E-1,
+]
+_I1E_B = [
+    7.51729631084210481353E-18, 4.41434832307170791151E-18, -4.65030536848935832153E-17,
+    -3.20952592199342395980E-17, 2.96262899764595013876E-16, 3.30820231092092828324E-16,
+    -1.88035477551078244854E-15, -3.81440307243700780478E-15, 1.04202769841288027642E-14,
+    4.27244001671195135429E-14, -2.10154184277266431302E-14, -4.08355111109219731823E-13,
+    -7.19855177624590851209E-13, 2.03562854414708950722E-12, 1.41258074366137813316E-11,
+    3.25260358301548823856E-11, -1.89749581235054123450E-11, -5.58974346219658380687E-10,
+    -3.83538038596423702205E-9, -2.63146884688951950684E-8, -2.51223623787020892529E-7,
+    -3.88256480887769039346E-6, -1.10588938762623716291E-4, -9.76109749136146840777E-3,
+    7.78576235018280120474E-1,
+]
+
+
+def _acc(ctx: LoweringContext) -> torch.dtype:
+    out = ctx.out_dtype()
+    return torch.float64 if out == torch.float64 else torch.float32
+
+
+def _chbevl(b: Builder, x: Value, coeffs: Sequence[float]) -> Value:
+    """Clenshaw's recurrence for a Chebyshev series (Cephes chbevl)."""
+    c = [b.constant(v, x.dtype, x.shape) for v in coeffs]
+    b0, b1 = c[0], b.constant(0.0, x.dtype, x.shape)
+    b2 = b1
+    for ci in c[1:]:
+        b2 = b1
+        b1 = b0
+        b0 = b.add(b.sub(b.mul(x, b1), b2), ci)
+    return b.mul(b.constant(0.5, x.dtype, x.shape), b.sub(b0, b2))
+
+
+def _bessel_scaled(b: Builder, v: Value, order: int) -> Value:
+    """exp(-|x|) * I_order(|x|), the two Cephes ranges [0, 8] and (8, inf)."""
+    s = v.shape
+    x = b.unary("abs", v)
+
+    def c(val: float) -> Value:
+        return b.constant(val, v.dtype, s)
+
+    small = _chbevl(b, b.sub(b.div(x, c(2.0)), c(2.0)), _I0E_A if order == 0 else _I1E_A)
+    if order == 1:
+        small = b.mul(small, x)
+    safe = b.select(b.compare(x, c(8.0), "GT"), x, c(8.0))
+    large = b.div(_chbevl(b, b.sub(b.div(c(32.0), safe), c(2.0)), _I0E_B if order == 0 else _I1E_B),
+                  b.unary("sqrt", safe))
+    return b.select(b.compare(x, c(8.0), "LE"), small, large)
+
+
+def _signed(b: Builder, r: Value, v: Value) -> Value:
+    return b.select(b.compare(v, b.constant(0.0, v.dtype, v.shape), "LT"), b.neg(r), r)
+
+
+def _bessel(kind: str):
+    def lower(ctx: LoweringContext, x: Value) -> Value:
+        b = ctx.b
+        v = b.convert(x, _acc(ctx))
+        order = 0 if kind.startswith("i0") else 1
+        r = _bessel_scaled(b, v, order)
+        if not kind.endswith("e"):
+            r = b.mul(r, b.unary("exponential", b.unary("abs", v)))
+        if order == 1:
+            r = _signed(b, r, v)
+        return b.convert(r, ctx.out_dtype())
+
+    return lower
+
+
+register(aten.i0.default, aten.special_i0.default)(_bessel("i0"))
+register(aten.special_i0e.default)(_bessel("i0e"))
+register(aten.special_i1.default)(_bessel("i1"))
+register(aten.special_i1e.default)(_bessel("i1e"))
+
+
+@register(aten.polygamma.default)
+def _polygamma(ctx: LoweringContext, n: int, x: Value) -> Value:
+    b = ctx.b
+    v = b.convert(x, _acc(ctx))
+    if n == 0:
+        r = _digamma(b, v)
+    else:
+        r = b.op1("chlo.polygamma", [b.constant(float(n), v.dtype, v.shape), v], v.shape, v.dtype)
+    return b.convert(r, ctx.out_dtype())
+
+
+@register(aten.special_zeta.default, aten.special_zeta.other_scalar, aten.special_zeta.self_scalar)
+def _zeta(ctx: LoweringContext, a: Any, c: Any) -> Value:
+    x, q, out = _binary_operands(ctx, a, c)
+    b = ctx.b
+    s = x.shape
+    r = b.op1("chlo.zeta", [x, q], s, x.dtype)
+    # Cephes' (and PyTorch's) domain: inf at x == 1 and at non-positive integer q, NaN for x < 1
+    # or for non-integer x with q <= 0.
+    one, zero = b.constant(1.0, x.dtype, s), b.constant(0.0, x.dtype, s)
+    inf, nan = b.constant(math.inf, x.dtype, s), b.constant(math.nan, x.dtype, s)
+    q_nonpos = b.compare(q, zero, "LE")
+    q_int = b.compare(q, b.unary("floor", q), "EQ")
+    x_int = b.compare(x, b.unary("floor", x), "EQ")
+    r = b.select(b.binary("and", q_nonpos, b.unary("not", x_int)), nan, r)
+    r = b.select(b.binary("and", q_nonpos, q_int), inf, r)
+    r = b.select(b.compare(x, one, "LT"), nan, r)
+    r = b.select(b.compare(x, one, "EQ"), inf, r)
+    return b.convert(r, out)
+
+
+def _erfc(b: Builder, v: Value) -> Value:
+    return b.op1("chlo.erfc", [v], v.shape, v.dtype)
+
+
+@register(aten.special_ndtr.default)
+def _ndtr(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    v = b.convert(x, _acc(ctx))
+    r = b.mul(b.constant(0.5, v.dtype, v.shape), _erfc(b, b.mul(v, b.constant(-math.sqrt(0.5), v.dtype, v.shape))))
+    return b.convert(r, ctx.out_dtype())
+
+
+@register(aten.special_ndtri.default)
+def _ndtri(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    v = b.convert(x, _acc(ctx))
+    s = v.shape
+    arg = b.sub(b.mul(b.constant(2.0, v.dtype, s), v), b.constant(1.0, v.dtype, s))
+    r = b.mul(b.constant(math.sqrt(2.0), v.dtype, s), b.op1("chlo.erf_inv", [arg], s, v.dtype))
+    return b.convert(r, ctx.out_dtype())
+
+
+def _erfcx(b: Builder, v: Value) -> Value:
+    """exp(x^2) erfc(x): direct below 5, its asymptotic series above (where erfc underflows)."""
+    s = v.shape
+
+    def c(val: float) -> Value:
+        return b.constant(val, v.dtype, s)
+
+    big = b.compare(v, c(5.0), "GT")
+    xs = b.select(big, c(0.0), v)
+    direct = b.mul(b.unary("exponential", b.mul(xs, xs)), _erfc(b, xs))
+    xl = b.select(big, v, c(5.0))
+    inv2 = b.div(c(1.0), b.mul(xl, xl))
+    # 1 - 1/(2x^2) + 3/(4x^4) - 15/(8x^6) + 105/(16x^8) - 945/(32x^10)
+    series = c(-945.0 / 32.0)
+    for coef in (105.0 / 16.0, -15.0 / 8.0, 3.0 / 4.0, -0.5, 1.0):
+        series = b.add(b.mul(series, inv2), c(coef))
+    asym = b.div(series, b.mul(xl, c(math.sqrt(math.pi))))
+    return b.select(big, asym, direct)
+
+
+@register(aten.special_erfcx.default)
+def _erfcx_lower(ctx: LoweringContext, x: Value) -> Value:
+    v = ctx.b.convert(x, _acc(ctx))
+    return ctx.b.convert(_erfcx(ctx.b, v), ctx.out_dtype())
+
+
+@register(aten.special_log_ndtr.default)
+def _log_ndtr(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    v = b.convert(x, _acc(ctx))
+    s = v.shape
+    t = b.mul(v, b.constant(math.sqrt(0.5), v.dtype, s))
+    # PyTorch's formulation: log1p(-erfc(t)/2) above -1, log(erfcx(-t)/2) - t^2 below
+    hi = b.unary("log_plus_one", b.mul(b.constant(-0.5, v.dtype, s), _erfc(b, t)))
+    lo = b.sub(b.unary("log", b.mul(b.constant(0.5, v.dtype, s), _erfcx(b, b.neg(t)))), b.mul(t, t))
+    r = b.select(b.compare(v, b.constant(-1.0, v.dtype, s), "LT"), lo, hi)
+    return b.convert(r, ctx.out_dtype())
+
+
+def _digamma(b: Builder, v: Value) -> Value:
+    """chlo.digamma with PyTorch's poles: -inf at +0 (+inf at -0), NaN at negative integers."""
+    s = v.shape
+    r = b.op1("chlo.digamma", [v], s, v.dtype)
+    zero = b.constant(0.0, v.dtype, s)
+    inf = b.constant(math.inf, v.dtype, s)
+    neg_zero_sign = b.op1("stablehlo.select", [_signbit_of(b, v), inf, b.neg(inf)], s, v.dtype)
+    r = b.select(b.compare(v, zero, "EQ"), neg_zero_sign, r)
+    is_int = b.compare(v, b.unary("floor", v), "EQ")
+    neg_int = b.binary("and", is_int, b.compare(v, zero, "LT"))
+    return b.select(neg_int, b.constant(math.nan, v.dtype, s), r)
+
+
+def _signbit_of(b: Builder, v: Value) -> Value:
+    it = torch.int64 if v.dtype == torch.float64 else torch.int32
+    return b.compare(b.bitcast_convert(v, it, v.shape), b.constant(0, it, v.shape), "LT")
+
+
+@register(aten.digamma.default, aten.special_digamma.default)
+def _digamma_lower(ctx: LoweringContext, x: Value) -> Value:
+    v = ctx.b.convert(x, _acc(ctx))
+    return ctx.b.convert(_digamma(ctx.b, v), ctx.out_dtype())

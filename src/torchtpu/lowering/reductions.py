@@ -314,3 +314,81 @@ def _vector_norm(ctx: LoweringContext, x: Value, ord: Any = 2, dim: Any = None, 
         s = reduce_sum(b, p, d)
         r = b.binary("power", s, b.constant(1.0 / o, acc, s.shape))
     return b.convert(_keep(b, r, x.shape, d, keepdim), out)
+
+
+@register(aten.cummax.default, aten.cummin.default)
+def _cummax(ctx: LoweringContext, x: Value, dim: int) -> tuple[Value, Value]:
+    """Running max/min with CPU's index rule: ties and NaNs take the later position."""
+    b = ctx.b
+    if x.rank == 0:
+        return x, b.constant(0, torch.int64)
+    d = dim % x.rank
+    n = x.shape[d]
+    if x.numel == 0:
+        return x, b.constant(0, torch.int64, x.shape)
+    is_max = ctx.op is aten.cummax.default
+    floating = x.dtype.is_floating_point
+    idx = b.iota(x.shape, d, torch.int64)
+
+    def body(bb: Builder, av: Value, ai: Value, ev: Value, ei: Value) -> list[Value]:
+        # Order: NaN above everything, then by value, then by index (later wins).
+        later = bb.compare(ei, ai, "GT")
+        better = bb.compare(ev, av, "GT" if is_max else "LT")
+        same = bb.compare(ev, av, "EQ")
+        if floating:
+            e_nan, a_nan = bb.compare(ev, ev, "NE"), bb.compare(av, av, "NE")
+            both_nan = bb.binary("and", e_nan, a_nan)
+            better = bb.binary("or", bb.binary("and", e_nan, bb.unary("not", a_nan)),
+                               bb.binary("and", better, bb.unary("not", a_nan)))
+            same = bb.binary("or", bb.binary("and", same, bb.unary("not", a_nan)), both_nan)
+        take = bb.binary("or", better, bb.binary("and", same, later))
+        return [bb.select(take, ev, av), bb.select(take, ei, ai)]
+
+    init_v = b.constant(_init_max(x.dtype, is_max), x.dtype)
+    init_i = b.constant(-1, torch.int64)
+    window = [1] * x.rank
+    window[d] = n
+    pads = [(0, 0)] * x.rank
+    pads[d] = (n - 1, 0)
+    region = b.region([((), x.dtype), ((), torch.int64), ((), x.dtype), ((), torch.int64)], body)
+    pad_attr = ", ".join(f"[{lo}, {hi}]" for lo, hi in pads)
+    ones = ", ".join(["1"] * x.rank)
+    attrs = (f"window_dimensions = array<i64: {', '.join(map(str, window))}>, window_strides = array<i64: {ones}>, "
+             f"base_dilations = array<i64: {ones}>, window_dilations = array<i64: {ones}>, "
+             f"padding = dense<[{pad_attr}]> : tensor<{x.rank}x2xi64>")
+    vals, inds = b.op("stablehlo.reduce_window", [x, idx, init_v, init_i],
+                      [(x.shape, x.dtype), (x.shape, torch.int64)], attrs=attrs, region=region)
+    return vals, inds
+
+
+@register(aten.logcumsumexp.default, aten._logcumsumexp.default)
+def _logcumsumexp(ctx: LoweringContext, x: Value, dim: int) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    if x.rank == 0 or x.numel == 0:
+        return b.convert(x, out)
+    d = dim % x.rank
+    acc = opmath(out)
+    v = b.convert(x, acc)
+
+    def body(bb: Builder, a: Value, c: Value) -> Value:
+        # log(exp(a) + exp(c)) = max + log1p(exp(-|a - c|)); -inf + -inf stays -inf
+        hi, lo = bb.maximum(a, c), bb.minimum(a, c)
+        neg_inf = bb.constant(-math.inf, acc)
+        r = bb.add(hi, bb.unary("log_plus_one", bb.unary("exponential", bb.sub(lo, hi))))
+        r = bb.select(bb.compare(lo, neg_inf, "EQ"), hi, r)
+        return bb.select(bb.compare(hi, bb.constant(math.inf, acc), "EQ"), hi, r)
+
+    n = x.shape[d]
+    window = [1] * x.rank
+    window[d] = n
+    pads = [(0, 0)] * x.rank
+    pads[d] = (n - 1, 0)
+    region = b.region([((), acc), ((), acc)], body)
+    pad_attr = ", ".join(f"[{lo}, {hi}]" for lo, hi in pads)
+    ones = ", ".join(["1"] * x.rank)
+    attrs = (f"window_dimensions = array<i64: {', '.join(map(str, window))}>, window_strides = array<i64: {ones}>, "
+             f"base_dilations = array<i64: {ones}>, window_dilations = array<i64: {ones}>, "
+             f"padding = dense<[{pad_attr}]> : tensor<{x.rank}x2xi64>")
+    r = b.op1("stablehlo.reduce_window", [v, b.constant(-math.inf, acc)], x.shape, acc, attrs=attrs, region=region)
+    return b.convert(r, out)

@@ -170,3 +170,59 @@ def _prims_iota(ctx: LoweringContext, length: int, start: int, step: int, dtype:
     if start != 0:
         i = b.add(i, b.constant(start, torch.int64, (length,)))
     return b.convert(i, ctx.out_dtype())
+
+
+def _linspace_values(ctx: LoweringContext, start: Any, end: Any, steps: int) -> tuple[Value, torch.dtype]:
+    """CPU's linspace: start + step*i for the first half, end - step*(steps-1-i) for the rest."""
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = (steps,)
+    # integer outputs step in double (truncated at the end); floats step in their own precision
+    acc = torch.float64 if not out.is_floating_point or out == torch.float64 else torch.float32
+    low = out in (torch.bfloat16, torch.float16)
+
+    def rnd(v: Value) -> Value:
+        return b.convert(b.convert(v, out), acc) if low else v
+
+    s = rnd(ctx.scalar(start, acc, shape))
+    e = rnd(ctx.scalar(end, acc, shape))
+    if not out.is_floating_point:
+        # the scalars are converted to the integer dtype first
+        s = b.convert(b.convert(s, out), acc)
+        e = b.convert(b.convert(e, out), acc)
+    step = rnd(b.div(b.sub(e, s), b.constant(float(max(steps - 1, 1)), acc, shape)))
+    i = b.iota(shape, 0, acc)
+    first = rnd(b.add(s, rnd(b.mul(step, i))))
+    back = b.sub(b.constant(float(steps - 1), acc, shape), i)
+    second = rnd(b.sub(e, rnd(b.mul(step, back))))
+    half = b.compare(i, b.constant(float(steps // 2), acc, shape), "LT")
+    return b.select(half, first, second), acc
+
+
+@register(aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar,
+          aten.linspace.Scalar_Tensor)
+def _linspace(ctx: LoweringContext, start: Any, end: Any, steps: int, *rest: Any) -> Value:
+    b = ctx.b
+    if steps == 0:
+        return b.constant(0, ctx.out_dtype(), (0,))
+    if steps == 1:
+        return b.convert(ctx.scalar(start, torch.float64 if not ctx.out_dtype().is_floating_point
+                                    else ctx.out_dtype(), (1,)), ctx.out_dtype())
+    v, _ = _linspace_values(ctx, start, end, steps)
+    return b.convert(v, ctx.out_dtype())
+
+
+@register(aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar,
+          aten.logspace.Scalar_Tensor)
+def _logspace(ctx: LoweringContext, start: Any, end: Any, steps: int, base: Any = 10.0, *rest: Any) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    if steps == 0:
+        return b.constant(0, out, (0,))
+    if steps == 1:
+        acc = torch.float64
+        v = b.convert(ctx.scalar(start, acc, (1,)), acc)
+    else:
+        v, acc = _linspace_values(ctx, start, end, steps)
+    r = b.binary("power", ctx.scalar(base, acc, v.shape), v)
+    return b.convert(r, out)

@@ -7,6 +7,8 @@ put NaNs last and descending sorts put them first.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .builder import Builder, Value
@@ -158,3 +160,52 @@ def _median_dim(ctx: LoweringContext, x: Value, dim: int, keepdim: bool = False)
 @register(aten.msort.default)
 def _msort(ctx: LoweringContext, x: Value) -> Value:
     return _sort(ctx, x, 0, False)[0]
+
+
+def _searchsorted(ctx: LoweringContext, seq: Value, v: Value, right: bool, sorter: Value | None) -> Value:
+    """Insertion points by counting: left = #(not seq >= v), right = #(not seq > v).
+
+    Counting with negated comparisons reproduces a binary search's answer for NaN
+    values (the end), and costs O(N*M) compares, which XLA vectorizes.
+    """
+    b = ctx.b
+    if seq.numel == 0:
+        return b.constant(0, ctx.out_dtype(), ctx.out_shape())
+    if sorter is not None:
+        from .indexing import _gather
+
+        seq = _gather(ctx, seq, seq.rank - 1, sorter)
+    m = seq.shape[-1]
+    common = torch.promote_types(seq.dtype, v.dtype)
+    seq, v = b.convert(seq, common), b.convert(v, common)
+    if seq.rank == 1:
+        full = (*v.shape, m)
+        sb = b.broadcast_in_dim(seq, full, [v.rank])
+        vb = b.broadcast_in_dim(v, full, list(range(v.rank)))
+    else:
+        lead = seq.rank - 1
+        full = (*v.shape, m)
+        sb = b.broadcast_in_dim(seq, full, [*range(lead), lead + 1])
+        vb = b.broadcast_in_dim(v, full, list(range(v.rank)))
+    hit = b.compare(sb, vb, "GT" if right else "GE")
+    cnt = b.convert(b.unary("not", hit), torch.int64)
+    r = b.reduce(cnt, [len(full) - 1], b.constant(0, torch.int64), "stablehlo.add")
+    return b.convert(r, ctx.out_dtype())
+
+
+@register(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def _searchsorted_lower(ctx: LoweringContext, seq: Value, x: Any, out_int32: bool = False, right: bool = False,
+                        side: str | None = None, sorter: Value | None = None) -> Value:
+    if side is not None:
+        right = side == "right"
+    v = x if isinstance(x, Value) else ctx.scalar(x, seq.dtype)
+    return _searchsorted(ctx, seq, v, right, sorter)
+
+
+@register(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def _bucketize(ctx: LoweringContext, x: Any, boundaries: Value, out_int32: bool = False, right: bool = False
+               ) -> Value:
+    if boundaries.rank != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.rank})")
+    v = x if isinstance(x, Value) else ctx.scalar(x, boundaries.dtype)
+    return _searchsorted(ctx, boundaries, v, right, None)

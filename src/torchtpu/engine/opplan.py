@@ -60,10 +60,15 @@ def _functional_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | N
     if not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
         return op
     name = op.overloadpacket.__name__
-    keep = [a.name for a in schema.arguments if not (a.alias_info is not None and a.alias_info.is_write
-                                                     and a.kwarg_only)]
+    kept = [a for a in schema.arguments if not (a.alias_info is not None and a.alias_info.is_write
+                                                 and a.kwarg_only)]
+    keep = [a.name for a in kept]
+    # Overloads can share argument names and differ in types (masked_fill_.Tensor must map
+    # to masked_fill.Tensor, not masked_fill.Scalar): prefer the one whose types match too.
+    keep_typed = [(a.name, str(a.type)) for a in kept]
     candidates = [name[:-1]] if name.endswith("_") else []
     candidates.append(name)
+    by_name = None
     for base in candidates:
         packet = getattr(torch.ops.aten, base, None)
         if packet is None:
@@ -73,9 +78,11 @@ def _functional_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | N
             cs = cand._schema
             if any(a.alias_info is not None and a.alias_info.is_write for a in cs.arguments):
                 continue
-            if [a.name for a in cs.arguments] == keep:
+            if [(a.name, str(a.type)) for a in cs.arguments] == keep_typed:
                 return cand
-    return None
+            if by_name is None and [a.name for a in cs.arguments] == keep:
+                by_name = cand
+    return by_name
 
 
 @functools.cache

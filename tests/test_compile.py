@@ -98,3 +98,15 @@ def test_compiled_precision_follows_context():
         errs[p] = ((out - exact).norm() / exact.norm()).item()
     assert errs["medium"] > 1e-3, errs
     assert errs["highest"] < 1e-6, errs
+
+
+def test_dynamic_shapes_are_correct():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4)).to("tpu")
+    f = torch.compile(m, backend="tpu", dynamic=True)
+    with torch.tpu.precision("highest"):
+        for n in (3, 5, 9):
+            x = torch.randn(n, 8, device="tpu")
+            out = f(x)
+            assert out.shape == (n, 4)
+            torch.testing.assert_close(out.cpu(), m(x).cpu(), rtol=1e-5, atol=1e-5)

@@ -58,6 +58,9 @@ class GraphProgram:
                           for n in self.graph.nodes)
         self.cache: dict[tuple, executor.Entry] = {}
         self.compiles = 0
+        # Traced with symbolic shapes (dynamic=True / mark_dynamic): each program
+        # variant is specialized to the concrete sizes of its inputs.
+        self.symbolic = any(_is_symbolic(n.meta.get("val")) for n in self.graph.nodes)
 
     def __call__(self, args: list[Any]) -> Any:
         col = executor._Collector()
@@ -86,6 +89,12 @@ class GraphProgram:
                 results.append(spec.value)
         return results
 
+    def _concrete_values(self, specs: list) -> dict:
+        """Every node's value for these inputs' concrete sizes (meta tensors, no device work)."""
+        rec = _MetaRecorder(self.gm)
+        rec.run(*[_meta_input(s) for s in specs[: len(self.placeholders)]])
+        return rec.values
+
     def _compile(self, specs: list, skeys: tuple, col: Any, key: tuple) -> executor.Entry:
         executor.stats.misses += 1
         start = time.perf_counter()
@@ -107,7 +116,8 @@ class GraphProgram:
             extras["seed"] = input_values[specs[-1][1]]
             extras["seed_counter"] = [0]
         mutations: dict[int, Value] = {}
-        results = decompose.lower_graph(b, self.graph, graph_inputs, key[0], extras, mutations)
+        vals = self._concrete_values(specs) if self.symbolic else None
+        results = decompose.lower_graph(b, self.graph, graph_inputs, key[0], extras, mutations, vals)
         if not self.out_is_tuple:
             results = [results]
         outputs: list[tuple] = []
@@ -117,7 +127,9 @@ class GraphProgram:
             if isinstance(node, torch.fx.Node) and node.op == "placeholder":
                 result_specs.append(_OutSpec("input", self.placeholders.index(node)))
                 continue
-            val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+            val = None
+            if isinstance(node, torch.fx.Node):
+                val = vals[node] if vals is not None and node in vals else node.meta.get("val")
             if isinstance(r, Value) and isinstance(val, torch.Tensor):
                 shape = tuple(int(d) for d in val.shape)
                 stride = tuple(int(d) for d in val.stride())
@@ -162,3 +174,35 @@ class GraphProgram:
         self.compiles += 1
         executor.stats.compile_seconds += time.perf_counter() - start
         return entry
+
+
+def _is_symbolic(val: Any) -> bool:
+    if isinstance(val, torch.Tensor):
+        return any(not isinstance(d, int) for d in val.shape)
+    if isinstance(val, (list, tuple)):
+        return any(_is_symbolic(v) for v in val)
+    return isinstance(val, (torch.SymInt, torch.SymFloat))
+
+
+class _MetaRecorder(torch.fx.Interpreter):
+    """Runs a graph on meta tensors, recording every node's concrete value."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.values: dict[torch.fx.Node, Any] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = super().run_node(n)
+        self.values[n] = out
+        return out
+
+
+def _meta_input(spec: Any) -> Any:
+    kind = spec[0] if isinstance(spec, tuple) and spec else None
+    if kind == "T":
+        return torch.empty_strided(spec[3], spec[4], dtype=spec[2], device="meta")
+    if kind == "C":
+        return torch.empty((), dtype=spec[2], device="meta")
+    if kind == "V":
+        return spec[1]
+    return None

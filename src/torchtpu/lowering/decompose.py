@@ -116,8 +116,11 @@ def _out_meta(val: Any) -> Any:
 
 
 def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precision: str,
-                extras: dict | None = None, mutations: dict | None = None) -> Any:
+                extras: dict | None = None, mutations: dict | None = None, vals: dict | None = None) -> Any:
     """Lower an FX graph of ATen ops; ``inputs`` bind the placeholders in order.
+
+    ``vals`` overrides the nodes' example values (``node.meta["val"]``) with
+    concrete ones, for graphs traced with symbolic shapes.
 
     ``copy_`` into a placeholder (AOTAutograd's in-graph input mutation) is
     recorded in ``mutations`` (placeholder position -> new value) when given.
@@ -160,9 +163,13 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
                 # A decomposition's named result (e.g. var_mean's), built in the graph.
                 env[node] = target(*args, **kwargs)
                 continue
+            val = vals[node] if vals is not None and node in vals else node.meta.get("val")
             if not isinstance(target, torch._ops.OpOverload):
-                raise NotImplementedError(f"torchtpu: cannot lower graph node {target}")
-            env[node] = lower_call(b, target, args, kwargs, node.meta.get("val"), precision, extras)
+                if _has_value(args) or _has_value(list(kwargs.values())):
+                    raise NotImplementedError(f"torchtpu: cannot lower graph node {target}")
+                env[node] = target(*args, **kwargs)  # arithmetic on sizes (symbolic shapes)
+                continue
+            env[node] = lower_call(b, target, args, kwargs, val, precision, extras)
         elif node.op == "output":
             result = load(node.args[0])
         elif node.op == "get_attr":

@@ -126,3 +126,20 @@ def test_second_process_with_tier3_filled_compiles_nothing(tmp_path):
     loss1, compiles1 = first.stdout.split()[1], int(first.stdout.split()[3])
     loss2, compiles2 = second.stdout.split()[1], int(second.stdout.split()[3])
     assert compiles1 > 0 and compiles2 == 0 and loss1 == loss2
+
+
+def test_repeated_ops_cut_graphs_at_the_period():
+    deferred.cache_clear()
+    w = torch.randn(16, 16, device="tpu") * 0.1
+    with torch.tpu.defer_and_fuse():
+        x = torch.randn(4, 16, device="tpu")
+        for _ in range(40):  # no read inside the loop: only the heuristic cuts graphs
+            x = torch.tanh(x @ w + 1).mul(0.5).add(x).sub(0.1).relu().div(2).abs().neg().exp()
+        cuts = deferred.stats["period_cuts"]
+        pending_nodes = len(deferred._graph.nodes)
+        out = x.cpu()
+    assert cuts >= 10
+    assert pending_nodes < 40 * 11  # the graph was cut, not kept growing
+    assert len(deferred._cache) <= 4  # one program per period (plus the first double period and the tail)
+    ref = x.cpu()
+    torch.testing.assert_close(out, ref)

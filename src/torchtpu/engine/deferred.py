@@ -31,6 +31,11 @@ from . import compile_cache, executor
 from . import precision as precision_mod
 
 MAX_NODES = 4096
+# Repeated-ops heuristic: a graph whose recorded ops are two copies of the same
+# sequence (successive steps or blocks, at least MIN_PERIOD ops long) is cut,
+# and from then on every graph is cut when it has recorded one such period, so
+# each period compiles once and is reused, and graphs never grow unbounded.
+MIN_PERIOD = 8
 
 
 class Pending:
@@ -65,6 +70,7 @@ class _Node:
 class _Graph:
     nodes: list[_Node] = field(default_factory=list)
     touched: list[weakref.ref] = field(default_factory=list)
+    keys: list[tuple] = field(default_factory=list)
 
 
 @dataclass
@@ -76,7 +82,8 @@ class _Fused:
 _lock = threading.RLock()
 _graph = _Graph()
 _cache: dict[tuple, _Fused] = {}
-stats = {"flushes": 0, "nodes": 0, "compiles": 0, "hits": 0}
+_period: list[tuple] | None = None
+stats = {"flushes": 0, "nodes": 0, "compiles": 0, "hits": 0, "period_cuts": 0}
 
 
 def _strip(v: Any) -> Any:
@@ -144,9 +151,36 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                 numel, dtype = (sk[1], sk[2]) if sk[0] == "U" else (sk[3], sk[2])
                 _bind(g, storage, Pending(g, node_index, k, numel, dtype))
                 k += 1
-        if len(g.nodes) >= MAX_NODES:
+        g.keys.append(key)
+        if len(g.nodes) >= MAX_NODES or _repeats(g.keys):
             flush()
     return executor.op_result(plan, values, new_tensors)
+
+
+def _repeats(keys: list[tuple]) -> bool:
+    """True when the graph should be cut at a repeat boundary (see MIN_PERIOD)."""
+    global _period
+    n = len(keys)
+    if _period is not None:
+        if n == len(_period) and keys[-1] == _period[-1] and keys == _period:
+            stats["period_cuts"] += 1
+            return True
+        return False
+    last = keys[-1]
+    checked = 0
+    # Candidate periods: distances back to earlier occurrences of the last op.
+    for q in range(n - 1 - MIN_PERIOD, max(n // 2 - 1, -1) - 1, -1):
+        if keys[q] != last:
+            continue
+        p = n - 1 - q
+        if keys[n - 2 * p:n - p] == keys[n - p:]:
+            _period = keys[n - p:]
+            stats["period_cuts"] += 1
+            return True
+        checked += 1
+        if checked >= 8:
+            break
+    return False
 
 
 def _targets(plan: Any, specs: list) -> list:
@@ -303,5 +337,7 @@ def _collected_kinds(node: _Node) -> list[int | None]:
 
 
 def cache_clear() -> None:
+    global _period
     with _lock:
         _cache.clear()
+        _period = None

@@ -143,3 +143,35 @@ def test_repeated_ops_cut_graphs_at_the_period():
     assert len(deferred._cache) <= 4  # one program per period (plus the first double period and the tail)
     ref = x.cpu()
     torch.testing.assert_close(out, ref)
+
+
+def test_donation_keeps_peak_memory_at_or_below_strict():
+    torch.manual_seed(0)
+    cfg = GPTConfig(seq=32, d_model=64, layers=2)
+    base = GPT(cfg)
+    x, y = make_batch(cfg, 4, torch.Generator().manual_seed(0))
+
+    def peak(mode):
+        m = copy.deepcopy(base).to("tpu")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        xt, yt = x.to("tpu"), y.to("tpu")
+        losses = []
+        with torch.tpu.eager_mode(mode):
+            for i in range(4):
+                if i == 2:
+                    torch.tpu.synchronize()
+                    torch.tpu.reset_peak_device_memory()
+                loss = m.loss(xt, yt)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        return torch.tpu.device_memory_in_use()[1], losses
+
+    donated_before = deferred.stats.get("donated", 0)
+    strict_peak, strict_losses = peak("strict")
+    fused_peak, fused_losses = peak("defer_and_fuse")
+    assert fused_peak <= strict_peak, (fused_peak, strict_peak)
+    assert deferred.stats.get("donated", 0) > donated_before
+    for a, b in zip(strict_losses, fused_losses):
+        assert abs(a - b) <= 1e-3 * abs(a)

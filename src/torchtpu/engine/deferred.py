@@ -77,6 +77,7 @@ class _Graph:
 class _Fused:
     executable: Any
     live: list[tuple[int, int]]
+    donate: list[int] = field(default_factory=list)  # argument positions whose buffers XLA may reuse
 
 
 _lock = threading.RLock()
@@ -114,7 +115,7 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                 else:
                     if isinstance(buf, Pending):  # from an older graph: cannot happen after its flush
                         raise AssertionError("stale pending storage")
-                    inputs.append(("buf", buf))
+                    inputs.append(("buf", buf, weakref.ref(s)))
             elif kind == "scalar":
                 dt = inp[2] or (torch.float64 if col.has_f64 else torch.float32)
                 inputs.append(("scalar", inp[1], dt))
@@ -232,6 +233,7 @@ def flush() -> None:
             return
         args: list[tuple] = []
         wiring = []
+        arg_of: dict[int, int] = {}  # id(Buffer) -> argument position (a buffer read twice is one argument)
         for node in g.nodes:
             w = []
             for inp in node.inputs:
@@ -239,11 +241,18 @@ def flush() -> None:
                     w.append(("p", inp[1].node, inp[1].index))
                 elif inp[0] == "uninit":
                     w.append(("u",))
+                elif inp[0] == "buf" and id(inp[1]) in arg_of:
+                    w.append(("a", arg_of[id(inp[1])]))
                 else:
+                    if inp[0] == "buf":
+                        arg_of[id(inp[1])] = len(args)
                     w.append(("a", len(args)))
                     args.append(inp)
             wiring.append((node.key, tuple(w)))
-        key = (tuple(wiring), tuple(live))
+        # Inputs dead after this graph (their storage was overwritten or freed)
+        # may be donated: an optimizer step then updates parameters in place.
+        dead = tuple(i for i, a in enumerate(args) if a[0] == "buf" and _dead_after(a))
+        key = (tuple(wiring), tuple(live), dead)
         fused = _cache.get(key)
         if fused is None:
             fused = _build(g, args, live, key)
@@ -252,7 +261,8 @@ def flush() -> None:
             executor.stats.hits += 1
         device = g.nodes[0].device
         buffers = [_arg_buffer(a, device) for a in args]
-        outs = executor.launch(fused.executable, buffers, device)
+        outs = executor.launch(fused.executable, buffers, device, fused.donate)
+        del buffers, args
         for k, buf in zip(fused.live, outs):
             for s in holders[k]:
                 setattr(s, st._ATTR, buf)
@@ -260,6 +270,11 @@ def flush() -> None:
         # the input buffers are freed now, not at the next garbage collection.
         g.nodes.clear()
         g.touched.clear()
+
+
+def _dead_after(a: tuple) -> bool:
+    storage = a[2]()
+    return storage is None or getattr(storage, st._ATTR, None) is not a[1]
 
 
 def _arg_buffer(a: tuple, device: int) -> Any:
@@ -289,6 +304,7 @@ def _build(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple
     start = time.perf_counter()
     b = Builder()
     arg_values = [_arg_value(b, a) for a in args]
+    dead = key[2]
     produced: dict[tuple[int, int], Value] = {}
     precision = precision_mod.current()
     for ni, (node, (_, wires)) in enumerate(zip(g.nodes, key[0])):
@@ -313,11 +329,22 @@ def _build(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple
                                          storage_vals, node.metas, node.func_args, precision)
         for k, v in enumerate(out_values):
             produced[(ni, k)] = v
-    text = b.module([produced[k] for k in live], name="fused")
+    results = [produced[k] for k in live]
+    donate = []
+    free = list(range(len(results)))
+    for i in dead:
+        v = arg_values[i]
+        match = next((j for j in free if results[j].shape == v.shape and results[j].dtype == v.dtype), None)
+        if match is not None:
+            free.remove(match)
+            b.arg_attrs[i] = f"tf.aliasing_output = {match} : i32"
+            donate.append(i)
+    text = b.module(results, name="fused")
     exe = compile_cache.compile(text)
-    fused = _Fused(exe, live)
+    fused = _Fused(exe, live, donate)
     _cache[key] = fused
     stats["compiles"] += 1
+    stats["donated"] = stats.get("donated", 0) + len(donate)
     executor.stats.misses += 1
     executor.stats.compile_seconds += time.perf_counter() - start
     return fused

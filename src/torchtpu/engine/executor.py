@@ -569,17 +569,17 @@ def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry) -> list[torch.
     return new_tensors
 
 
-def launch(executable: Any, buffers: list[Any], device: int) -> list[Any]:
+def launch(executable: Any, buffers: list[Any], device: int, donate: Any = ()) -> list[Any]:
     """Execute asynchronously (Strict) or to completion (Debug); returns the output buffers.
 
     Strict mode asks PJRT for no completion event (it costs ~1.5 us a launch):
     synchronize() waits on the outputs of recent launches instead.
     """
     if config.launch_blocking:
-        outs, event = executable.execute(buffers, device)
+        outs, event = executable.execute(buffers, device, donate)
         event.wait()
         return outs
-    outs, _ = executable.execute(buffers, device, with_event=False)
+    outs, _ = executable.execute(buffers, device, donate, with_event=False)
     if outs:
         _pending.append(weakref.ref(outs[-1]))
         if len(_pending) > _MAX_PENDING:

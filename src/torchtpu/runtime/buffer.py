@@ -67,6 +67,11 @@ class Buffer:
         _LIVE[0] += n
         _LIVE[1] = max(_LIVE[1], _LIVE[0])
 
+    def _forget_bytes(self) -> None:
+        """Stop counting this buffer's bytes (it was donated to an executable's output)."""
+        _LIVE[0] -= self._nbytes
+        self._nbytes = 0
+
     # -- metadata ---------------------------------------------------------
     @property
     def handle(self) -> Any:

@@ -240,6 +240,9 @@ class Executable:
             s.last_n = -1  # restore the no-donation list next time
             err = self._execute_fn(a)
             opts.non_donatable_input_indices = s.no_donation
+            if not err:
+                for j in donated:
+                    args[j]._forget_bytes()  # its memory now belongs to an output
         else:
             err = self._execute_fn(a)
         if err:

@@ -66,6 +66,8 @@ class Entry:
     outputs: list[tuple]
     # per op return: see OpPlan.returns; "new" indices point into new tensors
     result_metas: list[Any]
+    # argument positions donated to the outputs that replace them (in-place writes)
+    donate: tuple[int, ...] = ()
 
 
 _cache: dict[tuple, Entry] = {}
@@ -411,13 +413,44 @@ def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _C
     input_values, storage_vals = program_inputs(b, col, skeys)
     outputs, out_values = emit_op(b, plan, specs, values, skeys, input_values, storage_vals, metas, func_args,
                                   key[1])
+    donate = alias_stores(b, col, skeys, outputs)
     text = b.module(out_values)
     exe = compile_cache.compile(text)
-    entry = Entry(exe, outputs, [_to_out_meta(m) for m in metas])
+    entry = Entry(exe, outputs, [_to_out_meta(m) for m in metas], donate)
     with _cache_lock:
         _cache[key] = entry
     stats.compile_seconds += time.perf_counter() - start
     return entry
+
+
+def alias_stores(b: Builder, col: _Collector, skeys: tuple, outputs: list[tuple]) -> tuple[int, ...]:
+    """Donate each written storage's old buffer to the output that replaces it.
+
+    A storage's buffer is referenced by that storage alone, and the storage is
+    rebound to the new buffer right after the launch, so XLA may update it in
+    place (no second copy of a parameter during an in-place op).
+    """
+    arg_of_slot: dict[int, int] = {}
+    pos = 0
+    for inp in col.inputs:
+        if inp[0] == "storage":
+            if skeys[inp[1]][0] == "U":
+                continue
+            arg_of_slot[inp[1]] = pos
+        pos += 1
+    donate = []
+    k = 0
+    for spec in outputs:
+        if spec[0] == "none":
+            continue
+        if spec[0] == "store":
+            sk = skeys[spec[1]]
+            arg = arg_of_slot.get(spec[1])
+            if arg is not None and sk[1] == sk[3]:  # same flat shape and dtype as the output
+                b.arg_attrs[arg] = f"tf.aliasing_output = {k} : i32"
+                donate.append(arg)
+        k += 1
+    return tuple(donate)
 
 
 def program_inputs(b: Builder, col: _Collector, skeys: tuple) -> tuple[list[Any], dict[int, Value]]:
@@ -551,7 +584,7 @@ def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry) -> list[torch.
             gen = inp[1] if inp[1] is not None else _C._default_generator(device)
             seed = _C._next_seed(gen)
             buffers.append(client.buffer_from_host(np.array([seed, 0], dtype=np.uint64), device))
-    outs = launch(entry.executable, buffers, device)
+    outs = launch(entry.executable, buffers, device, entry.donate)
     new_tensors = []
     dev = _torch_device(device)
     bufs = iter(outs)

@@ -166,9 +166,10 @@ class GraphProgram:
         for k in written:
             outputs.append(("store", k))
             out_values.append(current[k])
+        donate = executor.alias_stores(b, col, skeys, outputs)
         text = b.module(out_values, name=self.name)
         exe = compile_cache.compile(text)
-        entry = executor.Entry(exe, outputs, result_specs)
+        entry = executor.Entry(exe, outputs, result_specs, donate)
         entry.host_writes = host_writes  # type: ignore[attr-defined]
         self.cache[key] = entry
         self.compiles += 1

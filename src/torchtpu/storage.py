@@ -74,7 +74,8 @@ def upload(host: torch.Tensor, device_index: int) -> Buffer:
     host = host.detach()
     if not host.is_contiguous():
         host = host.contiguous()
-    arr = to_numpy(host).reshape(-1)
+    # flatten first: numpy caps arrays at 64 dimensions, PyTorch does not
+    arr = to_numpy(host.reshape(-1))
     return _device_state.client().buffer_from_host(arr, device_index)
 
 

@@ -260,3 +260,22 @@ def batch_norm_with_update(x: torch.Tensor, weight: torch.Tensor | None, bias: t
     out, mean, rstd = native_batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
     reserve = torch.empty(0, dtype=torch.uint8, device=x.device)
     return out, mean, rstd, reserve
+
+
+def _into(out: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    if out.dtype != r.dtype:
+        raise RuntimeError(f"Expected out tensor to have dtype {r.dtype}, but got {out.dtype} instead")
+    if tuple(out.shape) != tuple(r.shape):
+        out.resize_(r.shape)
+    out.copy_(r)
+    return out
+
+
+@register_host_kernel(aten.nonzero.out)
+def nonzero_out(x: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    return _into(out, nonzero(x))
+
+
+@register_host_kernel(aten.masked_select.out)
+def masked_select_out(x: torch.Tensor, mask: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    return _into(out, masked_select(x, mask))

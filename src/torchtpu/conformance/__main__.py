@@ -1,0 +1,185 @@
+"""``python -m torchtpu.conformance``: the OpInfo sweep and its report.
+
+The sweep runs ops in a worker process and gives each op a wall-clock
+budget: a hang inside a compile, or a crash of the XLA runtime, then costs one
+op (recorded as failing) instead of the whole sweep.
+
+    python -m torchtpu.conformance                      # everything -> docs/
+    python -m torchtpu.conformance --ops sin,nn.functional.conv2d
+    python -m torchtpu.conformance --dtypes float32,int64 --limit 3
+
+With ``--ops``, the results are merged into an existing report (only those
+ops' rows are replaced), so a fix can be re-checked without a full sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import report
+
+OP_BUDGET_S = 240
+
+
+def _parse_dtypes(text: str) -> list[str]:
+    return [d.strip() for d in text.split(",") if d.strip()]
+
+
+# ---------------------------------------------------------------------------
+# worker
+# ---------------------------------------------------------------------------
+def worker(dtypes: list[str], limit: int, kinds: list[str]) -> None:
+    # The protocol goes to the original stdout; anything ops print goes to stderr.
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    import torch
+
+    from .core import check_op, opinfo_by_key
+
+    ops = opinfo_by_key()
+    dts = tuple(getattr(torch, d) for d in dtypes)
+    proto.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        key = line.strip()
+        if not key:
+            continue
+        try:
+            results = [r.as_dict() for r in check_op(ops[key], dts, tuple(kinds), limit)]
+        except BaseException as e:  # noqa: BLE001  (report, keep serving)
+            results = [{"op": key, "dtype": "-", "kind": "forward", "status": "fail",
+                        "detail": f"conformance runner: {type(e).__name__}: {e}"[:300], "samples": 0,
+                        "seconds": 0.0}]
+        torch.tpu.clear_compile_cache()  # executables of one op are never reused by the next
+        proto.write(json.dumps({"op": key, "results": results}) + "\n")
+
+
+class _Worker:
+    def __init__(self, dtypes: list[str], limit: int, kinds: list[str]) -> None:
+        cmd = [sys.executable, "-m", "torchtpu.conformance", "--worker", "--dtypes", ",".join(dtypes),
+               "--limit", str(limit), "--kinds", ",".join(kinds)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        msg = self._read(300)
+        if msg is None or not msg.get("ready"):
+            raise RuntimeError("conformance worker did not start")
+
+    def _read(self, timeout: float) -> dict | None:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            return None
+        line = self.proc.stdout.readline()
+        if not line:
+            return None
+        return json.loads(line)
+
+    def run(self, key: str, timeout: float) -> tuple[list[dict] | None, str]:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(key + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return None, "worker died"
+        msg = self._read(timeout)
+        if msg is None:
+            if self.proc.poll() is None:
+                return None, f"timed out after {timeout:.0f}s (per-op budget)"
+            return None, f"worker crashed (exit code {self.proc.returncode})"
+        return msg["results"], ""
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def sweep(keys: list[str], dtypes: list[str], limit: int, kinds: list[str], budget: float,
+          progress: bool = True) -> list[dict]:
+    results: list[dict] = []
+    w: _Worker | None = None
+    start = time.perf_counter()
+    for i, key in enumerate(keys):
+        if w is None:
+            w = _Worker(dtypes, limit, kinds)
+        t0 = time.perf_counter()
+        res, why = w.run(key, budget)
+        if res is None:
+            w.close()
+            w = None
+            res = [{"op": key, "dtype": "-", "kind": "forward", "status": "fail", "detail": why, "samples": 0,
+                    "seconds": time.perf_counter() - t0}]
+        results.extend(res)
+        if progress:
+            bad = sum(r["status"] != "pass" for r in res)
+            print(f"[{i + 1}/{len(keys)} {time.perf_counter() - start:6.0f}s] {key}: "
+                  f"{len(res) - bad}/{len(res)} pass", file=sys.stderr, flush=True)
+    if w is not None:
+        w.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torchtpu.conformance", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ops", default="", help="comma-separated OpInfo names (name[.variant]); default: all")
+    p.add_argument("--dtypes", default="float32,bfloat16,int64,bool,float16,int32")
+    p.add_argument("--kinds", default="forward,backward,errors")
+    p.add_argument("--limit", type=int, default=6, help="samples per (op, dtype)")
+    p.add_argument("--budget", type=float, default=OP_BUDGET_S, help="seconds per op before it is abandoned")
+    p.add_argument("--out", default="docs", help="directory for op_coverage.md and op_coverage.json")
+    p.add_argument("--no-merge", action="store_true", help="with --ops: write only these ops' results")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    dtypes = _parse_dtypes(a.dtypes)
+    kinds = _parse_dtypes(a.kinds)
+    if a.worker:
+        worker(dtypes, a.limit, kinds)
+        return 0
+    from .core import opinfo_by_key
+
+    all_keys = list(opinfo_by_key())
+    if a.ops:
+        keys = _parse_dtypes(a.ops)
+        unknown = [k for k in keys if k not in opinfo_by_key()]
+        if unknown:
+            p.error(f"unknown OpInfo names: {', '.join(unknown)}")
+    else:
+        keys = all_keys
+    t0 = time.perf_counter()
+    results = sweep(keys, dtypes, a.limit, kinds, a.budget, progress=not a.quiet)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "op_coverage.json"
+    config: dict[str, Any] = {"dtypes": dtypes, "kinds": kinds, "samples_per_op": a.limit,
+                              "op_budget_s": a.budget}
+    if a.ops and not a.no_merge and json_path.exists():
+        old = json.loads(json_path.read_text())
+        replaced = set(keys)
+        results = [r for r in old["results"] if r["op"] not in replaced] + results
+        config = old.get("config", config)
+        order = {k: i for i, k in enumerate(all_keys)}
+        results.sort(key=lambda r: order.get(r["op"], len(order)))
+        elapsed = old.get("sweep_seconds", 0.0)
+    else:
+        elapsed = time.perf_counter() - t0
+    doc = report.build(results, config, elapsed)
+    json_path.write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "op_coverage.md").write_text(report.markdown(doc))
+    s = doc["summary"]
+    print(f"forward {s['forward']['passed']}/{s['forward']['total']} ({s['forward']['rate']:.1%}), "
+          f"backward {s['backward']['passed']}/{s['backward']['total']} ({s['backward']['rate']:.1%}), "
+          f"errors {s['errors']['passed']}/{s['errors']['total']}; wrote {out}/op_coverage.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

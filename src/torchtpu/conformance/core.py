@@ -1,0 +1,489 @@
+"""Per-op conformance checks: one OpInfo entry, on ``tpu`` against CPU.
+
+For each dtype the op supports, three kinds of check are recorded:
+
+* ``forward``: the op on CPU sample inputs and on ``tpu`` copies of them;
+  outputs must match in value (tolerance by dtype), dtype and shape, and live
+  on ``tpu``;
+* ``backward`` (differentiable ops, float dtypes): gradients of every input
+  that requires grad, from a fixed random cotangent, must match CPU's;
+* ``errors`` (once per op): each of ``op.error_inputs`` that raises on CPU
+  must raise the same exception type on ``tpu``.
+
+Every sample runs under ``torch.tpu.precision("highest")`` (f32-accurate
+matrix products), so tolerances are those of the dtype, not of TPU's default
+one-pass bf16 matmuls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import signal
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .skips import METADATA_ONLY, SKIPS, TIED_INDICES
+
+# Headline dtypes of the summary; the others are checked where cheap.
+HEADLINE_DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
+DEFAULT_DTYPES = (*HEADLINE_DTYPES, torch.float16, torch.int32)
+SAMPLES_PER_OP = 6
+SAMPLE_TIMEOUT_S = 30
+
+# (rtol, atol) per dtype. float32 allows for transcendental implementations
+# that differ by a few ulp and for different summation orders; reduced
+# precision floats allow one rounding step of their own width.
+FORWARD_TOL = {
+    torch.float32: (1e-4, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+}
+# Gradients chain several ops (and reductions over broadcast dims), so one more
+# order of magnitude.
+BACKWARD_TOL = {
+    torch.float32: (1e-3, 1e-4),
+    torch.float64: (1e-6, 1e-6),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (5e-2, 5e-2),
+}
+
+
+def op_key(op: Any) -> str:
+    """The name an OpInfo entry is known by in reports: ``name[.variant]``."""
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+@functools.cache
+def opinfo_by_key() -> dict[str, Any]:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return {op_key(op): op for op in op_db}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass
+class OpResult:
+    op: str
+    dtype: str  # "-" for error-input checks, which are per op
+    kind: str  # forward | backward | errors
+    status: str  # pass | fail | unsupported | skip | untested
+    detail: str = ""
+    samples: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------
+# time box
+# ---------------------------------------------------------------------------
+class SampleTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_box(seconds: int) -> Iterator[None]:
+    """Raise SampleTimeout after ``seconds`` (main thread only; a no-op elsewhere).
+
+    A signal only interrupts Python code; a hang inside a compile is caught by
+    the sweep's per-op budget, which kills the worker process instead.
+    """
+    try:
+        old = signal.signal(signal.SIGALRM, _on_alarm)
+    except ValueError:
+        yield
+        return
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise SampleTimeout(f"sample exceeded {SAMPLE_TIMEOUT_S}s")
+
+
+# ---------------------------------------------------------------------------
+# moving samples to tpu
+# ---------------------------------------------------------------------------
+def _copy_tensor(x: torch.Tensor) -> torch.Tensor:
+    """A tpu copy with the same view geometry: the whole storage, then the same strided view.
+
+    Samples include views (offsets into a larger storage, non-contiguous strides);
+    ops such as ``as_strided`` read outside the view, so the storage must come along.
+    """
+    x = x.detach()
+    if x.layout != torch.strided or x.is_conj() or x.is_neg():
+        return x.to("tpu")
+    n = x.untyped_storage().nbytes() // x.element_size() if x.element_size() else 0
+    if x.storage_offset() == 0 and x.is_contiguous() and n == x.numel():
+        return x.to("tpu")
+    base = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), 0, (n,), (1,))
+    return base.to("tpu").as_strided(x.shape, x.stride(), x.storage_offset())
+
+
+def _to_tpu(x: Any, grad: bool) -> Any:
+    if isinstance(x, torch.Tensor):
+        t = _copy_tensor(x)
+        if grad and x.requires_grad:
+            t.requires_grad_(True)
+        return t
+    if isinstance(x, torch.device) and x.type == "cpu":
+        return torch.device("tpu")
+    if isinstance(x, str) and x == "cpu":
+        return "tpu"
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_to_tpu(y, grad) for y in x)
+    if isinstance(x, list):
+        return [_to_tpu(y, grad) for y in x]
+    if isinstance(x, dict):
+        return {k: _to_tpu(v, grad) for k, v in x.items()}
+    return x
+
+
+def _sample_to_tpu(sample: Any, grad: bool) -> tuple[Any, tuple, dict]:
+    return _to_tpu(sample.input, grad), _to_tpu(tuple(sample.args), grad), _to_tpu(dict(sample.kwargs), grad)
+
+
+def _leaves(x: Any) -> list[Any]:
+    """Tensors and plain values of a (nested) output, in a fixed order."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        out = []
+        for y in x:
+            out.extend(_leaves(y))
+        return out
+    if isinstance(x, dict):
+        out = []
+        for k in sorted(x, key=str):
+            out.extend(_leaves(x[k]))
+        return out
+    return [x]
+
+
+def _grad_leaves(x: Any) -> list[torch.Tensor]:
+    return [t for t in _leaves(x) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+# ---------------------------------------------------------------------------
+# comparison
+# ---------------------------------------------------------------------------
+class Mismatch(AssertionError):
+    pass
+
+
+def _same_picks(x: torch.Tensor, got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether two index tensors select the same values of ``x`` along some dimension.
+
+    Sorting and order statistics may return any of several tied positions (CPU's
+    unstable sort and quickselect pick one, XLA's stable sort another); the
+    indices are right when they pick the values the CPU's indices pick.
+    """
+    if got.shape != want.shape or x.dim() == 0:
+        return False
+    for d in range(x.dim()):
+        for g, w in ((got, want), (got.unsqueeze(d), want.unsqueeze(d))):
+            if g.dim() != x.dim():
+                continue
+            try:
+                a, c = x.gather(d, g), x.gather(d, w)
+            except (RuntimeError, IndexError):
+                continue
+            if torch.equal(a, c) or (a.is_floating_point() and torch.equal(a.isnan(), c.isnan())
+                                      and torch.equal(a.nan_to_num(), c.nan_to_num())):
+                return True
+    return False
+
+
+def compare(tpu_out: Any, cpu_out: Any, tol: dict[torch.dtype, tuple[float, float]], values: bool = True,
+            what: str = "output", tie_input: torch.Tensor | None = None) -> None:
+    """Raise Mismatch unless ``tpu_out`` matches ``cpu_out`` (device, dtype, shape, values)."""
+    tl, cl = _leaves(tpu_out), _leaves(cpu_out)
+    if len(tl) != len(cl):
+        raise Mismatch(f"{what}: {len(tl)} values on tpu, {len(cl)} on cpu")
+    for i, (t, c) in enumerate(zip(tl, cl)):
+        name = f"{what}[{i}]" if len(cl) > 1 else what
+        if isinstance(c, torch.Tensor):
+            if not isinstance(t, torch.Tensor):
+                raise Mismatch(f"{name}: tpu returned {type(t).__name__}, cpu a tensor")
+            if t.device.type != "tpu" and c.device.type == "cpu":
+                raise Mismatch(f"{name}: on {t.device}, expected tpu")
+            if t.dtype != c.dtype:
+                raise Mismatch(f"{name}: dtype {t.dtype} != cpu {c.dtype}")
+            if tuple(t.shape) != tuple(c.shape):
+                raise Mismatch(f"{name}: shape {tuple(t.shape)} != cpu {tuple(c.shape)}")
+            if not values or c.layout != torch.strided:
+                continue
+            th = t.detach().cpu()
+            ch = c.detach()
+            if ch.is_complex() or ch.is_floating_point():
+                rtol, atol = tol.get(ch.dtype if not ch.is_complex() else ch.real.dtype, (1e-5, 1e-5))
+            else:
+                rtol, atol = 0.0, 0.0
+                if tie_input is not None and ch.dtype == torch.int64 and _same_picks(tie_input, th, ch):
+                    continue
+            try:
+                torch.testing.assert_close(th, ch, rtol=rtol, atol=atol, equal_nan=True, check_dtype=False,
+                                           check_stride=False)
+            except AssertionError as e:
+                lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+                raise Mismatch(f"{name}: " + "; ".join(lines[:3])) from None
+        elif isinstance(t, torch.Tensor):
+            raise Mismatch(f"{name}: tpu returned a tensor, cpu {type(c).__name__}")
+        else:
+            if isinstance(c, float) and isinstance(t, float):
+                if not (math.isclose(c, t, rel_tol=1e-5, abs_tol=1e-6) or (math.isnan(c) and math.isnan(t))):
+                    raise Mismatch(f"{name}: {t!r} != cpu {c!r}")
+            elif t != c:
+                raise Mismatch(f"{name}: {t!r} != cpu {c!r}")
+
+
+# ---------------------------------------------------------------------------
+# outcome of one sample
+# ---------------------------------------------------------------------------
+def is_unsupported(e: BaseException) -> bool:
+    """A NotImplementedError raised by torchtpu itself (it names the operator)."""
+    return isinstance(e, NotImplementedError) and "torchtpu" in str(e)
+
+
+def first_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    text = msg[0] if msg else ""
+    if isinstance(e, (AssertionError, KeyError, IndexError, TypeError)) and not isinstance(e, Mismatch):
+        # Internal errors: where they come from helps more than the bare message.
+        tb = traceback.extract_tb(e.__traceback__)
+        own = [f for f in tb if "torchtpu" in f.filename and "conformance" not in f.filename]
+        if own:
+            f = own[-1]
+            text += f" [{f.filename.rsplit('/', 1)[-1]}:{f.lineno}]"
+    # torchtpu's unsupported-op message ends with advice that is the same for every op.
+    text = text.split(". Set TORCH_TPU_CPU_FALLBACK")[0]
+    return f"{type(e).__name__}: {text}"[:300]
+
+
+def _samples(op: Any, dtype: torch.dtype, requires_grad: bool, limit: int) -> list[Any]:
+    out = []
+    for s in op.sample_inputs("cpu", dtype, requires_grad=requires_grad):
+        out.append(s)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _variant(op: Any) -> Callable[..., Any]:
+    return op.get_op() if hasattr(op, "get_op") else op.op
+
+
+@dataclass
+class _Tally:
+    ran: int = 0
+    failure: BaseException | None = None
+    unsupported: BaseException | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def result(self, key: str, dtype: str, kind: str, seconds: float) -> OpResult:
+        if self.unsupported is not None:
+            return OpResult(key, dtype, kind, "unsupported", first_line(self.unsupported), self.ran, seconds)
+        if self.failure is not None:
+            return OpResult(key, dtype, kind, "fail", first_line(self.failure), self.ran, seconds)
+        if self.ran == 0:
+            return OpResult(key, dtype, kind, "untested", "; ".join(self.notes) or "no usable sample", 0, seconds)
+        return OpResult(key, dtype, kind, "pass", "; ".join(self.notes), self.ran, seconds)
+
+
+def _record(tally: _Tally, e: BaseException) -> None:
+    if is_unsupported(e):
+        if tally.unsupported is None:
+            tally.unsupported = e
+    elif tally.failure is None:
+        tally.failure = e
+
+
+def check_forward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> OpResult:
+    key = op_key(op)
+    start = time.perf_counter()
+    tally = _Tally()
+    values = key not in METADATA_ONLY
+    if not values:
+        tally.notes.append("metadata only: " + METADATA_ONLY[key])
+    fn = _variant(op)
+    try:
+        samples = _samples(op, dtype, False, limit)
+    except Exception as e:  # noqa: BLE001  (sample generation itself is CPU-only)
+        return OpResult(key, dtype_name(dtype), "forward", "untested", f"sample generation: {first_line(e)}")
+    for sample in samples:
+        try:
+            with time_box(SAMPLE_TIMEOUT_S):
+                tin, targs, tkw = _sample_to_tpu(sample, grad=False)
+                try:
+                    expected = fn(sample.input, *sample.args, **sample.kwargs)
+                except Exception:  # noqa: BLE001, S112  (a sample CPU rejects says nothing about tpu)
+                    continue
+                actual = fn(tin, *targs, **tkw)
+                ties = sample.input if key in TIED_INDICES and isinstance(sample.input, torch.Tensor) else None
+                compare(actual, expected, FORWARD_TOL, values=values, tie_input=ties)
+                torch.tpu.synchronize()
+            tally.ran += 1
+        except Exception as e:  # noqa: BLE001
+            _record(tally, e)
+            if tally.unsupported is not None:
+                break
+    return tally.result(key, dtype_name(dtype), "forward", time.perf_counter() - start)
+
+
+def supports_backward(op: Any, dtype: torch.dtype) -> bool:
+    if not (dtype.is_floating_point and op.supports_autograd):
+        return False
+    try:
+        return dtype in op.supported_backward_dtypes("cpu")
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _float_outputs(out: Any) -> list[torch.Tensor]:
+    return [t for t in _leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad
+            and (t.is_floating_point() or t.is_complex())]
+
+
+def _sum_by_value(x: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _, inverse = torch.unique(x.detach().reshape(-1), return_inverse=True)
+    n = int(inverse.max()) + 1 if inverse.numel() else 0
+    acc = torch.float64
+    s1 = torch.zeros(n, dtype=acc).index_add_(0, inverse, g1.reshape(-1).to(acc))
+    s2 = torch.zeros(n, dtype=acc).index_add_(0, inverse, g2.reshape(-1).to(acc))
+    return s1.to(g2.dtype).to("tpu"), s2.to(g2.dtype)
+
+
+def check_backward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> OpResult:
+    key = op_key(op)
+    start = time.perf_counter()
+    tally = _Tally()
+    values = key not in METADATA_ONLY
+    if not values:
+        tally.notes.append("metadata only: " + METADATA_ONLY[key])
+    fn = _variant(op)
+    gen = torch.Generator().manual_seed(1234)
+    try:
+        samples = _samples(op, dtype, True, limit)
+    except Exception as e:  # noqa: BLE001
+        return OpResult(key, dtype_name(dtype), "backward", "untested", f"sample generation: {first_line(e)}")
+    for sample in samples:
+        try:
+            with time_box(SAMPLE_TIMEOUT_S):
+                tin, targs, tkw = _sample_to_tpu(sample, grad=True)
+                cpu_inputs = _grad_leaves([sample.input, sample.args, sample.kwargs])
+                tpu_inputs = _grad_leaves([tin, targs, tkw])
+                if not cpu_inputs or len(cpu_inputs) != len(tpu_inputs):
+                    continue
+                try:
+                    cpu_out = sample.output_process_fn_grad(
+                        op.gradcheck_wrapper(fn, sample.input, *sample.args, **sample.kwargs))
+                    cpu_outs = _float_outputs(cpu_out)
+                    if not cpu_outs:
+                        continue
+                    cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in cpu_outs]
+                    expected = torch.autograd.grad(cpu_outs, cpu_inputs, cots, allow_unused=True,
+                                                   materialize_grads=True)
+                except Exception:  # noqa: BLE001, S112  (not differentiable on CPU for this sample)
+                    continue
+                tpu_out = sample.output_process_fn_grad(op.gradcheck_wrapper(fn, tin, *targs, **tkw))
+                tpu_outs = _float_outputs(tpu_out)
+                if len(tpu_outs) != len(cpu_outs):
+                    raise Mismatch(f"{len(tpu_outs)} differentiable outputs on tpu, {len(cpu_outs)} on cpu")
+                actual = torch.autograd.grad(tpu_outs, tpu_inputs, [c.to("tpu") for c in cots], allow_unused=True,
+                                             materialize_grads=True)
+                actual, expected = list(actual), list(expected)
+                if key in TIED_INDICES and isinstance(sample.input, torch.Tensor) and sample.input.requires_grad:
+                    # Gradients of tied values may land on any of the tied positions:
+                    # compare their sums per distinct input value instead.
+                    k = next(i for i, t in enumerate(cpu_inputs) if t is sample.input)
+                    actual[k], expected[k] = _sum_by_value(sample.input, actual[k].cpu(), expected[k])
+                compare(actual, expected, BACKWARD_TOL, values=values, what="grad")
+                torch.tpu.synchronize()
+            tally.ran += 1
+        except Exception as e:  # noqa: BLE001
+            _record(tally, e)
+            if tally.unsupported is not None:
+                break
+    return tally.result(key, dtype_name(dtype), "backward", time.perf_counter() - start)
+
+
+def check_errors(op: Any, limit: int = SAMPLES_PER_OP) -> OpResult:
+    key = op_key(op)
+    start = time.perf_counter()
+    tally = _Tally()
+    fn = _variant(op)
+    try:
+        error_inputs = list(op.error_inputs("cpu"))
+    except Exception as e:  # noqa: BLE001
+        return OpResult(key, "-", "errors", "untested", f"error_inputs generation: {first_line(e)}")
+    for ei in error_inputs:
+        if tally.ran >= limit:
+            break
+        regex = str(getattr(ei, "error_regex", "") or "")
+        if "device" in regex.lower():
+            # Cross-device checks: with every tensor moved to tpu there is no mismatch to raise.
+            continue
+        sample = ei.sample_input
+        try:
+            with time_box(SAMPLE_TIMEOUT_S):
+                tin, targs, tkw = _sample_to_tpu(sample, grad=False)
+                try:
+                    fn(sample.input, *sample.args, **sample.kwargs)
+                    continue  # CPU does not raise here (the error is another device's)
+                except Exception as e:  # noqa: BLE001
+                    cpu_exc = e
+                try:
+                    fn(tin, *targs, **tkw)
+                    torch.tpu.synchronize()
+                except Exception as e:
+                    if is_unsupported(e):
+                        raise
+                    if not isinstance(e, type(cpu_exc)):
+                        raise Mismatch(f"raised {type(e).__name__} ({first_line(e)}), cpu raised "
+                                       f"{type(cpu_exc).__name__}") from None
+                else:
+                    raise Mismatch(f"no error on tpu; cpu raised {first_line(cpu_exc)}")
+            tally.ran += 1
+        except Exception as e:  # noqa: BLE001
+            _record(tally, e)
+    return tally.result(key, "-", "errors", time.perf_counter() - start)
+
+
+def check_op(op: Any, dtypes: tuple[torch.dtype, ...] = DEFAULT_DTYPES, kinds: tuple[str, ...] = (
+        "forward", "backward", "errors"), limit: int = SAMPLES_PER_OP) -> list[OpResult]:
+    """Every check of one OpInfo entry; a skipped entry is recorded as such (and counts as failing)."""
+    key = op_key(op)
+    supported = op.supported_dtypes("cpu")
+    results: list[OpResult] = []
+    with torch.tpu.precision("highest"):
+        for dtype in dtypes:
+            if dtype not in supported:
+                continue
+            if key in SKIPS:
+                results.append(OpResult(key, dtype_name(dtype), "forward", "skip", SKIPS[key]))
+                if supports_backward(op, dtype):
+                    results.append(OpResult(key, dtype_name(dtype), "backward", "skip", SKIPS[key]))
+                continue
+            if "forward" in kinds:
+                results.append(check_forward(op, dtype, limit))
+            if "backward" in kinds and supports_backward(op, dtype):
+                results.append(check_backward(op, dtype, limit))
+        if "errors" in kinds and key not in SKIPS and op.error_inputs_func is not None:
+            results.append(check_errors(op, limit))
+    return results

@@ -175,3 +175,16 @@ def test_donation_keeps_peak_memory_at_or_below_strict():
     assert deferred.stats.get("donated", 0) > donated_before
     for a, b in zip(strict_losses, fused_losses):
         assert abs(a - b) <= 1e-3 * abs(a)
+
+
+def test_recorded_ops_remember_the_users_line():
+    import inspect
+
+    lines, first = inspect.getsourcelines(test_recorded_ops_remember_the_users_line)
+    expected = first + next(i for i, line in enumerate(lines) if line.rstrip().endswith("# the op's line"))
+    with torch.tpu.defer_and_fuse():
+        x = torch.randn(4, device="tpu")
+        y = x * 2  # the op's line
+        where = deferred._graph.nodes[-1].where
+        y.cpu()
+    assert where == f"{__file__}:{expected}"

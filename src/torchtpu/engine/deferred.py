@@ -14,6 +14,8 @@ cache on the next iteration.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 import weakref
@@ -64,6 +66,7 @@ class _Node:
     func_args: list
     key: tuple
     device: int
+    where: str = ""  # the user's source line that issued the op
 
 
 @dataclass
@@ -85,6 +88,20 @@ _graph = _Graph()
 _cache: dict[tuple, _Fused] = {}
 _period: list[tuple] | None = None
 stats = {"flushes": 0, "nodes": 0, "compiles": 0, "hits": 0, "period_cuts": 0}
+
+
+_OUR_PATHS = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+
+
+def _user_line() -> str:
+    """'file:line' of the innermost frame outside torch and torchtpu (cheap: no traceback objects)."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_OUR_PATHS):
+            return f"{name}:{f.f_lineno}"
+        f = f.f_back
+    return "<unknown>"
 
 
 def _strip(v: Any) -> Any:
@@ -125,7 +142,8 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                 gen = inp[1] if inp[1] is not None else _C._default_generator(device)
                 inputs.append(("seed", _C._next_seed(gen)))
         node_index = len(g.nodes)
-        g.nodes.append(_Node(plan, specs, _strip(values), skeys, inputs, metas, func_args, key, device))
+        g.nodes.append(_Node(plan, specs, _strip(values), skeys, inputs, metas, func_args, key, device,
+                             _user_line()))
         stats["nodes"] += 1
         dev = torch.device("tpu", device)
         new_tensors: list[torch.Tensor | None] = []
@@ -325,8 +343,13 @@ def _build(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple
                 elif sk[0] == "B" and v.shape[0] != sk[3]:
                     v = fit(b, v, sk[3])
                 storage_vals[col_inp] = v
-        _, out_values = executor.emit_op(b, node.plan, node.specs, node.values, node.skeys, input_values,
-                                         storage_vals, node.metas, node.func_args, precision)
+        try:
+            _, out_values = executor.emit_op(b, node.plan, node.specs, node.values, node.skeys, input_values,
+                                             storage_vals, node.metas, node.func_args, precision)
+        except Exception as e:
+            # Fused errors surface at a read, far from their cause: name the op's own line.
+            raise type(e)(f"{e}\n  (torchtpu DeferAndFuse: raised by aten::{node.plan.op.__name__} "
+                          f"recorded at {node.where})") from e
         for k, v in enumerate(out_values):
             produced[(ni, k)] = v
     results = [produced[k] for k in live]

@@ -8,7 +8,10 @@ Measures, each as the best of several repetitions (machines are small and noisy)
   ``torch.compile(backend="tpu")``, CPU eager and CPU ``torch.compile`` (inductor);
 - GPT inference at batch 1;
 - peak device memory (bytes of PJRT buffers held) of a training step, Strict vs DeferAndFuse;
-- first-step latency (compile included) per mode.
+- first-step latency (compile included) per mode;
+- an MLP training step (Strict, DeferAndFuse, compiled, CPU eager);
+- cold vs warm start: the first DeferAndFuse training step of a fresh process with an
+  empty tier-3 cache, then of a second process with it filled.
 """
 
 from __future__ import annotations
@@ -95,6 +98,71 @@ def gpt_train(base: GPT, device: str, mode: str, steps: int) -> dict[str, Any]:
     return {"step_ms": t * 1e3, "steps_per_s": 1.0 / t, "first_step_s": first, "peak_device_bytes": peak}
 
 
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024),
+                                       torch.nn.GELU(), torch.nn.Linear(1024, 1024))
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+
+def mlp_train(device: str, mode: str, steps: int) -> float:
+    torch.manual_seed(0)
+    model = MLP().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=device == "tpu" and mode == "compile")
+    step = _train_step_fn(model, opt)
+    if mode == "compile":
+        step = torch.compile(step, backend="tpu")
+    x, y = torch.randn(64, 1024).to(device), torch.randn(64, 1024).to(device)
+    ctx = torch.tpu.eager_mode("defer_and_fuse" if mode == "defer_and_fuse" else "strict") \
+        if device == "tpu" else contextlib.nullcontext()
+    with ctx:
+        for _ in range(3):
+            step(x, y).item()
+
+        def run() -> None:
+            for _ in range(steps):
+                step(x, y).item()
+
+        return best_of(run, 3) / steps * 1e3
+
+
+_COLD_WARM = """
+import time, torch
+from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
+torch.manual_seed(0)
+cfg = GPTConfig()
+m = GPT(cfg).to("tpu")
+opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+x, y = make_batch(cfg, 8, torch.Generator().manual_seed(0))
+t0 = time.perf_counter()
+loss = m.loss(x.to("tpu"), y.to("tpu")); opt.zero_grad(); loss.backward(); opt.step(); loss.item()
+print(time.perf_counter() - t0, torch.tpu.compile_cache_stats()["compiles"])
+"""
+
+
+def cold_warm() -> dict[str, float]:
+    """First-step seconds and XLA compiles: fresh process (empty cache), then a second one (tier 3 filled)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as root:
+        env = dict(os.environ, TORCH_TPU_DEFER_AND_FUSE="1", TORCH_TPU_TIER2_COMPILATION_CACHE="disabled",
+                   TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=root)
+        out = {}
+        for name in ("cold", "warm"):
+            r = subprocess.run([sys.executable, "-c", _COLD_WARM], env=env, capture_output=True, text=True,
+                               check=True)
+            secs, compiles = r.stdout.split()[-2:]
+            out[f"{name}_first_step_s"] = float(secs)
+            out[f"{name}_compiles"] = int(compiles)
+        return out
+
+
 def gpt_infer(base: GPT, device: str, mode: str) -> float:
     model = copy.deepcopy(base).to(device).eval()
     fwd = model
@@ -138,6 +206,10 @@ def main() -> None:
         train["cpu_inductor"] = gpt_train(base, "cpu", "inductor", args.steps)
         infer["cpu_inductor"] = gpt_infer(base, "cpu", "inductor")
     res["gpt_train"] = train
+    res["mlp_train_step_ms"] = {"cpu_eager": mlp_train("cpu", "eager", args.steps),
+                                **{f"tpu_{m}": mlp_train("tpu", m, args.steps)
+                                   for m in ("strict", "defer_and_fuse", "compile")}}
+    res["start"] = cold_warm()
     res["gpt_infer_batch1_ms"] = infer
     cpu = train["cpu_eager"]["steps_per_s"]
     res["ratios"] = {

@@ -110,3 +110,13 @@ def test_dynamic_shapes_are_correct():
             out = f(x)
             assert out.shape == (n, 4)
             torch.testing.assert_close(out.cpu(), m(x).cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_gpt_sequence_lengths_match_static():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(seq=64, d_model=64, layers=1)).to("tpu").eval()
+    f = torch.compile(m, backend="tpu", dynamic=True)
+    with torch.no_grad(), torch.tpu.precision("highest"):
+        for t in (3, 7, 20):
+            idx = torch.randint(0, 256, (1, t)).to("tpu")
+            torch.testing.assert_close(f(idx).cpu(), m(idx).cpu(), rtol=1e-5, atol=1e-5)

@@ -197,6 +197,13 @@ class _MetaRecorder(torch.fx.Interpreter):
         self.values[n] = out
         return out
 
+    def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        # Factories in the graph name the tpu device: make them on meta too.
+        dev = kwargs.get("device")
+        if isinstance(dev, torch.device) and dev.type == "tpu":
+            kwargs = {**kwargs, "device": torch.device("meta")}
+        return super().call_function(target, args, kwargs)
+
 
 def _meta_input(spec: Any) -> Any:
     kind = spec[0] if isinstance(spec, tuple) and spec else None

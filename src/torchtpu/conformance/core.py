@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .skips import METADATA_ONLY, SKIPS, TIED_INDICES
+from .skips import HOST_ARGS, METADATA_ONLY, SKIPS, TIED_INDICES
 
 # Headline dtypes of the summary; the others are checked where cheap.
 HEADLINE_DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
@@ -155,7 +155,9 @@ def _to_tpu(x: Any, grad: bool) -> Any:
     return x
 
 
-def _sample_to_tpu(sample: Any, grad: bool) -> tuple[Any, tuple, dict]:
+def _sample_to_tpu(sample: Any, grad: bool, key: str = "") -> tuple[Any, tuple, dict]:
+    if key in HOST_ARGS:
+        return _to_tpu(sample.input, grad), tuple(sample.args), dict(sample.kwargs)
     return _to_tpu(sample.input, grad), _to_tpu(tuple(sample.args), grad), _to_tpu(dict(sample.kwargs), grad)
 
 
@@ -329,7 +331,7 @@ def check_forward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> O
     for sample in samples:
         try:
             with time_box(SAMPLE_TIMEOUT_S):
-                tin, targs, tkw = _sample_to_tpu(sample, grad=False)
+                tin, targs, tkw = _sample_to_tpu(sample, grad=False, key=key)
                 try:
                     expected = fn(sample.input, *sample.args, **sample.kwargs)
                 except Exception:  # noqa: BLE001, S112  (a sample CPU rejects says nothing about tpu)
@@ -385,7 +387,7 @@ def check_backward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> 
     for sample in samples:
         try:
             with time_box(SAMPLE_TIMEOUT_S):
-                tin, targs, tkw = _sample_to_tpu(sample, grad=True)
+                tin, targs, tkw = _sample_to_tpu(sample, grad=True, key=key)
                 cpu_inputs = _grad_leaves([sample.input, sample.args, sample.kwargs])
                 tpu_inputs = _grad_leaves([tin, targs, tkw])
                 if not cpu_inputs or len(cpu_inputs) != len(tpu_inputs):
@@ -442,7 +444,7 @@ def check_errors(op: Any, limit: int = SAMPLES_PER_OP) -> OpResult:
         sample = ei.sample_input
         try:
             with time_box(SAMPLE_TIMEOUT_S):
-                tin, targs, tkw = _sample_to_tpu(sample, grad=False)
+                tin, targs, tkw = _sample_to_tpu(sample, grad=False, key=key)
                 try:
                     fn(sample.input, *sample.args, **sample.kwargs)
                     continue  # CPU does not raise here (the error is another device's)

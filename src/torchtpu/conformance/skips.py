@@ -61,3 +61,9 @@ TIED_INDICES: dict[str, str] = {
     for name in ("sort", "argsort", "topk", "kthvalue", "median", "nanmedian", "mode", "msort",
                  "masked.median")
 }
+
+# Entries whose non-input tensor arguments PyTorch requires on the CPU (they are
+# sizes, not data); only the input moves to tpu.
+HOST_ARGS: dict[str, str] = {
+    "tensor_split": "tensor_indices_or_sections must be a CPU tensor",
+}

@@ -279,3 +279,18 @@ def nonzero_out(x: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
 @register_host_kernel(aten.masked_select.out)
 def masked_select_out(x: torch.Tensor, mask: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
     return _into(out, masked_select(x, mask))
+
+
+# -- factory out= variants whose functional twin has a different argument list ----
+def _factory_out(functional: torch._ops.OpOverload, nargs: int):
+    def kernel(*args: Any, out: torch.Tensor) -> torch.Tensor:
+        r = functional(*args[:nargs], dtype=out.dtype, device=out.device)
+        return _into(out, r)
+
+    return kernel
+
+
+register_host_kernel(aten.arange.out)(_factory_out(aten.arange.default, 1))
+register_host_kernel(aten.arange.start_out)(_factory_out(aten.arange.start_step, 3))
+register_host_kernel(aten.linspace.out)(_factory_out(aten.linspace.default, 3))
+register_host_kernel(aten.logspace.out)(_factory_out(aten.logspace.default, 4))

@@ -703,3 +703,32 @@ def _frexp(ctx: LoweringContext, x: Value) -> tuple[Value, Value]:
     mant = b.select(special, v, mant)
     e = b.select(special, b.constant(0, it, s), e)
     return b.convert(mant, ctx.out_dtype(0)), b.convert(e, ctx.out_dtype(1))
+
+
+@register(aten.angle.default)
+def _angle(ctx: LoweringContext, x: Value) -> Value:
+    # real input: 0 for x >= 0, pi for x < 0, NaN stays NaN
+    b = ctx.b
+    out = ctx.out_dtype()
+    v = b.convert(x, opmath(out))
+    zero = b.constant(0.0, v.dtype, v.shape)
+    r = b.select(b.compare(v, zero, "LT"), b.constant(math.pi, v.dtype, v.shape), zero)
+    r = b.select(b.compare(v, v, "NE"), v, r)
+    return b.convert(r, out)
+
+
+@register(aten._efficientzerotensor.default)
+def _efficient_zeros(ctx: LoweringContext, size: list[int], *rest: Any) -> Value:
+    # CPU's zero tensor is a dispatch-key trick; on tpu it is plain zeros
+    return ctx.b.constant(0, ctx.out_dtype(), ctx.out_shape())
+
+
+@register(aten.softshrink_backward.default, aten.hardshrink_backward.default)
+def _shrink_backward(ctx: LoweringContext, grad: Value, x: Value, lambd: Any) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = _shape(ctx)
+    xv = operand(ctx, x, opmath(x.dtype), shape)
+    lam = operand(ctx, lambd, xv.dtype, shape)
+    keep = b.compare(b.unary("abs", xv), lam, "GT")
+    return b.select(keep, operand(ctx, grad, out, shape), b.constant(0, out, shape))

@@ -104,6 +104,8 @@ def _full_indices(b: Builder, index: Value, dim: int) -> Value:
 @register(aten.gather.default)
 def _gather(ctx: LoweringContext, x: Value, dim: int, index: Value, sparse_grad: bool = False) -> Value:
     b = ctx.b
+    if index.numel == 0:
+        return b.constant(0, x.dtype, index.shape)  # empty (its rank may even differ from x's)
     if x.rank == 0:
         return b.broadcast_to(x, index.shape)
     d = dim % x.rank
@@ -125,6 +127,8 @@ def _gather(ctx: LoweringContext, x: Value, dim: int, index: Value, sparse_grad:
 def _scatter_elements(ctx: LoweringContext, x: Value, dim: int, index: Value, src: Value, combine: str | None
                       ) -> Value:
     b = ctx.b
+    if index.numel == 0:
+        return x
     if x.rank == 0:
         # 0-d: the one element, scattered through a 1-element view
         r = _scatter_elements(ctx, b.reshape(x, (1,)), 0, b.reshape(index, (index.numel,)),
@@ -336,3 +340,38 @@ def _scatter_reduce(ctx: LoweringContext, x: Value, dim: int, index: Value, src:
     neg = b.binary("and", b.compare(rem, b.constant(0, x.dtype, x.shape), "NE"),
                    b.compare(r, b.constant(0, x.dtype, x.shape), "LT"))
     return b.select(neg, b.sub(q, b.constant(1, x.dtype, x.shape)), q)
+
+
+@register(aten.index_reduce.default)
+def _index_reduce(ctx: LoweringContext, x: Value, dim: int, index: Value, source: Value, reduce: str,
+                  include_self: bool = True) -> Value:
+    """index_reduce is scatter_reduce with the 1-d index broadcast over the source's other dims."""
+    b = ctx.b
+    if x.rank == 0:
+        return _scatter_reduce(ctx, x, 0, b.reshape(index, ()), b.reshape(source, ()), reduce, include_self)
+    d = dim % x.rank
+    full = b.broadcast_in_dim(b.convert(index, torch.int64), source.shape, [d])
+    return _scatter_reduce(ctx, x, d, full, source, reduce, include_self)
+
+
+@register(aten.put.default)
+def _put(ctx: LoweringContext, x: Value, index: Value, source: Value, accumulate: bool = False) -> Value:
+    """put on the flattened tensor: a 1-d scatter (add when accumulating)."""
+    b = ctx.b
+    n = x.numel
+    flat = b.reshape(x, (n,))
+    if index.numel == 0:
+        return x
+    idx = b.reshape(index, (index.numel,))
+    src = b.reshape(b.convert(source, x.dtype), (source.numel,))
+    r = _scatter_elements(ctx, flat, 0, idx, src, "add" if accumulate else None)
+    return b.reshape(r, x.shape)
+
+
+@register(aten.take.default)
+def _take(ctx: LoweringContext, x: Value, index: Value) -> Value:
+    b = ctx.b
+    if index.numel == 0 or x.numel == 0:
+        return b.constant(0, x.dtype, index.shape)
+    flat = b.reshape(x, (x.numel,))
+    return take_rows(b, flat, b.convert(index, torch.int64), 0)

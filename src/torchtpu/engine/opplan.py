@@ -43,7 +43,9 @@ class OpPlan:
 _MISSING = object()
 # Scalars that shape the program itself (a correction term, a norm's order)
 # stay compile-time constants.
-_STATIC_SCALAR_NAMES = {"correction", "ord", "start", "end", "step"}  # arange: they set the shape
+_STATIC_SCALAR_NAMES = {"correction", "ord", "start", "end", "step",  # arange: they set the shape
+                        # interpolation: the scales pick the source indices
+                        "scales", "scales_d", "scales_h", "scales_w", "scale_factors"}
 _aten = torch.ops.aten
 # In-place ops whose functional twin does not follow the naming rule.
 _FUNCTIONAL_OVERRIDES = {

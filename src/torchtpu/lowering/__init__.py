@@ -6,6 +6,7 @@ from . import (  # noqa: F401
     elementwise,
     foreach,
     indexing,
+    interpolate,
     linalg,
     matmul,
     normalization,

@@ -284,8 +284,12 @@ def _int_min(dtype: torch.dtype) -> int | bool:
 def _max_pool_backward(ctx: LoweringContext, grad: Value, x: Value, kernel: list[int], stride: list[int],
                        padding: list[int], dilation: list[int], ceil_mode: bool, indices: Value) -> Value:
     """Scatter-add each output gradient to the input position its max came from."""
-    b = ctx.b
     nsp = 2 if ctx.op is aten.max_pool2d_with_indices_backward.default else 3
+    return scatter_to_argmax(ctx, grad, x, indices, nsp)
+
+
+def scatter_to_argmax(ctx: LoweringContext, grad: Value, x: Value, indices: Value, nsp: int) -> Value:
+    b = ctx.b
     lead = x.rank - nsp
     plane = math.prod(x.shape[lead:])
     outer = math.prod(x.shape[:lead])
@@ -456,3 +460,78 @@ def _adaptive_avg_pool_backward(ctx: LoweringContext, grad: Value, x: Value) -> 
     nsp = 2 if ctx.op is aten._adaptive_avg_pool2d_backward.default else 3
     r = _adaptive_avg(ctx, ctx.b.convert(grad, acc), x.shape[-nsp:], grad.shape[-nsp:], backward=True)
     return ctx.b.convert(r, ctx.out_dtype())
+
+
+
+# -- adaptive max pooling --------------------------------------------------------
+def _adaptive_windows(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n_out, K) source positions (clamped) and validity of PyTorch's adaptive windows."""
+    starts = [(i * n_in) // n_out for i in range(n_out)]
+    ends = [-((-(i + 1) * n_in) // n_out) for i in range(n_out)]
+    k = max(e - s for s, e in zip(starts, ends))
+    pos = np.array([[min(s + j, n_in - 1) for j in range(k)] for s in starts], dtype=np.int64)
+    valid = np.array([[s + j < e for j in range(k)] for s, e in zip(starts, ends)])
+    return pos, valid
+
+
+@register(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def _adaptive_max_pool(ctx: LoweringContext, x: Value, output_size: list[int]) -> tuple[Value, Value]:
+    """Gather each (variable-size) window into a padded block, then a (value, index) max over it."""
+    b = ctx.b
+    nsp = len(output_size)
+    lead = x.rank - nsp
+    sp = x.shape[lead:]
+    out_sp = ctx.out_shape(0)[lead:]
+    v = x
+    flat_idx = np.zeros((), dtype=np.int64)
+    mask = np.ones((), dtype=bool)
+    for i, (n_in, n_out) in enumerate(zip(sp, out_sp)):
+        pos, valid = _adaptive_windows(n_in, n_out)
+        k = pos.shape[1]
+        # after this dim: (..., o_1, K_1, ..., o_i, K_i, rest)
+        axis = lead + 2 * i
+        g = take_rows_flat(b, v, pos.reshape(-1), axis)
+        v = b.reshape(g, [*g.shape[:axis], n_out, k, *g.shape[axis + 1:]])
+        stride = math.prod(sp[i + 1:])
+        flat_idx = np.add.outer(flat_idx, pos * stride)
+        mask = np.logical_and.outer(mask, valid)
+    block = v.shape
+    win_dims = [lead + 2 * i + 1 for i in range(nsp)]
+    bdims = list(range(lead, lead + 2 * nsp))
+    idx = b.broadcast_in_dim(b.dense_constant(flat_idx, torch.int64), block, bdims)
+    valid_v = b.broadcast_in_dim(b.dense_constant(mask.astype(np.int8), torch.int8), block, bdims)
+    valid_b = b.compare(valid_v, b.constant(0, torch.int8, block), "NE")
+    floating = x.dtype.is_floating_point
+    low = b.constant(-math.inf if floating else _int_min(x.dtype), x.dtype, block)
+    v = b.select(valid_b, v, low)
+    big = b.constant(torch.iinfo(torch.int64).max, torch.int64, block)
+    idx = b.select(valid_b, idx, big)
+
+    def body(bb: Builder, av: Value, ai: Value, ev: Value, ei: Value) -> list[Value]:
+        first = bb.compare(ei, ai, "LT")
+        better = bb.compare(ev, av, "GT")
+        same = bb.compare(ev, av, "EQ")
+        if floating:
+            e_nan, a_nan = bb.compare(ev, ev, "NE"), bb.compare(av, av, "NE")
+            not_a = bb.unary("not", a_nan)
+            better = bb.binary("or", bb.binary("and", e_nan, not_a), bb.binary("and", better, not_a))
+            same = bb.binary("or", bb.binary("and", same, not_a), bb.binary("and", e_nan, a_nan))
+        take = bb.binary("or", better, bb.binary("and", same, first))
+        return [bb.select(take, ev, av), bb.select(take, ei, ai)]
+
+    init_v = b.constant(-math.inf if floating else _int_min(x.dtype), x.dtype)
+    init_i = b.constant(torch.iinfo(torch.int64).max, torch.int64)
+    vals, inds = b.reduce_multi([v, idx], [init_v, init_i], win_dims, body)
+    return vals, inds
+
+
+def take_rows_flat(b: Builder, v: Value, positions: np.ndarray, axis: int) -> Value:
+    from .indexing import take_rows
+
+    return take_rows(b, v, b.dense_constant(positions, torch.int64), axis)
+
+
+@register(aten.adaptive_max_pool2d_backward.default, aten.adaptive_max_pool3d_backward.default)
+def _adaptive_max_pool_backward(ctx: LoweringContext, grad: Value, x: Value, indices: Value) -> Value:
+    nsp = 2 if ctx.op is aten.adaptive_max_pool2d_backward.default else 3
+    return scatter_to_argmax(ctx, grad, x, indices, nsp)

@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     conv,
     data_dependent,
     elementwise,
+    fft,
     foreach,
     indexing,
     interpolate,

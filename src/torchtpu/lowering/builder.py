@@ -75,7 +75,9 @@ def literal(value: bool | float, dtype: torch.dtype) -> str:
     if dtype.is_floating_point:
         return _float_literal(float(value), dtype)
     if dtype.is_complex:
-        raise NotImplementedError("complex constants")
+        part = torch.float32 if dtype == torch.complex64 else torch.float64
+        c = complex(value)
+        return f"({_float_literal(c.real, part)}, {_float_literal(c.imag, part)})"
     return str(int(value))
 
 

@@ -44,7 +44,7 @@ _UNARY = {
     "neg": aten.neg.default, "reciprocal": aten.reciprocal.default, "round": aten.round.default,
     "sign": aten.sign.default, "signbit": aten.signbit.default, "sin": aten.sin.default, "sinh": aten.sinh.default,
     "sqrt": aten.sqrt.default, "tan": aten.tan.default, "tanh": aten.tanh.default, "trunc": aten.trunc.default,
-    "rsqrt": aten.rsqrt.default,
+    "rsqrt": aten.rsqrt.default, "conj_physical": aten.conj_physical.default,
 }
 _BINARY = {
     "add": aten.add.Tensor, "sub": aten.sub.Tensor, "mul": aten.mul.Tensor, "atan2": aten.atan2.default,

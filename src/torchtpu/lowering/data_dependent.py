@@ -294,3 +294,24 @@ register_host_kernel(aten.arange.out)(_factory_out(aten.arange.default, 1))
 register_host_kernel(aten.arange.start_out)(_factory_out(aten.arange.start_step, 3))
 register_host_kernel(aten.linspace.out)(_factory_out(aten.linspace.default, 3))
 register_host_kernel(aten.logspace.out)(_factory_out(aten.logspace.default, 4))
+register_host_kernel(aten.eye.out)(_factory_out(aten.eye.default, 1))
+register_host_kernel(aten.eye.m_out)(_factory_out(aten.eye.m, 2))
+
+
+@register_host_kernel(aten.bincount.default)
+def bincount(x: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0) -> torch.Tensor:
+    if x.dim() != 1:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is not None and weights.shape != x.shape:
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    n = minlength
+    if x.numel():
+        if int(x.min().item()) < 0:
+            raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+        n = max(int(x.max().item()) + 1, minlength)  # the sync: the output size is the largest value
+    if weights is None:
+        dtype, src = torch.int64, torch.ones(x.shape, dtype=torch.int64, device=x.device)
+    else:
+        dtype = weights.dtype if weights.dtype in (torch.float32, torch.float64) else torch.float64
+        src = weights.to(dtype)
+    return torch.zeros(n, dtype=dtype, device=x.device).index_add(0, x.to(torch.int64), src)

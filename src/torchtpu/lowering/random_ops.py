@@ -146,3 +146,50 @@ def _geometric(ctx: LoweringContext, x: Value, p: Any, generator: Any = None) ->
     k = b.unary("ceil", b.div(b.unary("log", b.sub(one, u)),
                               b.unary("log", b.sub(one, ctx.scalar(p, torch.float32, shape)))))
     return b.convert(b.maximum(k, one), ctx.out_dtype())
+
+
+def _normal_from(ctx: LoweringContext, mean: Any, std: Any, generator: Any) -> Value:
+    b = ctx.b
+    shape = ctx.out_shape()
+    acc = opmath(ctx.out_dtype())
+    z = b.convert(normal01(b, _seed(ctx, generator), shape), acc)
+    return b.convert(b.add(ctx.scalar(mean, acc, shape), b.mul(z, ctx.scalar(std, acc, shape))), ctx.out_dtype())
+
+
+@register(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor)
+def _normal_tensors(ctx: LoweringContext, mean: Any, std: Any = 1.0, generator: Any = None) -> Value:
+    return _normal_from(ctx, mean, std, generator)
+
+
+@register(aten.normal.float_float)
+def _normal_float_float(ctx: LoweringContext, mean: Any, std: Any, size: list[int], generator: Any = None,
+                        *rest: Any) -> Value:
+    return _normal_from(ctx, mean, std, generator)
+
+
+def _random_int(ctx: LoweringContext, lo: Any, hi: Any, generator: Any) -> Value:
+    """Integers uniform in [lo, hi) from 2 x 32 random bits (computed in f64, then floored)."""
+    b = ctx.b
+    shape = ctx.out_shape()
+    state = _seed(ctx, generator)
+    _, bits = b.rng_bit_generator(state, shape, torch.uint64)
+    u = b.div(b.convert(b.binary("shift_right_logical", bits, b.constant(11, torch.uint64, shape)), torch.float64),
+              b.constant(float(1 << 53), torch.float64, shape))
+    lov = ctx.scalar(lo, torch.float64, shape)
+    span = b.sub(ctx.scalar(hi, torch.float64, shape), lov)
+    r = b.add(lov, b.unary("floor", b.mul(u, span)))
+    return b.convert(b.convert(r, torch.int64), ctx.out_dtype())
+
+
+@register(getattr(aten.random, "from"))
+def _random_from(ctx: LoweringContext, x: Value, lo: int, hi: int | None, generator: Any = None) -> Value:
+    out = ctx.out_dtype()
+    if hi is None:
+        hi = (1 << (torch.finfo(out).nmant + 1)) if out.is_floating_point else (
+            2 if out == torch.bool else torch.iinfo(out).max)
+    return _random_int(ctx, lo, hi, generator)
+
+
+@register(aten.random.to)
+def _random_to(ctx: LoweringContext, x: Value, hi: int, generator: Any = None) -> Value:
+    return _random_int(ctx, 0, hi, generator)

@@ -226,3 +226,11 @@ def _logspace(ctx: LoweringContext, start: Any, end: Any, steps: int, base: Any 
         v, acc = _linspace_values(ctx, start, end, steps)
     r = b.binary("power", ctx.scalar(base, acc, v.shape), v)
     return b.convert(r, out)
+
+
+@register(aten.eye.default, aten.eye.m)
+def _eye(ctx: LoweringContext, n: int, *rest: Any) -> Value:
+    b = ctx.b
+    shape = ctx.out_shape()
+    eq = b.compare(b.iota(shape, 0, torch.int64), b.iota(shape, 1, torch.int64), "EQ")
+    return b.convert(eq, ctx.out_dtype())

@@ -209,3 +209,47 @@ def _bucketize(ctx: LoweringContext, x: Any, boundaries: Value, out_int32: bool 
         raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.rank})")
     v = x if isinstance(x, Value) else ctx.scalar(x, boundaries.dtype)
     return _searchsorted(ctx, boundaries, v, right, None)
+
+
+@register(aten.mode.default)
+def _mode(ctx: LoweringContext, x: Value, dim: int = -1, keepdim: bool = False) -> tuple[Value, Value]:
+    """Most frequent value along ``dim`` (the smallest among equally frequent ones), as CPU picks it.
+
+    Sort, then measure each run of equal values at its last element; the first
+    longest run wins. The index is a position of that value in the input.
+    """
+    b = ctx.b
+    if x.rank == 0:
+        return x, b.constant(0, torch.int64)
+    d = _norm_dim(dim, x.rank)
+    n = x.shape[d]
+    if n == 0 or x.numel == 0:
+        return (b.constant(0, x.dtype, ctx.out_shape(0)), b.constant(0, torch.int64, ctx.out_shape(1)))
+    vals, inds = sort_with_indices(b, x, d, descending=False)
+    pos = b.iota(x.shape, d, torch.int64)
+    # run starts: position 0 or value differs from the previous one
+    lo = [0] * x.rank
+    hi = list(x.shape)
+    hi[d] = n - 1
+    prev = b.slice(vals, lo, hi)
+    lo2 = [0] * x.rank
+    lo2[d] = 1
+    cur = b.slice(vals, lo2, list(x.shape))
+    differs = b.compare(cur, prev, "NE")
+    first_col = [1 if i == d else s for i, s in enumerate(x.shape)]
+    starts = b.concatenate([b.constant(True, torch.bool, first_col), differs], d)
+    ends = b.concatenate([differs, b.constant(True, torch.bool, first_col)], d)
+    start_pos = b.select(starts, pos, b.constant(0, torch.int64, x.shape))
+    window = [1] * x.rank
+    window[d] = n
+    pads = [(0, 0)] * x.rank
+    pads[d] = (n - 1, 0)
+    run_start = b.reduce_window(start_pos, b.constant(0, torch.int64), "stablehlo.maximum", window,
+                                [1] * x.rank, pads)
+    length = b.add(b.sub(pos, run_start), b.constant(1, torch.int64, x.shape))
+    score = b.select(ends, length, b.constant(-1, torch.int64, x.shape))
+    from .reductions import arg_reduce
+
+    _, best = arg_reduce(b, score, d, True)  # first maximum: the smallest value among ties
+    v, i = _pick(b, vals, d, best), _pick(b, inds, d, best)
+    return _keep(b, v, x.shape, d, keepdim), _keep(b, i, x.shape, d, keepdim)

@@ -161,7 +161,7 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                 k += 1
         else:
             written: list[int] = []
-            for s, m in zip(_targets(plan, specs), metas):
+            for s, m in zip(executor.mutated_specs(plan, specs), metas):
                 if s[0] == "T" and m is not None and s[1] not in written:
                     written.append(s[1])
             for slot in written:
@@ -200,17 +200,6 @@ def _repeats(keys: list[tuple]) -> bool:
         if checked >= 8:
             break
     return False
-
-
-def _targets(plan: Any, specs: list) -> list:
-    out = []
-    for i in plan.mutated:
-        s = specs[i]
-        if s[0] == "L":
-            out.extend(s[1])
-        else:
-            out.append(s)
-    return out
 
 
 def _bind(g: _Graph, storage: torch.UntypedStorage, value: Pending) -> None:

@@ -331,6 +331,18 @@ def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], l
     return metas, func_args
 
 
+def mutated_specs(plan: OpPlan, specs: list) -> list:
+    """The specs of the tensors an op writes to, list arguments flattened, in schema order."""
+    out = []
+    for i in plan.mutated:
+        s = specs[i]
+        if s[0] == "L":
+            out.extend(s[1])
+        else:
+            out.append(s)
+    return out
+
+
 def emit_op(b: Builder, plan: OpPlan, specs: list, values: list[Any], skeys: tuple, input_values: list[Any],
             storage_vals: dict[int, Value], metas: list[Any], func_args: list[Any], precision: str
             ) -> tuple[list[tuple], list[Value]]:
@@ -380,13 +392,7 @@ def emit_op(b: Builder, plan: OpPlan, specs: list, values: list[Any], skeys: tup
             outputs.append(("new", m.dtype, tuple(m.shape), tuple(stride)))
             out_values.append(dense_to_storage(b, r, stride))
         return outputs, out_values
-    targets = []
-    for i in plan.mutated:
-        s = specs[i]
-        if s[0] == "L":
-            targets.extend(s[1])
-        else:
-            targets.append(s)
+    targets = mutated_specs(plan, specs)
     current = dict(storage_vals)
     written: list[int] = []
     for s, r, m in zip(targets, results, metas):

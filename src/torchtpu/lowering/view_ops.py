@@ -13,7 +13,7 @@ import torch
 
 from .builder import Value
 from .registry import LoweringContext, register_graph_only
-from .views import ViewSpec, read_view
+from .views import ViewSpec, contiguous_strides, read_view
 
 aten = torch.ops.aten
 
@@ -118,12 +118,7 @@ def _diagonal(ctx: LoweringContext, x: Value, offset: int = 0, dim1: int = 0, di
     d1, d2 = dim1 % x.rank, dim2 % x.rank
     rest = [d for d in range(x.rank) if d not in (d1, d2)]
     v = b.transpose(x, rest + [d1, d2])
-    strides = []
-    acc = 1
-    for s in reversed(v.shape):
-        strides.append(acc)
-        acc *= s
-    strides = list(reversed(strides))
+    strides = list(contiguous_strides(v.shape))
     n = ctx.out_shape()[-1]
     start = offset * strides[-1] if offset >= 0 else -offset * strides[-2]
     size = [v.shape[i] for i in range(len(rest))] + [n]
@@ -136,12 +131,7 @@ def _diagonal(ctx: LoweringContext, x: Value, offset: int = 0, dim1: int = 0, di
 def _unfold(ctx: LoweringContext, x: Value, dimension: int, size: int, step: int) -> Value:
     b = ctx.b
     d = dimension % max(x.rank, 1)
-    strides = []
-    acc = 1
-    for s in reversed(x.shape):
-        strides.append(acc)
-        acc *= s
-    strides = list(reversed(strides))
+    strides = list(contiguous_strides(x.shape))
     out_shape = ctx.out_shape()
     out_stride = [strides[i] * (step if i == d else 1) for i in range(x.rank)] + [strides[d] if x.rank else 1]
     flat = b.reshape(x, (x.numel,))

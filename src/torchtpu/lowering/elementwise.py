@@ -225,6 +225,9 @@ def _div(ctx: LoweringContext, a: Any, c: Any, rounding_mode: str | None = None)
         x, y = operand(ctx, a, compute, shape), operand(ctx, c, compute, shape)
         q = b.div(x, y)
         if rounding_mode == "trunc":
+            if out in _LOW:
+                # CPU rounds the quotient to the dtype before truncating
+                q = b.convert(b.convert(q, out), compute)
             q = _trunc(ctx, q)
         elif rounding_mode == "floor":
             q = _floor_div_float(b, x, y)

@@ -128,3 +128,30 @@ def _cholesky_inverse(ctx: LoweringContext, lfac: Value, upper: bool = False) ->
     cols = b.iota(lfac.shape, lfac.rank - 1, torch.int64)
     eye = b.convert(b.compare(rows, cols, "EQ"), acc)
     return _cholesky_solve(ctx, eye, lfac, upper)
+
+
+@register(aten.linalg_cross.default)
+def _cross(ctx: LoweringContext, a: Value, c: Value, dim: int = -1) -> Value:
+    """a x c along ``dim`` (size 3); each product rounded to the dtype, as CPU's kernel does."""
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = ctx.out_shape()
+    d = dim % len(shape)
+    acc = _acc(out)
+    av, cv = b.convert(b.broadcast_to(a, shape), out), b.convert(b.broadcast_to(c, shape), out)
+
+    def comp(v: Value, i: int) -> Value:
+        lo = [0] * len(shape)
+        hi = list(shape)
+        lo[d], hi[d] = i, i + 1
+        return b.convert(b.slice(v, lo, hi), acc)
+
+    def rnd(v: Value) -> Value:
+        return b.convert(b.convert(v, out), acc)
+
+    parts = []
+    for i, j in ((1, 2), (2, 0), (0, 1)):
+        p1 = rnd(b.mul(comp(av, i), comp(cv, j)))
+        p2 = rnd(b.mul(comp(av, j), comp(cv, i)))
+        parts.append(b.convert(b.sub(p1, p2), out))
+    return b.concatenate(parts, d)

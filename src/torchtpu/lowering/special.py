@@ -242,3 +242,160 @@ def _signbit_of(b: Builder, v: Value) -> Value:
 def _digamma_lower(ctx: LoweringContext, x: Value) -> Value:
     v = ctx.b.convert(x, _acc(ctx))
     return ctx.b.convert(_digamma(ctx.b, v), ctx.out_dtype())
+
+
+# -- orthogonal polynomials: three-term recurrences in a stablehlo.while --------------
+def _recurrence(b: Builder, x: Value, n: Value, p0: Value, q0: Value, step) -> Value:
+    """Run ``r = step(b, x, p, q, j)`` for j = 1 .. n-1 per element (n from an int64 tensor).
+
+    The loop runs to the largest n; elements whose own n is reached keep their value.
+    Returns q after the loop (which is p0's successor chain value for n >= 1).
+    """
+    s = x.shape
+    limit = b.reduce(n, list(range(n.rank)), b.constant(torch.iinfo(torch.int64).min, torch.int64),
+                     "stablehlo.maximum")
+    j0 = b.constant(1, torch.int64)
+    types = [((), torch.int64), ((), torch.int64), (s, x.dtype), (s, torch.int64), (s, x.dtype), (s, x.dtype)]
+
+    def cond(bb: Builder, j: Value, lim: Value, xv: Value, nv: Value, p: Value, q: Value) -> Value:
+        return bb.compare(j, lim, "LT")
+
+    def body(bb: Builder, j: Value, lim: Value, xv: Value, nv: Value, p: Value, q: Value) -> list[Value]:
+        jf = bb.broadcast_in_dim(bb.convert(j, xv.dtype), s, [])
+        r = step(bb, xv, p, q, jf)
+        active = bb.compare(bb.broadcast_in_dim(j, s, []), nv, "LT")
+        new_p = bb.select(active, q, p)
+        new_q = bb.select(active, r, q)
+        return [bb.add(j, bb.constant(1, torch.int64)), lim, xv, nv, new_p, new_q]
+
+    regions = b.region(types, cond) + ", " + b.region(types, body)
+    outs = b.op("stablehlo.while", [j0, limit, x, n, p0, q0], types, region=regions)
+    return outs[5]
+
+
+def _poly_operands(ctx: LoweringContext, xa: Any, na: Any) -> tuple[Value, Value, torch.dtype]:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = ctx.out_shape()
+    acc = torch.float64 if out == torch.float64 else torch.float32
+    x = ctx.scalar(xa, acc, shape) if not isinstance(xa, Value) else b.broadcast_to(b.convert(xa, acc), shape)
+    if isinstance(na, Value):
+        nv = b.broadcast_to(na, shape)
+        n = b.convert(nv, torch.int64)  # static_cast<int64_t>: truncation
+    else:
+        n = b.constant(int(na), torch.int64, shape)
+    return x, n, acc
+
+
+def _i(b: Builder, v: int, like: Value) -> Value:
+    return b.constant(v, torch.int64, like.shape)
+
+
+def _f(b: Builder, v: float, like: Value) -> Value:
+    return b.constant(v, like.dtype, like.shape)
+
+
+def _chebyshev(kind: str):
+    def lower(ctx: LoweringContext, xa: Any, na: Any) -> Value:
+        b = ctx.b
+        x, n, acc = _poly_operands(ctx, xa, na)
+        two_x = b.add(x, x)
+        one = _f(b, 1.0, x)
+        q1 = {"t": x, "u": two_x, "v": b.sub(two_x, one), "w": b.add(two_x, one)}[kind]
+        r = _recurrence(b, x, n, one, q1, lambda bb, xv, p, q, j: bb.sub(bb.mul(bb.add(xv, xv), q), p))
+        r = b.select(b.compare(n, _i(b, 1, n), "EQ"), q1, r)
+        r = b.select(b.compare(n, _i(b, 0, n), "EQ"), one, r)
+        nf = b.convert(n, acc)
+        absx = b.unary("abs", x)
+        inside = b.compare(absx, one, "LT")
+        theta = b.op1("chlo.acos", [x], x.shape, acc)
+        even = b.compare(b.binary("remainder", n, _i(b, 2, n)), _i(b, 0, n), "EQ")
+        pos = b.compare(x, _f(b, 0.0, x), "GT")
+        if kind == "t":
+            big = b.binary("and", b.compare(n, _i(b, 6, n), "GT"), inside)
+            r = b.select(big, b.unary("cosine", b.mul(nf, theta)), r)
+            at_one = b.select(b.binary("or", pos, even), one, b.neg(one))
+        elif kind == "u":
+            big = b.binary("and", b.compare(n, _i(b, 8, n), "GT"), inside)
+            n1 = b.add(nf, one)
+            st = b.unary("sine", theta)
+            alt = b.div(b.mul(n1, b.unary("cosine", b.mul(n1, theta))), x)
+            val = b.select(b.compare(st, _f(b, 0.0, x), "NE"), b.div(b.unary("sine", b.mul(n1, theta)), st), alt)
+            r = b.select(big, val, r)
+            at_one = b.select(b.binary("or", pos, even), n1, b.neg(n1))
+        else:
+            big = b.binary("and", b.compare(n, _i(b, 8, n), "GT"), inside)
+            half = b.div(theta, _f(b, 2.0, x))
+            nh = b.add(nf, _f(b, 0.5, x))
+            odd_val = b.add(b.add(nf, nf), one)
+            if kind == "v":
+                val = b.div(b.unary("cosine", b.mul(nh, theta)), b.unary("cosine", half))
+                edge = b.select(even, odd_val, b.neg(odd_val))
+                val = b.select(b.compare(b.unary("sine", half), one, "NE"), val, edge)
+                at_one = b.select(pos, one, edge)
+            else:
+                val = b.div(b.unary("sine", b.mul(nh, theta)), b.unary("sine", half))
+                edge = b.select(pos, odd_val, b.select(even, one, b.neg(one)))
+                val = b.select(b.compare(b.unary("cosine", half), one, "NE"), val, edge)
+                at_one = edge
+            r = b.select(big, val, r)
+        r = b.select(b.compare(absx, one, "EQ"), at_one, r)
+        r = b.select(b.compare(n, _i(b, 0, n), "LT"), _f(b, 0.0, x), r)
+        return b.convert(r, ctx.out_dtype())
+
+    return lower
+
+
+for _k in "tuvw":
+    _p = getattr(aten, f"special_chebyshev_polynomial_{_k}")
+    register(_p.default, _p.x_scalar, _p.n_scalar)(_chebyshev(_k))
+
+
+def _simple_poly(kind: str):
+    def lower(ctx: LoweringContext, xa: Any, na: Any) -> Value:
+        b = ctx.b
+        x, n, acc = _poly_operands(ctx, xa, na)
+        one = _f(b, 1.0, x)
+        if kind == "h":
+            q1 = b.add(x, x)
+            step = lambda bb, xv, p, q, j: bb.sub(bb.mul(bb.add(xv, xv), q), bb.mul(bb.add(j, j), p))
+        elif kind == "he":
+            q1 = x
+            step = lambda bb, xv, p, q, j: bb.sub(bb.mul(xv, q), bb.mul(j, p))
+        elif kind == "l":
+            q1 = b.sub(one, x)
+
+            def step(bb: Builder, xv: Value, p: Value, q: Value, j: Value) -> Value:
+                o = bb.constant(1.0, xv.dtype, xv.shape)
+                t = bb.mul(bb.add(bb.add(j, j), bb.sub(o, xv)), q)
+                return bb.div(bb.sub(t, bb.mul(j, p)), bb.add(j, o))
+        else:
+            q1 = x
+
+            def step(bb: Builder, xv: Value, p: Value, q: Value, j: Value) -> Value:
+                o = bb.constant(1.0, xv.dtype, xv.shape)
+                t = bb.mul(bb.mul(bb.add(bb.add(j, j), o), xv), q)
+                return bb.div(bb.sub(t, bb.mul(j, p)), bb.add(j, o))
+        r = _recurrence(b, x, n, one, q1, step)
+        r = b.select(b.compare(n, _i(b, 1, n), "EQ"), q1, r)
+        r = b.select(b.compare(n, _i(b, 0, n), "EQ"), one, r)
+        if kind in ("h", "he"):
+            limit = 512 if acc == torch.float64 else 128
+            r = b.select(b.compare(n, _i(b, limit, n), "GT"), _f(b, math.nan, x), r)
+        elif kind == "l":
+            r = b.select(b.compare(b.unary("abs", x), _f(b, 0.0, x), "EQ"), one, r)
+        else:
+            even = b.compare(b.binary("remainder", n, _i(b, 2, n)), _i(b, 0, n), "EQ")
+            pos = b.compare(x, _f(b, 0.0, x), "GT")
+            at_one = b.select(b.binary("or", pos, even), one, b.neg(one))
+            r = b.select(b.compare(b.unary("abs", x), one, "EQ"), at_one, r)
+        r = b.select(b.compare(n, _i(b, 0, n), "LT"), _f(b, 0.0, x), r)
+        return b.convert(r, ctx.out_dtype())
+
+    return lower
+
+
+for _k, _name in (("h", "hermite_polynomial_h"), ("he", "hermite_polynomial_he"), ("l", "laguerre_polynomial_l"),
+                  ("p", "legendre_polynomial_p")):
+    _p = getattr(aten, f"special_{_name}")
+    register(_p.default, _p.x_scalar, _p.n_scalar)(_simple_poly(_k))

@@ -295,10 +295,13 @@ def _f(b: Builder, v: float, like: Value) -> Value:
     return b.constant(v, like.dtype, like.shape)
 
 
-def _chebyshev(kind: str):
+def _chebyshev(kind: str, shifted: bool = False):
     def lower(ctx: LoweringContext, xa: Any, na: Any) -> Value:
         b = ctx.b
         x, n, acc = _poly_operands(ctx, xa, na)
+        if shifted:
+            # the shifted polynomials are the plain ones at 2x - 1 (x = 1, 0 map to the +-1 edge cases)
+            x = b.sub(b.add(x, x), _f(b, 1.0, x))
         two_x = b.add(x, x)
         one = _f(b, 1.0, x)
         q1 = {"t": x, "u": two_x, "v": b.sub(two_x, one), "w": b.add(two_x, one)}[kind]
@@ -349,6 +352,8 @@ def _chebyshev(kind: str):
 for _k in "tuvw":
     _p = getattr(aten, f"special_chebyshev_polynomial_{_k}")
     register(_p.default, _p.x_scalar, _p.n_scalar)(_chebyshev(_k))
+    _p = getattr(aten, f"special_shifted_chebyshev_polynomial_{_k}")
+    register(_p.default, _p.x_scalar, _p.n_scalar)(_chebyshev(_k, shifted=True))
 
 
 def _simple_poly(kind: str):

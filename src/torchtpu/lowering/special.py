@@ -404,3 +404,102 @@ for _k, _name in (("h", "hermite_polynomial_h"), ("he", "hermite_polynomial_he")
                   ("p", "legendre_polynomial_p")):
     _p = getattr(aten, f"special_{_name}")
     register(_p.default, _p.x_scalar, _p.n_scalar)(_simple_poly(_k))
+
+
+# -- modified Bessel functions of the second kind (Cephes k0/k1, as ATen/native/Math.h) ----------
+_K0_A = [
+    1.37446543561352307156e-16, 4.25981614279661018399e-14, 1.03496952576338420167e-11,
+    1.90451637722020886025e-09, 2.53479107902614945675e-07, 2.28621210311945178607e-05,
+    1.26461541144692592338e-03, 3.59799365153615016266e-02, 3.44289899924628486886e-01,
+    -5.35327393233902768720e-01,
+]
+_K0_B = [
+    5.30043377268626276149e-18, -1.64758043015242134646e-17, 5.21039150503902756861e-17,
+    -1.67823109680541210385e-16, 5.51205597852431940784e-16, -1.84859337734377901440e-15,
+    6.34007647740507060557e-15, -2.22751332699166985548e-14, 8.03289077536357521100e-14,
+    -2.98009692317273043925e-13, 1.14034058820847496303e-12, -4.51459788337394416547e-12,
+    1.85594911495471785253e-11, -7.95748924447710747776e-11, 3.57739728140030116597e-10,
+    -1.69753450938905987466e-09, 8.57403401741422608519e-09, -4.66048989768794782956e-08,
+    2.76681363944501510342e-07, -1.83175552271911948767e-06, 1.39498137188764993662e-05,
+    -1.28495495816278026384e-04, 1.56988388573005337491e-03, -3.14481013119645005427e-02,
+    2.44030308206595545468e+00,
+]
+_K1_A = [
+    -7.02386347938628759343e-18, -2.42744985051936593393e-15, -6.66690169419932900609e-13,
+    -1.41148839263352776110e-10, -2.21338763073472585583e-08, -2.43340614156596823496e-06,
+    -1.73028895751305206302e-04, -6.97572385963986435018e-03, -1.22611180822657148235e-01,
+    -3.53155960776544875667e-01, 1.52530022733894777053e+00,
+]
+_K1_B = [
+    -5.75674448366501715755e-18, 1.79405087314755922667e-17, -5.68946255844285935196e-17,
+    1.83809354436663880070e-16, -6.05704724837331885336e-16, 2.03870316562433424052e-15,
+    -7.01983709041831346144e-15, 2.47715442448130437068e-14, -8.97670518232499435011e-14,
+    3.34841966607842919884e-13, -1.28917396095102890680e-12, 5.13963967348173025100e-12,
+    -2.12996783842756842877e-11, 9.21831518760500529508e-11, -4.19035475934189648750e-10,
+    2.01504975519703286596e-09, -1.03457624656780970260e-08, 5.74108412545004946722e-08,
+    -3.50196060308781257119e-07, 2.40648494783721712015e-06, -1.93619797416608296024e-05,
+    1.95215518471351631108e-04, -2.85781685962277938680e-03, 1.03923736576817238437e-01,
+    2.72062619048444266945e+00,
+]
+
+
+def _bessel_k(order: int, scaled: bool):
+    def lower(ctx: LoweringContext, x: Value) -> Value:
+        b = ctx.b
+        v = b.convert(x, _acc(ctx))
+        s = v.shape
+
+        def c(val: float) -> Value:
+            return b.constant(val, v.dtype, s)
+
+        small_x = b.select(b.compare(v, c(2.0), "LE"), v, c(1.0))
+        large_x = b.select(b.compare(v, c(2.0), "GT"), v, c(4.0))
+        a = _chbevl(b, b.sub(b.mul(small_x, small_x), c(2.0)), _K0_A if order == 0 else _K1_A)
+        log_half = b.unary("log", b.mul(c(0.5), small_x))
+        i_n = _bessel_scaled(b, small_x, order)
+        i_n = b.mul(i_n, b.unary("exponential", b.unary("abs", small_x)))
+        if order == 0:
+            small = b.sub(a, b.mul(log_half, i_n))
+        else:
+            small = b.add(b.mul(log_half, i_n), b.div(a, small_x))
+        if scaled:
+            small = b.mul(small, b.unary("exponential", small_x))
+        large = b.div(_chbevl(b, b.sub(b.div(c(8.0), large_x), c(2.0)), _K0_B if order == 0 else _K1_B),
+                      b.unary("sqrt", large_x))
+        if not scaled:
+            large = b.mul(large, b.unary("exponential", b.neg(large_x)))
+        r = b.select(b.compare(v, c(2.0), "LE"), small, large)
+        r = b.select(b.compare(v, c(0.0), "EQ"), c(math.inf), r)
+        r = b.select(b.compare(v, c(0.0), "LT"), c(math.nan), r)
+        return b.convert(r, ctx.out_dtype())
+
+    return lower
+
+
+register(aten.special_modified_bessel_k0.default)(_bessel_k(0, False))
+register(aten.special_modified_bessel_k1.default)(_bessel_k(1, False))
+register(aten.special_scaled_modified_bessel_k0.default)(_bessel_k(0, True))
+register(aten.special_scaled_modified_bessel_k1.default)(_bessel_k(1, True))
+register(aten.special_modified_bessel_i0.default)(_bessel("i0"))
+register(aten.special_modified_bessel_i1.default)(_bessel("i1"))
+
+
+@register(aten.special_spherical_bessel_j0.default)
+def _spherical_j0(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    v = b.convert(x, _acc(ctx))
+    s = v.shape
+
+    def c(val: float) -> Value:
+        return b.constant(val, v.dtype, s)
+
+    x2 = b.mul(v, v)
+    series = c(1.0 / 6227020800.0)
+    for coef in (-1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0):
+        series = b.add(c(coef), b.mul(x2, series))
+    series = b.add(c(1.0), b.mul(x2, series))
+    small = b.compare(b.unary("abs", v), c(0.5), "LT")
+    safe = b.select(small, c(1.0), v)
+    r = b.select(small, series, b.div(b.unary("sine", safe), safe))
+    inf = b.compare(b.unary("abs", v), c(math.inf), "EQ")
+    return b.convert(b.select(inf, c(0.0), r), ctx.out_dtype())

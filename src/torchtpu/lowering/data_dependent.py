@@ -230,10 +230,29 @@ def _copy_stats(dst: torch.Tensor | None, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
+def _like_cpu(results: tuple, x: torch.Tensor, training: bool) -> tuple:
+    """The saved statistics as CPU's kernel returns them: in the input's dtype, empty in eval mode.
+
+    (PyTorch's meta kernel says float32 and (C,) instead; CPU is the reference here.)
+    """
+    out, mean, rstd = results
+    if not training:
+        empty = torch.empty(0, dtype=x.dtype, device=x.device)
+        return out, empty, empty.clone()
+    return out, mean.to(x.dtype), rstd.to(x.dtype)
+
+
 @register_host_kernel(aten.native_batch_norm.default)
 def native_batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                       running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
                       momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r = _native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
+    return _like_cpu(r, x, training)
+
+
+def _native_batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                       running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
+                       momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if training and running_mean is not None and running_var is not None:
         out, mean, rstd, new_rm, new_rv = _engine(aten._native_batch_norm_legit_functional.default, x, weight,
                                                   bias, running_mean, running_var, True, momentum, eps)

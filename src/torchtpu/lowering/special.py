@@ -503,3 +503,30 @@ def _spherical_j0(ctx: LoweringContext, x: Value) -> Value:
     r = b.select(small, series, b.div(b.unary("sine", safe), safe))
     inf = b.compare(b.unary("abs", v), c(math.inf), "EQ")
     return b.convert(b.select(inf, c(0.0), r), ctx.out_dtype())
+
+
+@register(aten.gcd.default)
+def _gcd(ctx: LoweringContext, a: Any, c: Any) -> Value:
+    """Euclid's algorithm per element, in a stablehlo.while that runs until every remainder is 0."""
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = ctx.out_shape()
+    x = b.unary("abs", ctx.scalar(a, out, shape) if not isinstance(a, Value) else b.broadcast_to(b.convert(a, out),
+                                                                                                  shape))
+    y = b.unary("abs", ctx.scalar(c, out, shape) if not isinstance(c, Value) else b.broadcast_to(b.convert(c, out),
+                                                                                                  shape))
+    types = [(shape, out), (shape, out)]
+    dims = list(range(len(shape)))
+
+    def cond(bb: Builder, u: Value, v: Value) -> Value:
+        nz = bb.compare(v, bb.constant(0, out, shape), "NE")
+        return bb.reduce(nz, dims, bb.constant(False, torch.bool), "stablehlo.or")
+
+    def body(bb: Builder, u: Value, v: Value) -> list[Value]:
+        zero = bb.constant(0, out, shape)
+        nz = bb.compare(v, zero, "NE")
+        safe = bb.select(nz, v, bb.constant(1, out, shape))
+        return [bb.select(nz, v, u), bb.select(nz, bb.binary("remainder", u, safe), v)]
+
+    regions = b.region(types, cond) + ", " + b.region(types, body)
+    return b.op("stablehlo.while", [x, y], types, region=regions)[0]

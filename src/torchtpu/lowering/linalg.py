@@ -155,3 +155,343 @@ def _cross(ctx: LoweringContext, a: Value, c: Value, dim: int = -1) -> Value:
         p2 = rnd(b.mul(comp(av, j), comp(cv, i)))
         parts.append(b.convert(b.sub(p1, p2), out))
     return b.concatenate(parts, d)
+
+
+# -- LU with partial pivoting (a stablehlo.while over the columns) -------------------
+def _eye_like(b: Builder, shape: tuple[int, ...], dtype: torch.dtype) -> Value:
+    rows = b.iota(shape, len(shape) - 2, torch.int64)
+    cols = b.iota(shape, len(shape) - 1, torch.int64)
+    return b.convert(b.compare(rows, cols, "EQ"), dtype)
+
+
+def lu_factor(b: Builder, a: Value) -> tuple[Value, Value, Value]:
+    """(LU packed, perm (..., m) int64 with A[perm] = L U, pivots (..., k) int64 1-based), as LAPACK getrf.
+
+    Column j: the first row of largest magnitude at or below j is swapped up,
+    the column below the pivot is scaled by it and the trailing block updated.
+    A zero pivot leaves the column unscaled (LAPACK reports it in ``info``).
+    """
+    *batch, m, n = a.shape
+    k = min(m, n)
+    shape = a.shape
+    r = len(shape)
+    bshape = tuple(batch)
+    rows = b.iota(shape, r - 2, torch.int64)
+    cols = b.iota(shape, r - 1, torch.int64)
+    row_ids = b.iota((*batch, m), r - 2, torch.int64)
+    perm0 = row_ids
+    piv0 = b.constant(0, torch.int64, (*batch, k))
+    types = [((), torch.int64), (shape, a.dtype), (shape, torch.int64), (shape, torch.int64),
+             ((*batch, m), torch.int64), ((*batch, m), torch.int64), ((*batch, k), torch.int64)]
+
+    def cond(bb: Builder, j: Value, *rest: Value) -> Value:
+        return bb.compare(j, bb.constant(k, torch.int64), "LT")
+
+    def body(bb: Builder, j: Value, av: Value, rw: Value, cl: Value, rid: Value, perm: Value, piv: Value
+             ) -> list[Value]:
+        zero = bb.constant(0, av.dtype, shape)
+        jr = bb.broadcast_in_dim(j, shape, [])
+        # column j as (..., m)
+        col = bb.reduce(bb.select(bb.compare(cl, jr, "EQ"), av, zero), [r - 1], bb.constant(0, av.dtype),
+                        "stablehlo.add")
+        jm = bb.broadcast_in_dim(j, (*batch, m), [])
+        cand = bb.select(bb.compare(rid, jm, "GE"), bb.unary("abs", col),
+                         bb.constant(-1, av.dtype, (*batch, m)))
+        from .reductions import arg_reduce
+
+        _, p = arg_reduce(bb, cand, r - 2, True)  # (...,), first largest
+        pr = bb.broadcast_in_dim(p, shape, list(range(len(batch))))
+        row_j = bb.reduce(bb.select(bb.compare(rw, jr, "EQ"), av, zero), [r - 2], bb.constant(0, av.dtype),
+                          "stablehlo.add")
+        row_p = bb.reduce(bb.select(bb.compare(rw, pr, "EQ"), av, zero), [r - 2], bb.constant(0, av.dtype),
+                          "stablehlo.add")
+        bdims = [*range(len(batch)), r - 1]
+        rj = bb.broadcast_in_dim(row_j, shape, bdims)
+        rp = bb.broadcast_in_dim(row_p, shape, bdims)
+        av = bb.select(bb.compare(rw, jr, "EQ"), rp, bb.select(bb.compare(rw, pr, "EQ"), rj, av))
+        pm = bb.broadcast_in_dim(p, (*batch, m), list(range(len(batch))))
+        perm_j = bb.reduce(bb.select(bb.compare(rid, jm, "EQ"), perm, bb.constant(0, torch.int64, (*batch, m))),
+                           [r - 2], bb.constant(0, torch.int64), "stablehlo.add")
+        perm_p = bb.reduce(bb.select(bb.compare(rid, pm, "EQ"), perm, bb.constant(0, torch.int64, (*batch, m))),
+                           [r - 2], bb.constant(0, torch.int64), "stablehlo.add")
+        perm = bb.select(bb.compare(rid, jm, "EQ"), bb.broadcast_in_dim(perm_p, (*batch, m), list(range(len(batch)))),
+                         bb.select(bb.compare(rid, pm, "EQ"),
+                                   bb.broadcast_in_dim(perm_j, (*batch, m), list(range(len(batch)))), perm))
+        kk = bb.iota((*batch, k), r - 2, torch.int64)
+        piv = bb.select(bb.compare(kk, bb.broadcast_in_dim(j, (*batch, k), []), "EQ"),
+                        bb.broadcast_in_dim(bb.add(p, bb.constant(1, torch.int64, bshape)), (*batch, k),
+                                            list(range(len(batch)))), piv)
+        # elimination below the pivot
+        pivot = bb.broadcast_in_dim(bb.reduce(bb.select(bb.binary("and", bb.compare(rw, jr, "EQ"),
+                                                                  bb.compare(cl, jr, "EQ")), av, zero),
+                                              [r - 2, r - 1], bb.constant(0, av.dtype), "stablehlo.add"),
+                                    shape, list(range(len(batch))))
+        nonzero = bb.compare(pivot, zero, "NE")
+        below = bb.compare(rw, jr, "GT")
+        colj = bb.reduce(bb.select(bb.compare(cl, jr, "EQ"), av, zero), [r - 1], bb.constant(0, av.dtype),
+                         "stablehlo.add")
+        colb = bb.broadcast_in_dim(colj, shape, list(range(r - 1)))
+        safe = bb.select(nonzero, pivot, bb.constant(1, av.dtype, shape))
+        mult = bb.select(bb.binary("and", below, nonzero), bb.div(colb, safe), zero)
+        rowj = bb.reduce(bb.select(bb.compare(rw, jr, "EQ"), av, zero), [r - 2], bb.constant(0, av.dtype),
+                         "stablehlo.add")
+        rowb = bb.broadcast_in_dim(rowj, shape, bdims)
+        right = bb.compare(cl, jr, "GT")
+        upd = bb.sub(av, bb.mul(mult, rowb))
+        av = bb.select(bb.binary("and", below, right), upd, av)
+        av = bb.select(bb.binary("and", bb.binary("and", below, nonzero), bb.compare(cl, jr, "EQ")), mult, av)
+        return [bb.add(j, bb.constant(1, torch.int64)), av, rw, cl, rid, perm, piv]
+
+    regions = b.region(types, cond) + ", " + b.region(types, body)
+    outs = b.op("stablehlo.while", [b.constant(0, torch.int64), a, rows, cols, row_ids, perm0, piv0], types,
+                region=regions)
+    return outs[1], outs[5], outs[6]
+
+
+def _lu_info(b: Builder, lu: Value) -> Value:
+    """First zero on U's diagonal (1-based), 0 if none."""
+    *batch, m, n = lu.shape
+    k = min(m, n)
+    diag = _diagonal(b, lu, k)
+    zero = b.compare(diag, b.constant(0, lu.dtype, diag.shape), "EQ")
+    pos = b.iota(diag.shape, diag.rank - 1, torch.int64)
+    first = b.reduce(b.select(zero, pos, b.constant(k, torch.int64, diag.shape)), [diag.rank - 1],
+                     b.constant(k, torch.int64), "stablehlo.minimum")
+    bs = tuple(batch)
+    info = b.select(b.compare(first, b.constant(k, torch.int64, bs), "EQ"), b.constant(0, torch.int64, bs),
+                    b.add(first, b.constant(1, torch.int64, bs)))
+    return b.convert(info, torch.int32)
+
+
+def _diagonal(b: Builder, v: Value, k: int) -> Value:
+    sq = b.slice(v, [0] * v.rank, [*v.shape[:-2], k, k])
+    rows = b.iota(sq.shape, sq.rank - 2, torch.int64)
+    cols = b.iota(sq.shape, sq.rank - 1, torch.int64)
+    return b.reduce(b.select(b.compare(rows, cols, "EQ"), sq, b.constant(0, v.dtype, sq.shape)), [sq.rank - 1],
+                    b.constant(0, v.dtype), "stablehlo.add")
+
+
+@register(aten.linalg_lu_factor_ex.default)
+def _lu_factor_ex(ctx: LoweringContext, a: Value, pivot: bool = True, check_errors: bool = False
+                  ) -> tuple[Value, Value, Value]:
+    if not pivot:
+        raise NotImplementedError("torchtpu: linalg_lu_factor_ex without pivoting is not implemented")
+    b = ctx.b
+    lu, _, piv = lu_factor(b, b.convert(a, _acc(a.dtype)))
+    return b.convert(lu, ctx.out_dtype(0)), b.convert(piv, torch.int32), _lu_info(b, lu)
+
+
+def _unpack(b: Builder, lu: Value, perm: Value, dtype: torch.dtype) -> tuple[Value, Value, Value]:
+    *batch, m, n = lu.shape
+    k = min(m, n)
+    lshape = (*batch, m, k)
+    ushape = (*batch, k, n)
+    lpart = b.slice(lu, [0] * lu.rank, [*batch, m, k])
+    rows = b.iota(lshape, len(lshape) - 2, torch.int64)
+    cols = b.iota(lshape, len(lshape) - 1, torch.int64)
+    lmat = b.select(b.compare(rows, cols, "GT"), lpart, b.constant(0, lu.dtype, lshape))
+    lmat = b.select(b.compare(rows, cols, "EQ"), b.constant(1, lu.dtype, lshape), lmat)
+    upart = b.slice(lu, [0] * lu.rank, [*batch, k, n])
+    rows = b.iota(ushape, len(ushape) - 2, torch.int64)
+    cols = b.iota(ushape, len(ushape) - 1, torch.int64)
+    umat = b.select(b.compare(rows, cols, "LE"), upart, b.constant(0, lu.dtype, ushape))
+    pshape = (*batch, m, m)
+    # P[perm[i], i] = 1, so that A = P L U
+    prow = b.iota(pshape, len(pshape) - 2, torch.int64)
+    pb = b.broadcast_in_dim(perm, pshape, [*range(len(batch)), len(pshape) - 1])
+    pmat = b.convert(b.compare(prow, pb, "EQ"), dtype)
+    return pmat, b.convert(lmat, dtype), b.convert(umat, dtype)
+
+
+@register(aten.linalg_lu.default)
+def _linalg_lu(ctx: LoweringContext, a: Value, pivot: bool = True) -> tuple[Value, Value, Value]:
+    if not pivot:
+        raise NotImplementedError("torchtpu: linalg_lu without pivoting is not implemented")
+    b = ctx.b
+    lu, perm, _ = lu_factor(b, b.convert(a, _acc(a.dtype)))
+    return _unpack(b, lu, perm, ctx.out_dtype(0))
+
+
+def _perm_from_pivots(b: Builder, piv: Value, m: int) -> Value:
+    """Row order (..., m) from LAPACK's 1-based sequential swaps (unrolled: k is static)."""
+    *batch, k = piv.shape
+    p = b.convert(piv, torch.int64)
+    rid = b.iota((*batch, m), len(batch), torch.int64)
+    perm = rid
+    bd = list(range(len(batch)))
+    for j in range(k):
+        pj = b.reshape(b.slice(p, [0] * p.rank, [*batch, j + 1]) if j == 0 else
+                       b.slice(p, [0] * (p.rank - 1) + [j], [*batch, j + 1]), tuple(batch))
+        pj = b.sub(pj, b.constant(1, torch.int64, tuple(batch)))
+        pm = b.broadcast_in_dim(pj, (*batch, m), bd)
+        jm = b.constant(j, torch.int64, (*batch, m))
+        zero = b.constant(0, torch.int64, (*batch, m))
+        at_j = b.reduce(b.select(b.compare(rid, jm, "EQ"), perm, zero), [len(batch)], b.constant(0, torch.int64),
+                        "stablehlo.add")
+        at_p = b.reduce(b.select(b.compare(rid, pm, "EQ"), perm, zero), [len(batch)], b.constant(0, torch.int64),
+                        "stablehlo.add")
+        perm = b.select(b.compare(rid, jm, "EQ"), b.broadcast_in_dim(at_p, (*batch, m), bd),
+                        b.select(b.compare(rid, pm, "EQ"), b.broadcast_in_dim(at_j, (*batch, m), bd), perm))
+    return perm
+
+
+@register(aten.lu_unpack.default)
+def _lu_unpack(ctx: LoweringContext, lu: Value, pivots: Value, unpack_data: bool = True,
+               unpack_pivots: bool = True) -> tuple[Value, Value, Value]:
+    b = ctx.b
+    m = lu.shape[-2]
+    perm = _perm_from_pivots(b, pivots, m)
+    p, lmat, umat = _unpack(b, lu, perm, ctx.out_dtype(1))
+    outs = []
+    for i, v in enumerate((p, lmat, umat)):
+        want = ctx.out_shape(i)
+        outs.append(v if tuple(v.shape) == tuple(want) else b.constant(0, ctx.out_dtype(i), want))
+    return tuple(outs)
+
+
+def _apply_perm_rows(b: Builder, x: Value, perm: Value) -> Value:
+    """x[..., perm, :] with a batched row order."""
+    *batch, m, _ = x.shape
+    shape3 = (*batch, m, m)
+    sel = b.convert(b.compare(b.broadcast_in_dim(perm, shape3, [*range(len(batch)), len(batch)]),
+                              b.iota(shape3, len(batch) + 1, torch.int64), "EQ"), x.dtype)
+    # one-hot matrix product, exact: each output row picks one input row
+    attrs_b = list(range(len(batch)))
+    return b.dot_general(sel, x, (attrs_b, attrs_b), ([len(batch) + 1], [len(batch)]), x.dtype)
+
+
+def _lu_solve(b: Builder, lu: Value, perm: Value, rhs: Value) -> Value:
+    lu, rhs, perm = _broadcast3(b, lu, rhs, perm)
+    y = tri_solve(b, lu, _apply_perm_rows(b, rhs, perm), True, True, True, False)
+    return tri_solve(b, lu, y, True, False, False, False)
+
+
+def _factor_transposed(ctx: LoweringContext) -> bool:
+    """CPU factors A^T when A is row-major contiguous (LAPACK is column-major), and returns that LU;
+    the backward formulas rely on it, so the tpu returns the same factorization."""
+    meta = ctx.metas[0] if ctx.metas else None
+    return isinstance(meta, torch.Tensor) and meta.is_contiguous() and not meta.is_complex()
+
+
+@register(aten._linalg_solve_ex.default)
+def _solve_ex(ctx: LoweringContext, a: Value, rhs: Value, left: bool = True, check_errors: bool = False
+              ) -> tuple[Value, Value, Value, Value]:
+    b = ctx.b
+    acc = _acc(ctx.out_dtype(0))
+    av = b.convert(a, acc)
+    # unlike det/slogdet, CPU's solve returns the LU of A itself (checked against torch 2.13)
+    use_t = False
+    lu, perm, piv = lu_factor(b, av)
+    out_shape = ctx.out_shape(0)
+    vector = len(out_shape) == a.rank - 1
+    x = b.convert(rhs, acc)
+    if vector:
+        x = b.reshape(b.broadcast_to(x, out_shape), (*out_shape, 1))
+    if left:
+        sol = _lu_solve_left(b, lu, perm, x, adjoint=use_t)
+    else:
+        # X A = B  <=>  A^T X^T = B^T
+        sol = _mT(b, _lu_solve_left(b, lu, perm, _mT(b, x), adjoint=not use_t))
+    if vector:
+        sol = b.reshape(sol, out_shape)
+    return (b.convert(b.broadcast_to(sol, out_shape), ctx.out_dtype(0)), b.convert(lu, ctx.out_dtype(1)),
+            b.convert(piv, torch.int32), _lu_info(b, lu))
+
+
+@register(aten.linalg_inv_ex.default)
+def _inv_ex(ctx: LoweringContext, a: Value, check_errors: bool = False) -> tuple[Value, Value]:
+    b = ctx.b
+    acc = _acc(ctx.out_dtype(0))
+    lu, perm, _ = lu_factor(b, b.convert(a, acc))
+    inv = _lu_solve(b, lu, perm, _eye_like(b, a.shape, acc))
+    return b.convert(inv, ctx.out_dtype(0)), _lu_info(b, lu)
+
+
+def _det_parts(b: Builder, lu: Value, piv: Value) -> tuple[Value, Value]:
+    """(product of U's diagonal, permutation sign) of a square LU."""
+    n = lu.shape[-1]
+    diag = _diagonal(b, lu, n)
+    prod = b.reduce(diag, [diag.rank - 1], b.constant(1, lu.dtype), "stablehlo.multiply")
+    swaps = b.compare(piv, b.add(b.iota(piv.shape, piv.rank - 1, torch.int64),
+                                 b.constant(1, torch.int64, piv.shape)), "NE")
+    nswap = b.reduce(b.convert(swaps, torch.int64), [piv.rank - 1], b.constant(0, torch.int64), "stablehlo.add")
+    odd = b.compare(b.binary("remainder", nswap, b.constant(2, torch.int64, nswap.shape)),
+                    b.constant(0, torch.int64, nswap.shape), "NE")
+    sign = b.select(odd, b.constant(-1, lu.dtype, nswap.shape), b.constant(1, lu.dtype, nswap.shape))
+    return prod, sign
+
+
+@register(aten._linalg_det.default)
+def _det(ctx: LoweringContext, a: Value) -> tuple[Value, Value, Value]:
+    b = ctx.b
+    acc = _acc(ctx.out_dtype(0))
+    av = b.convert(a, acc)
+    lu, _, piv = lu_factor(b, _mT(b, av) if _factor_transposed(ctx) else av)
+    prod, sign = _det_parts(b, lu, piv)
+    return b.convert(b.mul(prod, sign), ctx.out_dtype(0)), b.convert(lu, ctx.out_dtype(1)), b.convert(piv,
+                                                                                                       torch.int32)
+
+
+@register(aten._linalg_slogdet.default)
+def _slogdet(ctx: LoweringContext, a: Value) -> tuple[Value, Value, Value, Value]:
+    b = ctx.b
+    acc = _acc(ctx.out_dtype(1))
+    av = b.convert(a, acc)
+    lu, _, piv = lu_factor(b, _mT(b, av) if _factor_transposed(ctx) else av)
+    n = lu.shape[-1]
+    diag = _diagonal(b, lu, n)
+    logabs = b.reduce(b.unary("log", b.unary("abs", diag)), [diag.rank - 1], b.constant(0, acc), "stablehlo.add")
+    negs = b.reduce(b.convert(b.compare(diag, b.constant(0, acc, diag.shape), "LT"), torch.int64),
+                    [diag.rank - 1], b.constant(0, torch.int64), "stablehlo.add")
+    _, psign = _det_parts(b, lu, piv)
+    odd = b.compare(b.binary("remainder", negs, b.constant(2, torch.int64, negs.shape)),
+                    b.constant(0, torch.int64, negs.shape), "NE")
+    sign = b.select(odd, b.neg(psign), psign)
+    zero = b.reduce(b.convert(b.compare(diag, b.constant(0, acc, diag.shape), "EQ"), torch.int64),
+                    [diag.rank - 1], b.constant(0, torch.int64), "stablehlo.add")
+    sign = b.select(b.compare(zero, b.constant(0, torch.int64, zero.shape), "GT"), b.constant(0, acc, sign.shape),
+                    sign)
+    return (b.convert(sign, ctx.out_dtype(0)), b.convert(logabs, ctx.out_dtype(1)), b.convert(lu, ctx.out_dtype(2)),
+            b.convert(piv, torch.int32))
+
+
+@register(aten.linalg_lu_solve.default)
+def _linalg_lu_solve(ctx: LoweringContext, lu: Value, pivots: Value, rhs: Value, left: bool = True,
+                     adjoint: bool = False) -> Value:
+    b = ctx.b
+    acc = _acc(ctx.out_dtype())
+    luv = b.convert(lu, acc)
+    perm = _perm_from_pivots(b, pivots, lu.shape[-2])
+    x = b.convert(rhs, acc)
+    if left:
+        sol = _lu_solve_left(b, luv, perm, x, adjoint)
+    else:
+        # X A = B  <=>  A^T X^T = B^T ; X A^T = B  <=>  A X^T = B^T
+        sol = _mT(b, _lu_solve_left(b, luv, perm, _mT(b, x), not adjoint))
+    return b.convert(b.broadcast_to(sol, ctx.out_shape()), ctx.out_dtype())
+
+
+def _lu_solve_left(b: Builder, lu: Value, perm: Value, x: Value, adjoint: bool) -> Value:
+    if not adjoint:
+        return _lu_solve(b, lu, perm, x)
+    # A^T X = B with A = P L U: U^T L^T P^T X = B
+    lu, x, perm = _broadcast3(b, lu, x, perm)
+    y = tri_solve(b, lu, x, True, False, False, True)
+    z = tri_solve(b, lu, y, True, True, True, True)
+    return _apply_perm_rows(b, z, _inverse_perm(b, perm))
+
+
+def _inverse_perm(b: Builder, perm: Value) -> Value:
+    *batch, m = perm.shape
+    shape = (*batch, m, m)
+    onehot = b.compare(b.broadcast_in_dim(perm, shape, [*range(len(batch)), len(batch)]),
+                       b.iota(shape, len(batch) + 1, torch.int64), "EQ")
+    idx = b.iota(shape, len(batch), torch.int64)
+    return b.reduce(b.select(onehot, idx, b.constant(0, torch.int64, shape)), [len(batch)],
+                    b.constant(0, torch.int64), "stablehlo.add")
+
+
+def _broadcast3(b: Builder, lu: Value, rhs: Value, perm: Value) -> tuple[Value, Value, Value]:
+    batch = torch.broadcast_shapes(tuple(lu.shape[:-2]), tuple(rhs.shape[:-2]), tuple(perm.shape[:-1]))
+    return (b.broadcast_to(lu, (*batch, *lu.shape[-2:])), b.broadcast_to(rhs, (*batch, *rhs.shape[-2:])),
+            b.broadcast_to(perm, (*batch, perm.shape[-1])))

@@ -170,6 +170,15 @@ def _convolution(ctx: LoweringContext, x: Value, w: Value, bias: Value | None, s
     out_shape = ctx.out_shape()
     nsp = w.rank - 2
     stride, padding, dilation = _expand(stride, nsp), _expand(padding, nsp), _expand(dilation, nsp)
+    # PyTorch's argument checks (the meta kernel does not make them all)
+    if any(s <= 0 for s in stride):
+        raise RuntimeError("non-positive stride is not supported")
+    if any(d <= 0 for d in dilation):
+        raise RuntimeError("dilation should be greater than zero")
+    if any(p < 0 for p in padding):
+        raise RuntimeError("negative padding is not supported")
+    if groups <= 0:
+        raise RuntimeError("non-positive groups is not supported")
     if transposed:
         # The input gradient of the plain convolution whose kernel is w (in: out channels of w).
         r = conv_input_grad(ctx, x, w, out_shape, stride, padding, dilation, groups)
@@ -535,3 +544,47 @@ def take_rows_flat(b: Builder, v: Value, positions: np.ndarray, axis: int) -> Va
 def _adaptive_max_pool_backward(ctx: LoweringContext, grad: Value, x: Value, indices: Value) -> Value:
     nsp = 2 if ctx.op is aten.adaptive_max_pool2d_backward.default else 3
     return scatter_to_argmax(ctx, grad, x, indices, nsp)
+
+
+
+# -- replication / reflection padding backward: transposed index maps ---------------
+def _pad_index(n_in: int, lo: int, hi: int, mode: str) -> np.ndarray:
+    out = []
+    for i in range(n_in + lo + hi):
+        j = i - lo
+        if mode == "replicate":
+            j = min(max(j, 0), n_in - 1)
+        else:
+            # reflect without repeating the edge: -1 -> 1, n -> n - 2
+            period = 2 * (n_in - 1) if n_in > 1 else 1
+            j = abs(j) % period if period else 0
+            if j >= n_in:
+                j = period - j
+        out.append(j)
+    return np.array(out, dtype=np.int64)
+
+
+def _pad_backward(ctx: LoweringContext, grad: Value, x: Value, padding: list[int], mode: str) -> Value:
+    b = ctx.b
+    nsp = len(padding) // 2
+    acc = opmath(grad.dtype)
+    v = b.convert(grad, acc)
+    for i in range(nsp):
+        # padding lists the last dimension first
+        d = x.rank - 1 - i
+        lo, hi = padding[2 * i], padding[2 * i + 1]
+        n_in = x.shape[d]
+        idx = _pad_index(n_in, lo, hi, mode)
+        keep = [k for k in range(len(idx)) if 0 <= k < v.shape[d]]
+        m = np.zeros((len(idx), n_in), dtype=np.float32)
+        m[np.arange(len(idx)), idx] = 1.0
+        m = m[keep]
+        v = _apply_along(b, v, b.dense_constant(m.T.copy(), acc), d)
+    return b.convert(v, ctx.out_dtype())
+
+
+for _n in (1, 2, 3):
+    register(getattr(aten, f"replication_pad{_n}d_backward").default)(
+        lambda ctx, g, x, padding: _pad_backward(ctx, g, x, padding, "replicate"))
+    register(getattr(aten, f"reflection_pad{_n}d_backward").default)(
+        lambda ctx, g, x, padding: _pad_backward(ctx, g, x, padding, "reflect"))

@@ -51,7 +51,9 @@ def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Se
             acc = p if acc is None else b.add(acc, p)
         return b.convert(acc, out_dtype)
     if common == torch.bfloat16:
-        r = b.dot_general(b.convert(a, common), b.convert(c, common), batch, contract, torch.float32)
+        # bf16 x bf16 products are exact in f32, so widening first is the same arithmetic as a
+        # bf16 pass with f32 accumulation; XLA's CPU runtime rejects some mixed bf16->f32 dots.
+        r = b.dot_general(b.convert(a, torch.float32), b.convert(c, torch.float32), batch, contract, torch.float32)
         return b.convert(r, out_dtype)
     if common == torch.float16:
         r = b.dot_general(b.convert(a, torch.float32), b.convert(c, torch.float32), batch, contract, torch.float32)

@@ -147,8 +147,16 @@ def _index_put_kernel(op: torch._ops.OpOverload):
     return kernel
 
 
-for _op in (aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default):
+for _op in (aten.index_put.default, aten.index_put_.default):
     register_host_kernel(_op)(_index_put_kernel(_op))
+
+
+@register_host_kernel(aten._index_put_impl_.default)
+def _index_put_impl_(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumulate: bool = False,
+                     unsafe: bool = False) -> torch.Tensor:
+    # the engine lowers index_put_; `unsafe` only skips CPU-side index checks
+    expanded = _expand_bool_indices(list(indices))
+    return _engine(aten.index_put_.default, x, expanded if expanded is not None else indices, values, accumulate)
 
 
 @register_host_kernel(aten.repeat_interleave.Tensor)
@@ -334,3 +342,30 @@ def bincount(x: torch.Tensor, weights: torch.Tensor | None = None, minlength: in
         dtype = weights.dtype if weights.dtype in (torch.float32, torch.float64) else torch.float64
         src = weights.to(dtype)
     return torch.zeros(n, dtype=dtype, device=x.device).index_add(0, x.to(torch.int64), src)
+
+
+# -- complex <-> real views: the same storage read as the other dtype ------------
+@register_host_kernel(aten.view_as_real.default)
+def view_as_real(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_complex():
+        raise RuntimeError("view_as_real is only supported for complex tensors")
+    part = torch.float32 if t.dtype == torch.complex64 else torch.float64
+    flat = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0).view(part)
+    return flat.as_strided((*t.shape, 2), (*[2 * s for s in t.stride()], 1), 2 * t.storage_offset())
+
+
+@register_host_kernel(aten.view_as_complex.default)
+def view_as_complex(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype not in (torch.float32, torch.float64):
+        raise RuntimeError("view_as_complex is only supported for float and double tensors, but got a tensor of "
+                           f"scalar type: {t.dtype}")
+    if t.dim() == 0 or t.shape[-1] != 2:
+        raise RuntimeError("Tensor must have a last dimension of size 2")
+    if t.stride(-1) != 1:
+        raise RuntimeError("Tensor must have a last dimension with stride 1")
+    if any(s % 2 for s in t.stride()[:-1]) or t.storage_offset() % 2:
+        raise RuntimeError("Tensor must have a stride divisible by 2 for all but last dimension")
+    cplx = torch.complex64 if t.dtype == torch.float32 else torch.complex128
+    n = t.untyped_storage().nbytes() // t.element_size()
+    flat = t.as_strided((n - n % 2,), (1,), 0).view(cplx)
+    return flat.as_strided(t.shape[:-1], [s // 2 for s in t.stride()[:-1]], t.storage_offset() // 2)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from .builder import Builder, Value, _i64_array
-from .registry import LoweringContext, register
+from .registry import LoweringContext, register, register_graph_only
 
 aten = torch.ops.aten
 _COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}
@@ -133,3 +133,43 @@ def conj(b: Builder, v: Value) -> Value:
 @register(aten.conj_physical.default)
 def _conj_physical(ctx: LoweringContext, x: Value) -> Value:
     return conj(ctx.b, x)
+
+
+@register_graph_only(aten.view_as_real.default)
+def _view_as_real_graph(ctx: LoweringContext, x: Value) -> Value:
+    # inside a traced graph views are values: (re, im) stacked on a new last dimension
+    b = ctx.b
+    part = _REAL[x.dtype]
+    re = b.reshape(b.op1("stablehlo.real", [x], x.shape, part), (*x.shape, 1))
+    im = b.reshape(b.op1("stablehlo.imag", [x], x.shape, part), (*x.shape, 1))
+    return b.concatenate([re, im], x.rank)
+
+
+@register_graph_only(aten.view_as_complex.default)
+def _view_as_complex_graph(ctx: LoweringContext, x: Value) -> Value:
+    b = ctx.b
+    shape = x.shape[:-1]
+    re = b.reshape(b.slice(x, [0] * x.rank, [*shape, 1]), shape)
+    im = b.reshape(b.slice(x, [0] * (x.rank - 1) + [1], [*shape, 2]), shape)
+    return b.op1("stablehlo.complex", [re, im], shape, _COMPLEX[x.dtype])
+
+
+@register(aten.complex.default)
+def _complex(ctx: LoweringContext, re: Value, im: Value) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = ctx.out_shape()
+    part = _REAL[out]
+    return b.op1("stablehlo.complex", [b.broadcast_to(b.convert(re, part), shape),
+                                       b.broadcast_to(b.convert(im, part), shape)], shape, out)
+
+
+@register(aten.polar.default)
+def _polar(ctx: LoweringContext, mag: Value, angle: Value) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    shape = ctx.out_shape()
+    part = _REAL[out]
+    r = b.broadcast_to(b.convert(mag, part), shape)
+    t = b.broadcast_to(b.convert(angle, part), shape)
+    return b.op1("stablehlo.complex", [b.mul(r, b.unary("cosine", t)), b.mul(r, b.unary("sine", t))], shape, out)

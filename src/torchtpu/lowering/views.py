@@ -52,6 +52,21 @@ def reinterpret(b: Builder, flat: Value, dtype: torch.dtype) -> Value:
     """View a flat buffer's bytes as another dtype (``Tensor.view(dtype)``)."""
     if flat.dtype == dtype:
         return flat
+    if flat.dtype.is_complex or dtype.is_complex:
+        # bitcast_convert cannot cross real <-> complex: go through interleaved (re, im) parts.
+        if flat.dtype.is_complex:
+            part = torch.float32 if flat.dtype == torch.complex64 else torch.float64
+            n = flat.shape[0]
+            re = b.reshape(b.op1("stablehlo.real", [flat], (n,), part), (n, 1))
+            im = b.reshape(b.op1("stablehlo.imag", [flat], (n,), part), (n, 1))
+            return reinterpret(b, b.reshape(b.concatenate([re, im], 1), (2 * n,)), dtype)
+        part = torch.float32 if dtype == torch.complex64 else torch.float64
+        parts = reinterpret(b, flat, part)
+        m = parts.shape[0] // 2
+        pairs = b.reshape(b.slice(parts, [0], [2 * m]), (m, 2))
+        re = b.reshape(b.slice(pairs, [0, 0], [m, 1]), (m,))
+        im = b.reshape(b.slice(pairs, [0, 1], [m, 2]), (m,))
+        return b.op1("stablehlo.complex", [re, im], (m,), dtype)
     if flat.dtype == torch.bool or dtype == torch.bool:
         # i1 has no byte representation in StableHLO: go through uint8 values.
         if flat.dtype == torch.bool:

@@ -6,6 +6,7 @@ first and raises IndexError like the CPU.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -375,3 +376,54 @@ def _take(ctx: LoweringContext, x: Value, index: Value) -> Value:
         return b.constant(0, x.dtype, index.shape)
     flat = b.reshape(x, (x.numel,))
     return take_rows(b, flat, b.convert(index, torch.int64), 0)
+
+
+@register(aten.embedding_renorm.default)
+def _embedding_renorm(ctx: LoweringContext, weight: Value, indices: Value, max_norm: Any, norm_type: Any) -> Value:
+    """Rows referenced by ``indices`` whose p-norm exceeds max_norm are scaled down to it."""
+    b = ctx.b
+    acc = torch.float32 if weight.dtype in (torch.bfloat16, torch.float16) else weight.dtype
+    w = b.convert(weight, acc)
+    n = weight.shape[0]
+    p = ctx.scalar(norm_type, acc, weight.shape)
+    norms = b.binary("power", b.reduce(b.binary("power", b.unary("abs", w), p), [1], b.constant(0, acc),
+                                       "stablehlo.add"),
+                     b.div(b.constant(1.0, acc, (n,)), ctx.scalar(norm_type, acc, (n,))))
+    flat = b.reshape(b.convert(indices, torch.int64), (indices.numel,))
+    used = _scatter_elements(ctx, b.constant(0, torch.int32, (n,)), 0, flat,
+                             b.constant(1, torch.int32, (indices.numel,)), None)
+    mx = ctx.scalar(max_norm, acc, (n,))
+    scale = b.div(mx, b.add(norms, b.constant(1e-7, acc, (n,))))
+    hit = b.binary("and", b.compare(used, b.constant(0, torch.int32, (n,)), "NE"), b.compare(norms, mx, "GT"))
+    scale = b.select(hit, scale, b.constant(1.0, acc, (n,)))
+    return b.convert(b.mul(w, b.broadcast_in_dim(scale, weight.shape, [0])), weight.dtype)
+
+
+@register(aten.histc.default)
+def _histc(ctx: LoweringContext, x: Value, bins: int = 100, lo: Any = 0, hi: Any = 0) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    n = x.numel
+    v = b.reshape(b.convert(x, acc), (n,))
+    lov, hiv = ctx.scalar(lo, acc), ctx.scalar(hi, acc)
+    if n:
+        # min == max: the data's range; still equal: widened by one on each side
+        dmin = b.reduce(v, [0], b.constant(math.inf, acc), "stablehlo.minimum")
+        dmax = b.reduce(v, [0], b.constant(-math.inf, acc), "stablehlo.maximum")
+        same = b.compare(lov, hiv, "EQ")
+        lov, hiv = b.select(same, dmin, lov), b.select(same, dmax, hiv)
+    same = b.compare(lov, hiv, "EQ")
+    one = b.constant(1.0, acc)
+    lov, hiv = b.select(same, b.sub(lov, one), lov), b.select(same, b.add(hiv, one), hiv)
+    if n == 0:
+        return b.constant(0, out, (bins,))
+    lo_b, hi_b = b.broadcast_in_dim(lov, (n,), []), b.broadcast_in_dim(hiv, (n,), [])
+    pos = b.unary("floor", b.mul(b.div(b.sub(v, lo_b), b.sub(hi_b, lo_b)), b.constant(float(bins), acc, (n,))))
+    pos = b.convert(pos, torch.int64)
+    pos = b.select(b.compare(pos, b.constant(bins, torch.int64, (n,)), "EQ"),
+                   b.constant(bins - 1, torch.int64, (n,)), pos)
+    inside = b.binary("and", b.compare(v, lo_b, "GE"), b.compare(v, hi_b, "LE"))
+    pos = b.select(inside, pos, b.constant(bins, torch.int64, (n,)))  # out of range: dropped by the scatter
+    counts = _scatter_elements(ctx, b.constant(0, acc, (bins,)), 0, pos, b.constant(1, acc, (n,)), "add")
+    return b.convert(counts, out)

@@ -427,3 +427,133 @@ def _histc(ctx: LoweringContext, x: Value, bins: int = 100, lo: Any = 0, hi: Any
     pos = b.select(inside, pos, b.constant(bins, torch.int64, (n,)))  # out of range: dropped by the scatter
     counts = _scatter_elements(ctx, b.constant(0, acc, (bins,)), 0, pos, b.constant(1, acc, (n,)), "add")
     return b.convert(counts, out)
+
+
+# -- embedding_bag: gathers + segment reductions over the bags ----------------------
+def _bag_ids(b: Builder, n: int, offsets: Value, include_last: bool) -> tuple[Value, int]:
+    """Bag of each index position (nb for positions outside every bag) and the bag count."""
+    nb = offsets.numel - (1 if include_last else 0)
+    off = b.convert(b.reshape(offsets, (offsets.numel,)), torch.int64)
+    pos = b.iota((n, offsets.numel), 0, torch.int64)
+    offb = b.broadcast_in_dim(off, (n, offsets.numel), [1])
+    started = b.convert(b.compare(offb, pos, "LE"), torch.int64)
+    bag = b.sub(b.reduce(started, [1], b.constant(0, torch.int64), "stablehlo.add"),
+                b.constant(1, torch.int64, (n,)))
+    if include_last:
+        bag = b.select(b.compare(bag, b.constant(nb, torch.int64, (n,)), "GE"), b.constant(nb, torch.int64, (n,)),
+                       bag)
+    return bag, nb
+
+
+@register(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(ctx: LoweringContext, weight: Value, indices: Value, offsets: Value,
+                   scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
+                   per_sample_weights: Value | None = None, include_last_offset: bool = False,
+                   padding_idx: int = -1) -> tuple[Value, Value, Value, Value]:
+    b = ctx.b
+    n = indices.numel
+    dim = weight.shape[1]
+    acc = torch.float32 if weight.dtype in (torch.bfloat16, torch.float16) else weight.dtype
+    idx = b.convert(b.reshape(indices, (n,)), torch.int64)
+    bag, nb = _bag_ids(b, n, offsets, include_last_offset)
+    valid = b.compare(bag, b.constant(nb, torch.int64, (n,)), "LT")
+    if padding_idx >= 0:
+        valid = b.binary("and", valid, b.compare(idx, b.constant(padding_idx, torch.int64, (n,)), "NE"))
+    target = b.select(valid, bag, b.constant(nb, torch.int64, (n,)))
+    rows = b.convert(take_rows(b, weight, idx, 0), acc) if n else b.constant(0, acc, (0, dim))
+    counts = _scatter_elements(ctx, b.constant(0, torch.int64, (nb,)), 0, target,
+                               b.constant(1, torch.int64, (n,)), "add")
+    max_idx = b.constant(0, torch.int64, ctx.out_shape(3))
+    if mode in (0, 1):
+        if per_sample_weights is not None:
+            rows = b.mul(rows, b.broadcast_in_dim(b.convert(per_sample_weights, acc), (n, dim), [0]))
+        full_t = b.broadcast_in_dim(target, (n, dim), [0])
+        out = _scatter_elements(ctx, b.constant(0, acc, (nb, dim)), 0, full_t, rows, "add")
+        if mode == 1:
+            denom = b.convert(b.maximum(counts, b.constant(1, torch.int64, (nb,))), acc)
+            out = b.div(out, b.broadcast_in_dim(denom, (nb, dim), [0]))
+    else:
+        member = b.compare(b.broadcast_in_dim(target, (nb, n), [1]), b.iota((nb, n), 0, torch.int64), "EQ")
+        vals = b.select(b.broadcast_in_dim(member, (nb, n, dim), [0, 1]),
+                        b.broadcast_in_dim(rows, (nb, n, dim), [1, 2]),
+                        b.constant(-math.inf, acc, (nb, n, dim)))
+        from .reductions import arg_reduce
+
+        best, where = arg_reduce(b, vals, 1, True)
+        empty = b.broadcast_in_dim(b.compare(counts, b.constant(0, torch.int64, (nb,)), "EQ"), (nb, dim), [0])
+        out = b.select(empty, b.constant(0, acc, (nb, dim)), best)
+        which = take_rows(b, idx, b.reshape(where, (nb * dim,)), 0)
+        max_idx = b.select(empty, b.constant(-1, torch.int64, (nb, dim)), b.reshape(which, (nb, dim)))
+    return (b.convert(out, ctx.out_dtype(0)), b.broadcast_to(bag, ctx.out_shape(1)) if n else
+            b.constant(0, torch.int64, ctx.out_shape(1)), counts, max_idx)
+
+
+@register(aten._embedding_bag_dense_backward.default)
+def _embedding_bag_backward(ctx: LoweringContext, grad: Value, indices: Value, offset2bag: Value, bag_size: Value,
+                            max_indices: Value, num_weights: int, scale_grad_by_freq: bool, mode: int,
+                            per_sample_weights: Value | None, padding_idx: int = -1) -> Value:
+    b = ctx.b
+    out = ctx.out_dtype()
+    acc = torch.float32 if out in (torch.bfloat16, torch.float16) else out
+    nb, dim = grad.shape
+    n = indices.numel
+    g = b.convert(grad, acc)
+    base = b.constant(0, acc, (num_weights, dim))
+    if mode == 2:
+        mi = b.convert(max_indices, torch.int64)
+        mi = b.select(b.compare(mi, b.constant(0, torch.int64, mi.shape), "LT"),
+                      b.constant(num_weights, torch.int64, mi.shape), mi)
+        return b.convert(_scatter_elements(ctx, base, 0, mi, g, "add"), out)
+    if n == 0:
+        return b.convert(base, out)
+    idx = b.convert(b.reshape(indices, (n,)), torch.int64)
+    bag = b.convert(offset2bag, torch.int64)
+    in_bag = b.compare(bag, b.constant(nb, torch.int64, (n,)), "LT")
+    safe_bag = b.select(in_bag, bag, b.constant(0, torch.int64, (n,)))
+    rows = take_rows(b, g, safe_bag, 0)
+    if mode == 1:
+        size = b.convert(b.maximum(take_rows(b, b.convert(bag_size, torch.int64), safe_bag, 0),
+                                   b.constant(1, torch.int64, (n,))), acc)
+        rows = b.div(rows, b.broadcast_in_dim(size, (n, dim), [0]))
+    if per_sample_weights is not None:
+        rows = b.mul(rows, b.broadcast_in_dim(b.convert(per_sample_weights, acc), (n, dim), [0]))
+    keep = in_bag
+    if padding_idx >= 0:
+        keep = b.binary("and", keep, b.compare(idx, b.constant(padding_idx, torch.int64, (n,)), "NE"))
+    if scale_grad_by_freq:
+        freq = _scatter_elements(ctx, b.constant(0, acc, (num_weights,)), 0, idx, b.constant(1, acc, (n,)), "add")
+        rows = b.div(rows, b.broadcast_in_dim(take_rows(b, freq, idx, 0), (n, dim), [0]))
+    target = b.select(keep, idx, b.constant(num_weights, torch.int64, (n,)))
+    return b.convert(_scatter_elements(ctx, base, 0, b.broadcast_in_dim(target, (n, dim), [0]), rows, "add"), out)
+
+
+@register(aten._embedding_bag_per_sample_weights_backward.default)
+def _embedding_bag_psw_backward(ctx: LoweringContext, grad: Value, weight: Value, indices: Value, offsets: Value,
+                                offset2bag: Value, mode: int, padding_idx: int = -1) -> Value:
+    b = ctx.b
+    n = indices.numel
+    acc = torch.float32 if grad.dtype in (torch.bfloat16, torch.float16) else grad.dtype
+    if n == 0:
+        return b.constant(0, ctx.out_dtype(), ctx.out_shape())
+    idx = b.convert(b.reshape(indices, (n,)), torch.int64)
+    nb = grad.shape[0]
+    bag = b.convert(offset2bag, torch.int64)
+    in_bag = b.compare(bag, b.constant(nb, torch.int64, (n,)), "LT")
+    g = take_rows(b, b.convert(grad, acc), b.select(in_bag, bag, b.constant(0, torch.int64, (n,))), 0)
+    w = b.convert(take_rows(b, weight, idx, 0), acc)
+    r = b.reduce(b.mul(g, w), [1], b.constant(0, acc), "stablehlo.add")
+    keep = in_bag
+    if padding_idx >= 0:
+        keep = b.binary("and", keep, b.compare(idx, b.constant(padding_idx, torch.int64, (n,)), "NE"))
+    return b.convert(b.select(keep, r, b.constant(0, acc, (n,))), ctx.out_dtype())
+
+
+@register(aten._embedding_bag_backward.default)
+def _embedding_bag_backward_full(ctx: LoweringContext, grad: Value, indices: Value, offsets: Value,
+                                 offset2bag: Value, bag_size: Value, max_indices: Value, num_weights: int,
+                                 scale_grad_by_freq: bool, mode: int, sparse: bool,
+                                 per_sample_weights: Value | None, padding_idx: int = -1) -> Value:
+    if sparse:
+        raise NotImplementedError("torchtpu: sparse embedding_bag gradients are not supported")
+    return _embedding_bag_backward(ctx, grad, indices, offset2bag, bag_size, max_indices, num_weights,
+                                   scale_grad_by_freq, mode, per_sample_weights, padding_idx)

@@ -8,6 +8,8 @@ their backward formulas are PyTorch's own, built from these same ops.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .builder import Builder, Value
@@ -495,3 +497,168 @@ def _broadcast3(b: Builder, lu: Value, rhs: Value, perm: Value) -> tuple[Value, 
     batch = torch.broadcast_shapes(tuple(lu.shape[:-2]), tuple(rhs.shape[:-2]), tuple(perm.shape[:-1]))
     return (b.broadcast_to(lu, (*batch, *lu.shape[-2:])), b.broadcast_to(rhs, (*batch, *rhs.shape[-2:])),
             b.broadcast_to(perm, (*batch, perm.shape[-1])))
+
+
+# -- pairwise distances ------------------------------------------------------------
+def _pair_diffs(b: Builder, x1: Value, x2: Value) -> Value:
+    """(..., P, R, M) differences x1[..., p, :] - x2[..., r, :]."""
+    *batch, p, m = x1.shape
+    r = x2.shape[-2]
+    nb = len(batch)
+    full = (*batch, p, r, m)
+    a = b.broadcast_in_dim(x1, full, [*range(nb), nb, nb + 2])
+    c = b.broadcast_in_dim(x2, full, [*range(nb), nb + 1, nb + 2])
+    return b.sub(a, c)
+
+
+def _pnorm_last(b: Builder, d: Value, p: float | Value) -> Value:
+    if isinstance(p, Value):
+        # p is a runtime scalar: every case computed, the right one selected
+        pv = b.convert(p, d.dtype)
+        out_shape = d.shape[:-1]
+        pb = b.broadcast_in_dim(pv, out_shape, [])
+        general = _pnorm_general(b, d, b.broadcast_in_dim(pv, d.shape, []), pb)
+        r = b.select(b.compare(pb, b.constant(math.inf, d.dtype, out_shape), "EQ"), _pnorm_last(b, d, math.inf),
+                     general)
+        return b.select(b.compare(pb, b.constant(0, d.dtype, out_shape), "EQ"), _pnorm_last(b, d, 0.0), r)
+    ad = b.unary("abs", d)
+    last = d.rank - 1
+    zero = b.constant(0, d.dtype)
+    if p == 0:
+        return b.reduce(b.convert(b.compare(ad, b.constant(0, d.dtype, d.shape), "NE"), d.dtype), [last], zero,
+                        "stablehlo.add")
+    if p == math.inf:
+        return b.reduce(ad, [last], zero, "stablehlo.maximum")
+    if p == 1:
+        return b.reduce(ad, [last], zero, "stablehlo.add")
+    if p == 2:
+        return b.unary("sqrt", b.reduce(b.mul(d, d), [last], zero, "stablehlo.add"))
+    s = b.reduce(b.binary("power", ad, b.constant(p, d.dtype, d.shape)), [last], zero, "stablehlo.add")
+    return b.binary("power", s, b.constant(1.0 / p, d.dtype, s.shape))
+
+
+@register(aten._cdist_forward.default)
+def _cdist_forward(ctx: LoweringContext, x1: Value, x2: Value, p: float, compute_mode: int | None = None) -> Value:
+    b = ctx.b
+    acc = _acc(ctx.out_dtype())
+    batch = torch.broadcast_shapes(tuple(x1.shape[:-2]), tuple(x2.shape[:-2]))
+    a = b.broadcast_to(b.convert(x1, acc), (*batch, *x1.shape[-2:]))
+    c = b.broadcast_to(b.convert(x2, acc), (*batch, *x2.shape[-2:]))
+    return b.convert(_pnorm_last(b, _pair_diffs(b, a, c), p if isinstance(p, Value) else float(p)), ctx.out_dtype())
+
+
+def _pnorm_general(b: Builder, d: Value, p_full: Value, p_out: Value) -> Value:
+    s = b.reduce(b.binary("power", b.unary("abs", d), p_full), [d.rank - 1], b.constant(0, d.dtype),
+                 "stablehlo.add")
+    return b.binary("power", s, b.div(b.constant(1.0, d.dtype, s.shape), p_out))
+
+
+def _dist_grad(b: Builder, diff: Value, dist: Value, g: Value, p: float | Value) -> Value:
+    """d(||diff||_p)/d(diff) * g, with PyTorch's conventions at zero distance."""
+    shape = diff.shape
+    if isinstance(p, Value):
+        pv = b.broadcast_in_dim(b.convert(p, diff.dtype), shape, [])
+        r = _dist_grad_general(b, diff, dist, g, pv)
+        for special in (0.0, 1.0, math.inf):
+            r = b.select(b.compare(pv, b.constant(special, diff.dtype, shape), "EQ"),
+                         _dist_grad(b, diff, dist, g, special), r)
+        return r
+    nb = diff.rank - 1
+    db = b.broadcast_in_dim(dist, shape, list(range(nb)))
+    gb = b.broadcast_in_dim(g, shape, list(range(nb)))
+    zero = b.constant(0, diff.dtype, shape)
+    sign = b.unary("sign", diff)
+    if p == 0:
+        return zero
+    if p == 1:
+        return b.mul(gb, sign)
+    if p == math.inf:
+        hit = b.compare(b.unary("abs", diff), db, "EQ")
+        return b.select(hit, b.mul(gb, sign), zero)
+    if p == 2:
+        nonzero = b.compare(db, zero, "NE")
+        safe = b.select(nonzero, db, b.constant(1, diff.dtype, shape))
+        return b.select(nonzero, b.div(b.mul(gb, diff), safe), zero)
+    return _dist_grad_general(b, diff, dist, g, b.constant(p, diff.dtype, shape))
+
+
+def _dist_grad_general(b: Builder, diff: Value, dist: Value, g: Value, p: Value) -> Value:
+    """g * diff * |diff|^(p-2) / dist^(p-1), zero where dist or (for p < 2) diff is zero."""
+    shape = diff.shape
+    nb = diff.rank - 1
+    db = b.broadcast_in_dim(dist, shape, list(range(nb)))
+    gb = b.broadcast_in_dim(g, shape, list(range(nb)))
+    zero = b.constant(0, diff.dtype, shape)
+    one = b.constant(1, diff.dtype, shape)
+    two = b.constant(2, diff.dtype, shape)
+    nonzero = b.compare(db, zero, "NE")
+    safe = b.select(nonzero, db, one)
+    ad = b.unary("abs", diff)
+    num = b.mul(b.mul(diff, b.binary("power", ad, b.sub(p, two))), gb)
+    r = b.div(num, b.binary("power", safe, b.sub(p, one)))
+    r = b.select(b.binary("and", b.compare(p, two, "LT"), b.compare(diff, zero, "EQ")), zero, r)
+    return b.select(nonzero, r, zero)
+
+
+@register(aten._cdist_backward.default)
+def _cdist_backward(ctx: LoweringContext, grad: Value, x1: Value, x2: Value, p: float, dist: Value) -> Value:
+    b = ctx.b
+    acc = _acc(ctx.out_dtype())
+    shape = dist.shape
+    a = b.broadcast_to(b.convert(x1, acc), (*shape[:-2], *x1.shape[-2:]))
+    c = b.broadcast_to(b.convert(x2, acc), (*shape[:-2], *x2.shape[-2:]))
+    diff = _pair_diffs(b, a, c)
+    per = _dist_grad(b, diff, b.convert(dist, acc), b.convert(grad, acc), p if isinstance(p, Value) else float(p))
+    r = b.reduce(per, [diff.rank - 2], b.constant(0, acc), "stablehlo.add")
+    return b.convert(b.broadcast_to(r, ctx.out_shape()) if tuple(r.shape) != tuple(ctx.out_shape()) else r,
+                     ctx.out_dtype())
+
+
+def _upper_pairs(n: int) -> tuple[list[int], list[int]]:
+    rows, cols = [], []
+    for i in range(n):
+        for j in range(i + 1, n):
+            rows.append(i)
+            cols.append(j)
+    return rows, cols
+
+
+@register(aten._pdist_forward.default)
+def _pdist_forward(ctx: LoweringContext, x: Value, p: float = 2.0) -> Value:
+    import numpy as np
+
+    from .indexing import take_rows
+
+    b = ctx.b
+    acc = _acc(ctx.out_dtype())
+    n = x.shape[0]
+    rows, cols = _upper_pairs(n)
+    if not rows:
+        return b.constant(0, ctx.out_dtype(), ctx.out_shape())
+    v = b.convert(x, acc)
+    a = take_rows(b, v, b.dense_constant(np.array(rows, dtype=np.int64), torch.int64), 0)
+    c = take_rows(b, v, b.dense_constant(np.array(cols, dtype=np.int64), torch.int64), 0)
+    return b.convert(_pnorm_last(b, b.sub(a, c), p if isinstance(p, Value) else float(p)), ctx.out_dtype())
+
+
+@register(aten._pdist_backward.default)
+def _pdist_backward(ctx: LoweringContext, grad: Value, x: Value, p: float, dist: Value) -> Value:
+    import numpy as np
+
+    from .indexing import scatter_add_rows, take_rows
+
+    b = ctx.b
+    acc = _acc(ctx.out_dtype())
+    n, m = x.shape
+    rows, cols = _upper_pairs(n)
+    if not rows:
+        return b.constant(0, ctx.out_dtype(), x.shape)
+    v = b.convert(x, acc)
+    ri = b.dense_constant(np.array(rows, dtype=np.int64), torch.int64)
+    ci = b.dense_constant(np.array(cols, dtype=np.int64), torch.int64)
+    diff = b.sub(take_rows(b, v, ri, 0), take_rows(b, v, ci, 0))
+    per = _dist_grad(b, diff, b.convert(dist, acc), b.convert(grad, acc), p if isinstance(p, Value) else float(p))
+    base = b.constant(0, acc, (n, m))
+    r = scatter_add_rows(b, base, ri, per, 0)
+    r = scatter_add_rows(b, r, ci, b.neg(per), 0)
+    return b.convert(r, ctx.out_dtype())

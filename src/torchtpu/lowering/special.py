@@ -135,7 +135,15 @@ def _polygamma(ctx: LoweringContext, n: int, x: Value) -> Value:
     if n == 0:
         r = _digamma(b, v)
     else:
-        r = b.op1("chlo.polygamma", [b.constant(float(n), v.dtype, v.shape), v], v.shape, v.dtype)
+        # CPU's definition, (-1)^(n+1) n! zeta(n+1, x): right for negative x too, where
+        # chlo.polygamma is not
+        s = v.shape
+        z = _zeta_value(b, b.constant(float(n + 1), v.dtype, s), v)
+        # the poles: zeta(n+1, q) is inf at non-positive integers q
+        z = b.select(b.binary("and", b.compare(v, b.constant(0.0, v.dtype, s), "LE"),
+                              b.compare(v, b.unary("floor", v), "EQ")), b.constant(math.inf, v.dtype, s), z)
+        sign = 1.0 if n % 2 else -1.0
+        r = b.mul(b.constant(sign * math.factorial(n), v.dtype, s), z)
     return b.convert(r, ctx.out_dtype())
 
 
@@ -144,7 +152,7 @@ def _zeta(ctx: LoweringContext, a: Any, c: Any) -> Value:
     x, q, out = _binary_operands(ctx, a, c)
     b = ctx.b
     s = x.shape
-    r = b.op1("chlo.zeta", [x, q], s, x.dtype)
+    r = _zeta_value(b, x, q)
     # Cephes' (and PyTorch's) domain: inf at x == 1 and at non-positive integer q, NaN for x < 1
     # or for non-integer x with q <= 0.
     one, zero = b.constant(1.0, x.dtype, s), b.constant(0.0, x.dtype, s)
@@ -157,6 +165,34 @@ def _zeta(ctx: LoweringContext, a: Any, c: Any) -> Value:
     r = b.select(b.compare(x, one, "LT"), nan, r)
     r = b.select(b.compare(x, one, "EQ"), inf, r)
     return b.convert(r, out)
+
+
+def _zeta_value(b: Builder, x: Value, q: Value) -> Value:
+    """Hurwitz zeta; below q = 1 the leading terms are summed directly (as Cephes does), since
+    chlo.zeta is only accurate for q >= 1: zeta(x, q) = sum_{k<m} (q+k)^-x + zeta(x, q+m)."""
+    s = x.shape
+    dims = list(range(len(s)))
+    types = [(s, x.dtype), (s, x.dtype), (s, x.dtype)]
+
+    def cond(bb: Builder, xv: Value, qv: Value, acc: Value) -> Value:
+        low = bb.binary("and", bb.compare(qv, bb.constant(1.0, x.dtype, s), "LT"),
+                        bb.compare(qv, bb.unary("floor", qv), "NE"))
+        return bb.reduce(low, dims, bb.constant(False, torch.bool), "stablehlo.or")
+
+    def body(bb: Builder, xv: Value, qv: Value, acc: Value) -> list[Value]:
+        o = bb.constant(1.0, x.dtype, s)
+        low = bb.binary("and", bb.compare(qv, o, "LT"), bb.compare(qv, bb.unary("floor", qv), "NE"))
+        # (q)^-x for negative q and integer x: |q|^-x with the sign of q^x
+        mag = bb.binary("power", bb.unary("abs", qv), bb.neg(xv))
+        odd = bb.compare(bb.binary("remainder", xv, bb.constant(2.0, x.dtype, s)), bb.constant(0.0, x.dtype, s),
+                         "NE")
+        neg = bb.binary("and", bb.compare(qv, bb.constant(0.0, x.dtype, s), "LT"), odd)
+        term = bb.select(neg, bb.neg(mag), mag)
+        return [xv, bb.select(low, bb.add(qv, o), qv), bb.select(low, bb.add(acc, term), acc)]
+
+    regions = b.region(types, cond) + ", " + b.region(types, body)
+    _, q_shift, head = b.op("stablehlo.while", [x, q, b.constant(0.0, x.dtype, s)], types, region=regions)
+    return b.add(head, b.op1("chlo.zeta", [x, q_shift], s, x.dtype))
 
 
 def _erfc(b: Builder, v: Value) -> Value:

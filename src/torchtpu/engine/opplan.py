@@ -87,12 +87,27 @@ def _functional_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | N
     return by_name
 
 
+# c10::ScalarType codes, which schema defaults such as ``ScalarType dtype=long`` carry
+_SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
+                 5: torch.float16, 6: torch.float32, 7: torch.float64, 9: torch.complex64, 10: torch.complex128,
+                 11: torch.bool, 15: torch.bfloat16}
+
+
+def _default(a: Any) -> Any:
+    if not a.has_default_value():
+        return _MISSING
+    v = a.default_value
+    if isinstance(v, int) and not isinstance(v, bool) and a.name == "dtype":  # typed int in the schema
+        return _SCALAR_TYPES.get(v, v)
+    return v
+
+
 @functools.cache
 def plan_for(op: torch._ops.OpOverload) -> OpPlan:
     schema = op._schema
     args = schema.arguments
     names = [a.name for a in args]
-    defaults = [a.default_value if a.has_default_value() else _MISSING for a in args]
+    defaults = [_default(a) for a in args]
     functional = _functional_overload(op)
     lowering = registry.lookup(functional) if functional is not None else None
     mutated = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]

@@ -193,3 +193,39 @@ def _random_from(ctx: LoweringContext, x: Value, lo: int, hi: int | None, genera
 @register(aten.random.to)
 def _random_to(ctx: LoweringContext, x: Value, hi: int, generator: Any = None) -> Value:
     return _random_int(ctx, 0, hi, generator)
+
+
+@register(aten.multinomial.default)
+def _multinomial(ctx: LoweringContext, probs: Value, num_samples: int, replacement: bool = False,
+                 generator: Any = None) -> Value:
+    """Categorical draws: inverse CDF with replacement, Gumbel top-k without."""
+    b = ctx.b
+    if not probs.dtype.is_floating_point:
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {probs.dtype}")
+    rows = probs.shape[0] if probs.rank == 2 else 1
+    c = probs.shape[-1]
+    if not replacement and num_samples > c:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    p = b.reshape(b.convert(probs, torch.float32), (rows, c))
+    state = _seed(ctx, generator)
+    if replacement:
+        from .reductions import _scan
+
+        cdf = _scan(b, p, 1, "stablehlo.add", 0)
+        total = b.reduce(p, [1], b.constant(0.0, torch.float32), "stablehlo.add")
+        u = uniform01(b, state, (rows, num_samples))
+        target = b.mul(u, b.broadcast_in_dim(total, (rows, num_samples), [0]))
+        full = (rows, num_samples, c)
+        below = b.compare(b.broadcast_in_dim(cdf, full, [0, 2]), b.broadcast_in_dim(target, full, [0, 1]), "LE")
+        idx = b.reduce(b.convert(below, torch.int64), [2], b.constant(0, torch.int64), "stablehlo.add")
+        idx = b.minimum(idx, b.constant(c - 1, torch.int64, idx.shape))
+    else:
+        from .sort import sort_with_indices
+
+        u = uniform01(b, state, (rows, c))
+        tiny = b.constant(1e-20, torch.float32, (rows, c))
+        gumbel = b.neg(b.unary("log", b.neg(b.unary("log", b.maximum(u, tiny)))))
+        keys = b.add(b.unary("log", p), gumbel)
+        _, order = sort_with_indices(b, keys, 1, descending=True)
+        idx = b.slice(order, [0, 0], [rows, num_samples])
+    return b.reshape(idx, ctx.out_shape())

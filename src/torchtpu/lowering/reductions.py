@@ -392,3 +392,18 @@ def _logcumsumexp(ctx: LoweringContext, x: Value, dim: int) -> Value:
              f"padding = dense<[{pad_attr}]> : tensor<{x.rank}x2xi64>")
     r = b.op1("stablehlo.reduce_window", [v, b.constant(-math.inf, acc)], x.shape, acc, attrs=attrs, region=region)
     return b.convert(r, out)
+
+
+@register(aten.hash_tensor.default)
+def _hash_tensor(ctx: LoweringContext, x: Value, dim: Any = (), keepdim: bool = False, mode: int = 0) -> Value:
+    """XOR of the values' 64-bit patterns (floats as float64, integers sign-extended to int64), as CPU."""
+    b = ctx.b
+    if mode != 0:
+        raise RuntimeError(f"hash_tensor: unsupported mode {mode}")
+    if x.dtype.is_floating_point:
+        bits = b.bitcast_convert(b.convert(x, torch.float64), torch.uint64, x.shape)
+    else:
+        bits = b.bitcast_convert(b.convert(x, torch.int64), torch.uint64, x.shape)
+    d = norm_dims(dim, x.rank)
+    r = b.reduce(bits, d, b.constant(0, torch.uint64), "stablehlo.xor")
+    return b.convert(_keep(b, r, x.shape, d, keepdim), ctx.out_dtype())

@@ -557,3 +557,110 @@ def _embedding_bag_backward_full(ctx: LoweringContext, grad: Value, indices: Val
         raise NotImplementedError("torchtpu: sparse embedding_bag gradients are not supported")
     return _embedding_bag_backward(ctx, grad, indices, offset2bag, bag_size, max_indices, num_weights,
                                    scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+# -- segment_reduce: segment ids from lengths/offsets, then scatter reductions ------------
+def _segment_ids(b: Builder, data: Value, lengths: Value | None, offsets: Value | None, axis: int
+                 ) -> tuple[Value, int]:
+    """Segment of every data position along ``axis`` (S where a position is in no segment), shape data[:axis+1]."""
+    lead = list(data.shape[:axis])
+    n = data.shape[axis]
+    if offsets is not None:
+        off = b.convert(offsets, torch.int64)
+        s = off.shape[-1] - 1
+        starts = b.slice(off, [0] * off.rank, [*off.shape[:-1], s])
+        ends = b.slice(off, [0] * (off.rank - 1) + [1], list(off.shape))
+    else:
+        ln = b.convert(lengths, torch.int64)
+        s = ln.shape[-1]
+        from .reductions import _scan
+
+        ends = _scan(b, ln, ln.rank - 1, "stablehlo.add", 0) if s else ln
+        starts = b.sub(ends, ln)
+    full = (*lead, n, s)
+    pos = b.iota(full, len(lead), torch.int64)
+    bd = [*range(len(lead)), len(lead) + 1]
+    inside = b.binary("and", b.compare(b.broadcast_in_dim(starts, full, bd), pos, "LE"),
+                      b.compare(pos, b.broadcast_in_dim(ends, full, bd), "LT"))
+    segs = b.iota(full, len(lead) + 1, torch.int64)
+    seg = b.reduce(b.select(inside, segs, b.constant(s, torch.int64, full)), [len(lead) + 1],
+                   b.constant(s, torch.int64), "stablehlo.minimum")
+    return seg, s
+
+
+def _identity(reduce: str, dtype: torch.dtype) -> float:
+    return {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf}[reduce]
+
+
+@register(aten.segment_reduce.default)
+def _segment_reduce(ctx: LoweringContext, data: Value, reduce: str, lengths: Value | None = None,
+                    indices: Value | None = None, offsets: Value | None = None, axis: int = 0,
+                    unsafe: bool = False, initial: Any = None) -> Value:
+    b = ctx.b
+    out_shape = ctx.out_shape()
+    acc = torch.float32 if data.dtype in (torch.bfloat16, torch.float16) else data.dtype
+    ax = axis % data.rank
+    v = b.convert(data, acc)
+    seg, _ = _segment_ids(b, data, lengths, offsets, ax)
+    idx = b.broadcast_in_dim(seg, data.shape, list(range(ax + 1)))
+    shape = tuple(out_shape)
+    if initial is not None:
+        base = ctx.scalar(initial, acc, shape)
+    else:
+        base = b.constant(_identity(reduce, acc), acc, shape)
+    comb = {"sum": "add", "mean": "add", "prod": "multiply", "max": "amax", "min": "amin"}[reduce]
+    r = _scatter_elements(ctx, base, ax, idx, v, comb)
+    if reduce == "mean":
+        # CPU: (initial + sum) / count, the count not including initial; an empty segment keeps initial
+        cnt = _scatter_elements(ctx, b.constant(0.0, acc, shape), ax, idx, b.constant(1.0, acc, data.shape), "add")
+        mean = b.div(r, cnt)
+        if initial is not None:
+            mean = b.select(b.compare(cnt, b.constant(0.0, acc, shape), "EQ"), base, mean)
+        r = mean
+    return b.convert(r, ctx.out_dtype())
+
+
+@register(aten._segment_reduce_backward.default)
+def _segment_reduce_backward(ctx: LoweringContext, grad: Value, output: Value, data: Value, reduce: str,
+                             lengths: Value | None = None, offsets: Value | None = None, axis: int = 0,
+                             initial: Any = None) -> Value:
+    b = ctx.b
+    acc = torch.float32 if data.dtype in (torch.bfloat16, torch.float16) else data.dtype
+    ax = axis % data.rank
+    v = b.convert(data, acc)
+    seg, s = _segment_ids(b, data, lengths, offsets, ax)
+    valid = b.broadcast_in_dim(b.compare(seg, b.constant(s, torch.int64, seg.shape), "LT"), data.shape,
+                               list(range(ax + 1)))
+    idx = b.broadcast_in_dim(b.minimum(seg, b.constant(max(s - 1, 0), torch.int64, seg.shape)), data.shape,
+                             list(range(ax + 1)))
+    g, o = b.convert(grad, acc), b.convert(output, acc)
+    gi = _gather(ctx, g, ax, idx) if s else b.constant(0, acc, data.shape)
+    oi = _gather(ctx, o, ax, idx) if s else b.constant(0, acc, data.shape)
+    zero = b.constant(0, acc, data.shape)
+    seg_shape = tuple(grad.shape)
+    if reduce == "sum":
+        r = gi
+    elif reduce == "mean":
+        cnt = _scatter_elements(ctx, b.constant(0.0, acc, seg_shape), ax, idx,
+                                b.select(valid, b.constant(1.0, acc, data.shape), zero), "add")
+        r = b.div(gi, _gather(ctx, cnt, ax, idx))
+    elif reduce in ("max", "min"):
+        hit = b.binary("and", b.compare(v, oi, "EQ"), valid)
+        ties = _scatter_elements(ctx, b.constant(0.0, acc, seg_shape), ax, idx,
+                                 b.select(hit, b.constant(1.0, acc, data.shape), zero), "add")
+        r = b.select(hit, b.div(gi, _gather(ctx, ties, ax, idx)), zero)
+    else:
+        is_zero = b.compare(v, zero, "EQ")
+        zeros = _scatter_elements(ctx, b.constant(0.0, acc, seg_shape), ax, idx,
+                                  b.select(b.binary("and", is_zero, valid), b.constant(1.0, acc, data.shape), zero),
+                                  "add")
+        start = ctx.scalar(initial, acc, seg_shape) if initial is not None else b.constant(1.0, acc, seg_shape)
+        nz_prod = _scatter_elements(ctx, start, ax, idx,
+                                    b.select(b.binary("and", b.unary("not", is_zero), valid), v,
+                                             b.constant(1.0, acc, data.shape)), "multiply")
+        zc, npd = _gather(ctx, zeros, ax, idx), _gather(ctx, nz_prod, ax, idx)
+        one = b.constant(1.0, acc, data.shape)
+        safe = b.select(is_zero, one, v)
+        r = b.select(is_zero, b.select(b.compare(zc, one, "EQ"), b.mul(gi, npd), zero),
+                     b.select(b.compare(zc, zero, "EQ"), b.div(b.mul(gi, oi), safe), zero))
+    return b.convert(b.select(valid, r, zero), ctx.out_dtype())

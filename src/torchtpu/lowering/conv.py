@@ -588,3 +588,86 @@ for _n in (1, 2, 3):
         lambda ctx, g, x, padding: _pad_backward(ctx, g, x, padding, "replicate"))
     register(getattr(aten, f"reflection_pad{_n}d_backward").default)(
         lambda ctx, g, x, padding: _pad_backward(ctx, g, x, padding, "reflect"))
+
+
+# -- fractional max pooling: window starts from the given random samples --------------
+def _fractional_starts(b: Builder, u: Value, n_in: int, n_out: int, k: int) -> Value:
+    """CPU's generate_intervals: int((i + u) * alpha) - int(u * alpha), the last one n_in - k; shape u + (n_out,)."""
+    shape = (*u.shape, n_out)
+    if n_out == 1:
+        return b.constant(n_in - k, torch.int64, shape)
+    alpha = b.constant((n_in - k) / (n_out - 1), torch.float32, shape)
+    ub = b.broadcast_in_dim(b.convert(u, torch.float32), shape, list(range(u.rank)))
+    i = b.iota(shape, u.rank, torch.float32)
+    first = b.convert(b.mul(b.add(i, ub), alpha), torch.int64)  # truncation, as the C++ cast
+    base = b.convert(b.mul(ub, alpha), torch.int64)
+    starts = b.sub(first, base)
+    last = b.compare(b.iota(shape, u.rank, torch.int64), b.constant(n_out - 1, torch.int64, shape), "EQ")
+    return b.select(last, b.constant(n_in - k, torch.int64, shape), starts)
+
+
+def _fractional_max_pool(ctx: LoweringContext, x: Value, kernel: list[int], output_size: list[int],
+                         samples: Value, nsp: int) -> tuple[Value, Value]:
+    b = ctx.b
+    batched = x.rank == nsp + 2
+    v = x if batched else b.reshape(x, (1, *x.shape))
+    n, c = v.shape[0], v.shape[1]
+    sp = v.shape[2:]
+    u = b.reshape(samples, (n, c, nsp))
+    # CPU's conventions: in 2d samples[..., 0] drives the width (the last dim), in 3d the first dim
+    pos = []
+    for d in range(nsp):
+        j = nsp - 1 - d if nsp == 2 else d
+        ud = b.reshape(b.slice(u, [0, 0, j], [n, c, j + 1]), (n, c))
+        st = _fractional_starts(b, ud, sp[d], output_size[d], kernel[d])  # (n, c, o_d)
+        full = (n, c, output_size[d], kernel[d])
+        pos.append(b.add(b.broadcast_in_dim(st, full, [0, 1, 2]), b.iota(full, 3, torch.int64)))
+    # window block (n, c, o_0, k_0, ..., o_{d-1}, k_{d-1}) of coordinates, gathered in one go
+    block = (n, c, *[s for d in range(nsp) for s in (output_size[d], kernel[d])])
+    coords = [b.iota(block, 0, torch.int64), b.iota(block, 1, torch.int64)]
+    flat = None
+    for d in range(nsp):
+        pd = b.broadcast_in_dim(pos[d], block, [0, 1, 2 + 2 * d, 3 + 2 * d])
+        coords.append(pd)
+        stride = math.prod(sp[d + 1:])
+        term = b.mul(pd, b.constant(stride, torch.int64, block)) if stride != 1 else pd
+        flat = term if flat is None else b.add(flat, term)
+    idx = b.concatenate([b.reshape(cc, (*block, 1)) for cc in coords], len(block))
+    dims = ", ".join(str(i) for i in range(v.rank))
+    attrs = (f"dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [{dims}], start_index_map = [{dims}], "
+             f"index_vector_dim = {len(block)}>, slice_sizes = array<i64: {', '.join(['1'] * v.rank)}>, "
+             "indices_are_sorted = false")
+    vals = b.op1("stablehlo.gather", [v, idx], block, v.dtype, attrs=attrs)
+    floating = v.dtype.is_floating_point
+
+    def body(bb: Builder, av: Value, ai: Value, ev: Value, ei: Value) -> list[Value]:
+        first = bb.compare(ei, ai, "LT")
+        better = bb.compare(ev, av, "GT")
+        same = bb.compare(ev, av, "EQ")
+        if floating:
+            e_nan, a_nan = bb.compare(ev, ev, "NE"), bb.compare(av, av, "NE")
+            not_a = bb.unary("not", a_nan)
+            better = bb.binary("or", bb.binary("and", e_nan, not_a), bb.binary("and", better, not_a))
+            same = bb.binary("or", bb.binary("and", same, not_a), bb.binary("and", e_nan, a_nan))
+        take = bb.binary("or", better, bb.binary("and", same, first))
+        return [bb.select(take, ev, av), bb.select(take, ei, ai)]
+
+    init_v = b.constant(-math.inf if floating else _int_min(v.dtype), v.dtype)
+    init_i = b.constant(torch.iinfo(torch.int64).max, torch.int64)
+    out, inds = b.reduce_multi([vals, flat], [init_v, init_i], [3 + 2 * d for d in range(nsp)], body)
+    if not batched:
+        out, inds = b.reshape(out, out.shape[1:]), b.reshape(inds, inds.shape[1:])
+    return out, inds
+
+
+@register(aten.fractional_max_pool2d.default, aten.fractional_max_pool3d.default)
+def _fractional_max_pool_lower(ctx: LoweringContext, x: Value, kernel: list[int], output_size: list[int],
+                               samples: Value) -> tuple[Value, Value]:
+    nsp = 2 if ctx.op is aten.fractional_max_pool2d.default else 3
+    return _fractional_max_pool(ctx, x, list(kernel), list(output_size), samples, nsp)
+
+
+@register(aten.fractional_max_pool2d_backward.default)
+def _fractional_max_pool_backward(ctx: LoweringContext, grad: Value, x: Value, kernel: list[int],
+                                  output_size: list[int], indices: Value) -> Value:
+    return scatter_to_argmax(ctx, grad, x, indices, 2)

@@ -369,3 +369,15 @@ def view_as_complex(t: torch.Tensor) -> torch.Tensor:
     n = t.untyped_storage().nbytes() // t.element_size()
     flat = t.as_strided((n - n % 2,), (1,), 0).view(cplx)
     return flat.as_strided(t.shape[:-1], [s // 2 for s in t.stride()[:-1]], t.storage_offset() // 2)
+
+
+@register_host_kernel(aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool3d_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: list[int],
+                                   output_size: list[int], indices: torch.Tensor) -> torch.Tensor:
+    # PyTorch has no meta kernel for this op (the engine needs one); the output is x-shaped, so the
+    # scatter-add is written with ordinary tpu ops instead.
+    lead = x.dim() - 3
+    flat_x = torch.zeros((*x.shape[:lead], x.shape[-3:].numel()), dtype=grad.dtype, device=x.device)
+    g = grad.reshape(*grad.shape[:lead], -1)
+    i = indices.reshape(*indices.shape[:lead], -1)
+    return flat_x.scatter_add(lead, i, g).reshape(x.shape)

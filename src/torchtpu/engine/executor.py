@@ -119,6 +119,9 @@ class _Collector:
             self.storages.append(s)
             self.skeys.append(_storage_key(s, t.dtype))
             self.inputs.append(("storage", k))
+        if t.is_conj() or t.is_neg():
+            # lazy conj/neg views (e.g. ifft's conj) reach fallthrough ops such as clone as is
+            return ("T", k, t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), (t.is_conj(), t.is_neg()))
         return ("T", k, t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
 
     def scalar(self, v: Any) -> tuple:
@@ -355,7 +358,15 @@ def emit_op(b: Builder, plan: OpPlan, specs: list, values: list[Any], skeys: tup
     def lower_arg(s: Any, v: Any) -> Any:
         kind = s[0] if isinstance(s, tuple) and s else None
         if kind == "T":
-            return read_view(b, storage_vals[s[1]], ViewSpec(s[2], s[3], s[4], s[5]))
+            val = read_view(b, storage_vals[s[1]], ViewSpec(s[2], s[3], s[4], s[5]))
+            if len(s) > 6:
+                if s[6][0]:
+                    from ..lowering.fft import conj
+
+                    val = conj(b, val)
+                if s[6][1]:
+                    val = b.neg(val)
+            return val
         if kind in ("C", "S", "G"):
             return input_values[s[1]]
         if kind == "L":

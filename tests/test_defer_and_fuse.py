@@ -188,3 +188,13 @@ def test_recorded_ops_remember_the_users_line():
         where = deferred._graph.nodes[-1].where
         y.cpu()
     assert where == f"{__file__}:{expected}"
+
+
+def test_reading_a_strided_view_of_a_pending_tensor():
+    # regression: the contiguous copy made for the read was itself recorded, then read unmaterialized
+    x = torch.randn(4, 6)
+    with torch.tpu.defer_and_fuse():
+        t = x.to("tpu") * 2
+        v = t[:, 1::2]
+        host = v.cpu()
+    torch.testing.assert_close(host, (x * 2)[:, 1::2])

@@ -47,6 +47,9 @@ def device_to_host(t: torch.Tensor) -> torch.Tensor:
             and buf.shape[0] == src.numel()):
         src = executor.run(_aten.clone.default, (t,), {"memory_format": torch.contiguous_format})
         buf = st.storage_buffer(src.untyped_storage())
+        if not isinstance(buf, Buffer):  # the clone was recorded (DeferAndFuse)
+            deferred.flush()
+            buf = st.storage_buffer(src.untyped_storage())
     host = buf.to_host()
     return st.from_numpy(np.asarray(host)).reshape(t.shape)
 

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (a dev dependency)
 
-from torchtpu.conformance import check_op, opinfo_by_key  # noqa: E402
+from torchtpu.conformance import check_op, opinfo_by_key
 
 # Common ops across the families: elementwise, reductions, matmul, convolution and
 # pooling, normalization, losses, indexing, sorting, shape and data-dependent ops.

@@ -704,3 +704,174 @@ def _matrix_exp(ctx: LoweringContext, a: Value) -> Value:
     res = b.op("stablehlo.while", [b.constant(0, torch.int64), b.convert(s, torch.int64), e], types,
                region=regions)[2]
     return b.convert(res, out)
+
+
+# -- Householder QR (LAPACK geqrf / orgqr conventions), a stablehlo.while over the columns -----
+def _col(b: Builder, a: Value, cols: Value, j: Value) -> Value:
+    """Column j of a batch of matrices: (..., m)."""
+    r = a.rank
+    sel = b.select(b.compare(cols, b.broadcast_in_dim(j, a.shape, []), "EQ"), a, b.constant(0, a.dtype, a.shape))
+    return b.reduce(sel, [r - 1], b.constant(0, a.dtype), "stablehlo.add")
+
+
+def householder_qr(b: Builder, a: Value) -> tuple[Value, Value]:
+    """(packed R and reflectors, tau) of ``a`` (..., m, n), as LAPACK's geqrf computes them."""
+    *batch, m, n = a.shape
+    k = min(m, n)
+    shape = a.shape
+    r = a.rank
+    nb = len(batch)
+    bshape = tuple(batch)
+    rows = b.iota(shape, r - 2, torch.int64)
+    cols = b.iota(shape, r - 1, torch.int64)
+    types = [((), torch.int64), (shape, a.dtype), (shape, torch.int64), (shape, torch.int64),
+             ((*batch, k), a.dtype)]
+
+    def cond(bb: Builder, j: Value, *rest: Value) -> Value:
+        return bb.compare(j, bb.constant(k, torch.int64), "LT")
+
+    def body(bb: Builder, j: Value, av: Value, rw: Value, cl: Value, tau: Value) -> list[Value]:
+        jr = bb.broadcast_in_dim(j, shape, [])
+        col = _col(bb, av, cl, j)  # (..., m)
+        rid = bb.iota((*batch, m), nb, torch.int64)
+        jm = bb.broadcast_in_dim(j, (*batch, m), [])
+        zm = bb.constant(0, av.dtype, (*batch, m))
+        alpha = bb.reduce(bb.select(bb.compare(rid, jm, "EQ"), col, zm), [nb], bb.constant(0, av.dtype),
+                          "stablehlo.add")
+        tail = bb.select(bb.compare(rid, jm, "GT"), col, zm)
+        xnorm = bb.unary("sqrt", bb.reduce(bb.mul(tail, tail), [nb], bb.constant(0, av.dtype), "stablehlo.add"))
+        zb = bb.constant(0, av.dtype, bshape)
+        trivial = bb.compare(xnorm, zb, "EQ")
+        norm = bb.unary("sqrt", bb.add(bb.mul(alpha, alpha), bb.mul(xnorm, xnorm)))
+        neg_alpha = bb.compare(alpha, zb, "LT")
+        beta = bb.select(neg_alpha, norm, bb.neg(norm))  # -sign(alpha) * norm
+        beta = bb.select(trivial, alpha, beta)
+        one_b = bb.constant(1, av.dtype, bshape)
+        safe_beta = bb.select(trivial, one_b, beta)
+        t = bb.select(trivial, zb, bb.div(bb.sub(beta, alpha), safe_beta))
+        denom = bb.select(trivial, one_b, bb.sub(alpha, beta))
+        v = bb.div(tail, bb.broadcast_in_dim(denom, (*batch, m), list(range(nb))))
+        v = bb.select(bb.compare(rid, jm, "EQ"), bb.constant(1, av.dtype, (*batch, m)), v)  # v_j = 1, v_<j = 0
+        v = bb.select(bb.compare(rid, jm, "LT"), zm, v)
+        vb = bb.broadcast_in_dim(v, shape, list(range(nb + 1)))
+        w = bb.reduce(bb.mul(vb, av), [r - 2], bb.constant(0, av.dtype), "stablehlo.add")  # (..., n)
+        tb = bb.broadcast_in_dim(t, shape, list(range(nb)))
+        upd = bb.sub(av, bb.mul(tb, bb.mul(vb, bb.broadcast_in_dim(w, shape, [*range(nb), r - 1]))))
+        right = bb.compare(cl, jr, "GT")
+        av = bb.select(right, upd, av)
+        at_j = bb.compare(cl, jr, "EQ")
+        newcol = bb.select(bb.compare(rw, jr, "EQ"), bb.broadcast_in_dim(beta, shape, list(range(nb))),
+                           bb.select(bb.compare(rw, jr, "GT"), vb, av))
+        av = bb.select(at_j, newcol, av)
+        kk = bb.iota((*batch, k), nb, torch.int64)
+        tau = bb.select(bb.compare(kk, bb.broadcast_in_dim(j, (*batch, k), []), "EQ"),
+                        bb.broadcast_in_dim(t, (*batch, k), list(range(nb))), tau)
+        return [bb.add(j, bb.constant(1, torch.int64)), av, rw, cl, tau]
+
+    regions = b.region(types, cond) + ", " + b.region(types, body)
+    outs = b.op("stablehlo.while", [b.constant(0, torch.int64), a, rows, cols, b.constant(0, a.dtype, (*batch, k))],
+                types, region=regions)
+    return outs[1], outs[4]
+
+
+def householder_q(b: Builder, refl: Value, tau: Value, ncols: int) -> Value:
+    """The first ``ncols`` columns of H_0 H_1 ... H_{k-1} (LAPACK orgqr), applied right to left to I."""
+    *batch, m, _ = refl.shape
+    k = tau.shape[-1]
+    nb = len(batch)
+    qshape = (*batch, m, ncols)
+    r = len(qshape)
+    q = b.convert(b.compare(b.iota(qshape, r - 2, torch.int64), b.iota(qshape, r - 1, torch.int64), "EQ"),
+                  refl.dtype)
+    rshape = refl.shape
+    rcols = b.iota(rshape, r - 1, torch.int64)
+    types = [((), torch.int64), (qshape, refl.dtype), (rshape, refl.dtype), (rshape, torch.int64),
+             ((*batch, k), refl.dtype)]
+
+    def cond(bb: Builder, j: Value, *rest: Value) -> Value:
+        return bb.compare(j, bb.constant(0, torch.int64), "GE")
+
+    def body(bb: Builder, j: Value, qv: Value, rf: Value, rc: Value, tv: Value) -> list[Value]:
+        col = _col(bb, rf, rc, j)
+        rid = bb.iota((*batch, m), nb, torch.int64)
+        jm = bb.broadcast_in_dim(j, (*batch, m), [])
+        zm = bb.constant(0, refl.dtype, (*batch, m))
+        v = bb.select(bb.compare(rid, jm, "GT"), col, zm)
+        v = bb.select(bb.compare(rid, jm, "EQ"), bb.constant(1, refl.dtype, (*batch, m)), v)
+        kk = bb.iota((*batch, k), nb, torch.int64)
+        t = bb.reduce(bb.select(bb.compare(kk, bb.broadcast_in_dim(j, (*batch, k), []), "EQ"), tv,
+                                bb.constant(0, refl.dtype, (*batch, k))), [nb], bb.constant(0, refl.dtype),
+                      "stablehlo.add")
+        vb = bb.broadcast_in_dim(v, qshape, list(range(nb + 1)))
+        w = bb.reduce(bb.mul(vb, qv), [r - 2], bb.constant(0, refl.dtype), "stablehlo.add")
+        tb = bb.broadcast_in_dim(t, qshape, list(range(nb)))
+        qv = bb.sub(qv, bb.mul(tb, bb.mul(vb, bb.broadcast_in_dim(w, qshape, [*range(nb), r - 1]))))
+        return [bb.sub(j, bb.constant(1, torch.int64)), qv, rf, rc, tv]
+
+    regions = b.region(types, cond) + ", " + b.region(types, body)
+    return b.op("stablehlo.while", [b.constant(k - 1, torch.int64), q, refl, rcols, tau], types, region=regions)[1]
+
+
+@register(aten.geqrf.default)
+def _geqrf(ctx: LoweringContext, a: Value) -> tuple[Value, Value]:
+    b = ctx.b
+    refl, tau = householder_qr(b, b.convert(a, _acc(a.dtype)))
+    return b.convert(refl, ctx.out_dtype(0)), b.convert(tau, ctx.out_dtype(1))
+
+
+@register(aten.linalg_householder_product.default)
+def _householder_product(ctx: LoweringContext, refl: Value, tau: Value) -> Value:
+    b = ctx.b
+    acc = _acc(ctx.out_dtype())
+    q = householder_q(b, b.convert(refl, acc), b.convert(tau, acc), refl.shape[-1])
+    return b.convert(q, ctx.out_dtype())
+
+
+@register(aten.linalg_qr.default)
+def _linalg_qr(ctx: LoweringContext, a: Value, mode: str = "reduced") -> tuple[Value, Value]:
+    b = ctx.b
+    acc = _acc(ctx.out_dtype(1))
+    *batch, m, n = a.shape
+    k = min(m, n)
+    refl, tau = householder_qr(b, b.convert(a, acc))
+    rows_r = k if mode in ("reduced", "r") else m
+    rpart = b.slice(refl, [0] * refl.rank, [*batch, rows_r, n])
+    rr = b.iota(rpart.shape, rpart.rank - 2, torch.int64)
+    rc = b.iota(rpart.shape, rpart.rank - 1, torch.int64)
+    rmat = b.select(b.compare(rc, rr, "GE"), rpart, b.constant(0, acc, rpart.shape))
+    if mode == "r":
+        qmat = b.constant(0, ctx.out_dtype(0), ctx.out_shape(0))
+    else:
+        qmat = householder_q(b, refl, tau, k if mode == "reduced" else m)
+    return b.convert(qmat, ctx.out_dtype(0)), b.convert(rmat, ctx.out_dtype(1))
+
+
+@register(aten.ormqr.default)
+def _ormqr(ctx: LoweringContext, refl: Value, tau: Value, other: Value, left: bool = True,
+           transpose: bool = False) -> Value:
+    """op(Q) @ other or other @ op(Q), with Q the full (m x m) product of the reflectors."""
+    b = ctx.b
+    acc = _acc(ctx.out_dtype())
+    m = refl.shape[-2]
+    q = householder_q(b, b.convert(refl, acc), b.convert(tau, acc), m)
+    if transpose:
+        q = _mT(b, q)
+    c = b.convert(other, acc)
+    q, c = _broadcast_batch(b, q, c)
+    r = _bmm(b, q, c) if left else _bmm(b, c, q)
+    return b.convert(r, ctx.out_dtype())
+
+
+# geqrf has no meta kernel in PyTorch; the engine needs one for the output metadata.
+_meta_lib = torch.library.Library("aten", "IMPL")
+
+
+def _geqrf_meta(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    *batch, m, n = a.shape
+    # column-major matrices (LAPACK's layout), batches contiguous
+    bstrides = [math.prod(batch[i + 1:]) * m * n for i in range(len(batch))]
+    refl = torch.empty_strided(a.shape, (*bstrides, 1, m), dtype=a.dtype, device="meta")
+    return refl, torch.empty((*batch, min(m, n)), dtype=a.dtype, device="meta")
+
+
+_meta_lib.impl("geqrf", _geqrf_meta, "Meta")

@@ -6,6 +6,7 @@ from . import (  # noqa: F401
     elementwise,
     fft,
     foreach,
+    grid_sample,
     indexing,
     interpolate,
     linalg,

@@ -381,3 +381,13 @@ def fractional_max_pool3d_backward(grad: torch.Tensor, x: torch.Tensor, kernel_s
     g = grad.reshape(*grad.shape[:lead], -1)
     i = indices.reshape(*indices.shape[:lead], -1)
     return flat_x.scatter_add(lead, i, g).reshape(x.shape)
+
+
+@register_host_kernel(aten.rrelu_with_noise.default)
+def rrelu_with_noise(x: torch.Tensor, noise: torch.Tensor, lower: float = 0.125, upper: float = 1.0 / 3.0,
+                     training: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
+    # the schema writes `noise` and returns a new tensor: the functional variant, then a copy back
+    out, new_noise = _engine(aten.rrelu_with_noise_functional.default, x, noise, lower, upper, training, generator)
+    if training:
+        noise.copy_(new_noise)
+    return out

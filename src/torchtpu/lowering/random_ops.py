@@ -229,3 +229,43 @@ def _multinomial(ctx: LoweringContext, probs: Value, num_samples: int, replaceme
         _, order = sort_with_indices(b, keys, 1, descending=True)
         idx = b.slice(order, [0, 0], [rows, num_samples])
     return b.reshape(idx, ctx.out_shape())
+
+
+@register(aten.rrelu_with_noise_functional.default)
+def _rrelu_with_noise(ctx: LoweringContext, x: Value, noise: Value, lower: Any = 0.125, upper: Any = 1.0 / 3.0,
+                      training: bool = False, generator: Any = None) -> tuple[Value, Value]:
+    """Training: negative inputs scaled by a uniform draw in [lower, upper] (the noise records it)."""
+    b = ctx.b
+    acc = opmath(x.dtype)
+    v = b.convert(x, acc)
+    s = v.shape
+    zero = b.constant(0.0, acc, s)
+    lo, hi = ctx.scalar(lower, acc, s), ctx.scalar(upper, acc, s)
+    if training:
+        u = b.convert(uniform01(b, _seed(ctx, generator), s), acc)
+        r = b.add(lo, b.mul(u, b.sub(hi, lo)))
+        pos = b.compare(v, zero, "GT")
+        out = b.select(pos, v, b.mul(v, r))
+        new_noise = b.select(pos, b.constant(1.0, acc, s), r)
+        return b.convert(out, ctx.out_dtype(0)), b.convert(new_noise, ctx.out_dtype(1))
+    slope = b.div(b.add(lo, hi), b.constant(2.0, acc, s))
+    out = b.select(b.compare(v, zero, "GT"), v, b.mul(v, slope))
+    return b.convert(out, ctx.out_dtype(0)), noise
+
+
+@register(aten.rrelu_with_noise_backward.default)
+def _rrelu_with_noise_backward(ctx: LoweringContext, grad: Value, x: Value, noise: Value, lower: Any, upper: Any,
+                               training: bool, self_is_result: bool) -> Value:
+    b = ctx.b
+    acc = opmath(grad.dtype)
+    g, v = b.convert(grad, acc), b.convert(x, acc)
+    s = g.shape
+    lo, hi = ctx.scalar(lower, acc, s), ctx.scalar(upper, acc, s)
+    slope = b.div(b.add(lo, hi), b.constant(2.0, acc, s))
+    eval_grad = b.select(b.compare(v, b.constant(0.0, acc, s), "GT"), g, b.mul(g, slope))
+    if training:
+        noisy = b.compare(b.sub(hi, lo), b.constant(1e-6, acc, s), "GT")
+        r = b.select(noisy, b.mul(g, b.convert(noise, acc)), eval_grad)
+    else:
+        r = eval_grad
+    return b.convert(r, ctx.out_dtype())

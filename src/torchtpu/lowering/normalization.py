@@ -177,3 +177,92 @@ def _mse_loss_backward(ctx: LoweringContext, grad: Value, x: Value, target: Valu
     g = b.broadcast_to(b.convert(grad, acc), shape)
     scale = 2.0 / math.prod(shape) if reduction == _REDUCTION_MEAN else 2.0
     return b.convert(b.mul(b.mul(g, d), b.constant(scale, acc, shape)), ctx.out_dtype())
+
+
+def _rows(b: Builder, x: Value) -> tuple[Value, int, int]:
+    n, c = (x.shape[0], x.shape[1]) if x.rank == 2 else ((1, x.shape[0]) if x.rank == 1 else (1, 1))
+    return b.reshape(x, (n, c)), n, c
+
+
+def _per_sample_grad(b: Builder, g: Value, n: int, reduction: int, acc: torch.dtype) -> Value:
+    gv = b.convert(g, acc)
+    if reduction == _REDUCTION_NONE:
+        return b.reshape(gv, (n,))
+    gv = b.broadcast_to(b.reshape(gv, ()), (n,))
+    if reduction == _REDUCTION_MEAN:
+        gv = b.div(gv, b.constant(float(n), acc, (n,)))
+    return gv
+
+
+@register(aten.multi_margin_loss_backward.default)
+def _multi_margin_loss_backward(ctx: LoweringContext, grad: Value, x: Value, target: Value, p: Any, margin: Any,
+                                weight: Value | None = None, reduction: int = 1) -> Value:
+    """d/dx of sum_{j != y} w_y max(0, margin - x_y + x_j)^p / C."""
+    b = ctx.b
+    acc = opmath(x.dtype)
+    xv, n, c = _rows(b, b.convert(x, acc))
+    t = b.reshape(b.convert(target, torch.int64), (n,))
+    cls = b.iota((n, c), 1, torch.int64)
+    is_y = b.compare(cls, b.broadcast_in_dim(t, (n, c), [0]), "EQ")
+    zero = b.constant(0.0, acc, (n, c))
+    xy = b.broadcast_in_dim(reduce_sum(b, b.select(is_y, xv, zero), [1]), (n, c), [0])
+    z = b.add(b.sub(ctx.scalar(margin, acc, (n, c)), xy), xv)
+    active = b.binary("and", b.compare(z, zero, "GT"), b.unary("not", is_y))
+    pv = ctx.scalar(p, acc, (n, c))
+    # p * z^(p-1): 1 for p == 1, 2z for p == 2
+    dz = b.select(b.compare(pv, b.constant(1.0, acc, (n, c)), "EQ"), b.constant(1.0, acc, (n, c)),
+                  b.mul(pv, b.binary("power", b.maximum(z, zero), b.sub(pv, b.constant(1.0, acc, (n, c))))))
+    gj = b.select(active, dz, zero)
+    if weight is not None:
+        from .indexing import take_rows
+
+        wy = take_rows(b, b.convert(weight, acc), t, 0)
+        gj = b.mul(gj, b.broadcast_in_dim(wy, (n, c), [0]))
+    gj = b.div(gj, b.constant(float(c), acc, (n, c)))
+    gy = b.neg(reduce_sum(b, gj, [1]))
+    gx = b.select(is_y, b.broadcast_in_dim(gy, (n, c), [0]), gj)
+    gs = _per_sample_grad(b, grad, n, reduction, acc)
+    r = b.mul(gx, b.broadcast_in_dim(gs, (n, c), [0]))
+    return b.convert(b.reshape(r, x.shape), ctx.out_dtype())
+
+
+@register(aten.multilabel_margin_loss_backward.default)
+def _multilabel_margin_loss_backward(ctx: LoweringContext, grad: Value, x: Value, target: Value, reduction: int,
+                                     is_target: Value) -> Value:
+    """d/dx of sum_{j target} sum_{k not target} max(0, 1 - (x_j - x_k)) / C."""
+    b = ctx.b
+    acc = opmath(x.dtype)
+    xv, n, c = _rows(b, b.convert(x, acc))
+    tgt = b.compare(b.reshape(b.convert(is_target, acc), (n, c)), b.constant(0.0, acc, (n, c)), "NE")
+    full = (n, c, c)  # [i, j, k]
+    xj = b.broadcast_in_dim(xv, full, [0, 1])
+    xk = b.broadcast_in_dim(xv, full, [0, 2])
+    z = b.sub(b.constant(1.0, acc, full), b.sub(xj, xk))
+    pair = b.binary("and", b.broadcast_in_dim(tgt, full, [0, 1]),
+                    b.unary("not", b.broadcast_in_dim(tgt, full, [0, 2])))
+    act = b.convert(b.binary("and", pair, b.compare(z, b.constant(0.0, acc, full), "GT")), acc)
+    # CPU walks the target list up to the first -1, duplicates included: weight each class by its count
+    t = b.reshape(b.convert(target, torch.int64), (n, c))
+    ok = b.convert(b.compare(t, b.constant(-1, torch.int64, (n, c)), "NE"), torch.int32)
+    from .reductions import _scan
+
+    prefix = _scan(b, ok, 1, "stablehlo.minimum", 1)  # 1 until the first -1
+    hits = b.binary("and", b.compare(b.broadcast_in_dim(t, full, [0, 1]), b.iota(full, 2, torch.int64), "EQ"),
+                    b.compare(b.broadcast_in_dim(prefix, full, [0, 1]), b.constant(1, torch.int32, full), "EQ"))
+    mult = reduce_sum(b, b.convert(hits, acc), [1])  # (n, c): occurrences of class c in the list
+    act = b.mul(act, b.broadcast_in_dim(mult, full, [0, 1]))
+    scale = b.constant(1.0 / c, acc, (n, c))
+    gk = b.mul(reduce_sum(b, act, [1]), scale)
+    gj = b.mul(reduce_sum(b, act, [2]), scale)
+    gx = b.sub(gk, gj)
+    gs = _per_sample_grad(b, grad, n, reduction, acc)
+    r = b.mul(gx, b.broadcast_in_dim(gs, (n, c), [0]))
+    return b.convert(b.reshape(r, x.shape), ctx.out_dtype())
+
+
+# PyTorch has no meta kernels for these two backwards; the engine needs output metadata.
+_meta_lib = torch.library.Library("aten", "IMPL")
+_meta_lib.impl("multi_margin_loss_backward",
+               lambda grad, x, target, p, margin, weight=None, reduction=1: torch.empty_like(x), "Meta")
+_meta_lib.impl("multilabel_margin_loss_backward",
+               lambda grad, x, target, reduction, is_target: torch.empty_like(x), "Meta")

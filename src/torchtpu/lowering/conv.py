@@ -283,6 +283,24 @@ def _max_pool_with_indices(ctx: LoweringContext, x: Value, kernel: list[int], st
     return vals, inds
 
 
+def _max_first_index_body(floating: bool):
+    """Reducer of (value, index) pairs: the maximum, NaN winning, ties to the lowest index (PyTorch's rule)."""
+
+    def body(bb: Builder, av: Value, ai: Value, ev: Value, ei: Value) -> list[Value]:
+        first = bb.compare(ei, ai, "LT")
+        better = bb.compare(ev, av, "GT")
+        same = bb.compare(ev, av, "EQ")
+        if floating:
+            e_nan, a_nan = bb.compare(ev, ev, "NE"), bb.compare(av, av, "NE")
+            not_a = bb.unary("not", a_nan)
+            better = bb.binary("or", bb.binary("and", e_nan, not_a), bb.binary("and", better, not_a))
+            same = bb.binary("or", bb.binary("and", same, not_a), bb.binary("and", e_nan, a_nan))
+        take = bb.binary("or", better, bb.binary("and", same, first))
+        return [bb.select(take, ev, av), bb.select(take, ei, ai)]
+
+    return body
+
+
 def _int_min(dtype: torch.dtype) -> int | bool:
     if dtype == torch.bool:
         return False
@@ -516,17 +534,7 @@ def _adaptive_max_pool(ctx: LoweringContext, x: Value, output_size: list[int]) -
     big = b.constant(torch.iinfo(torch.int64).max, torch.int64, block)
     idx = b.select(valid_b, idx, big)
 
-    def body(bb: Builder, av: Value, ai: Value, ev: Value, ei: Value) -> list[Value]:
-        first = bb.compare(ei, ai, "LT")
-        better = bb.compare(ev, av, "GT")
-        same = bb.compare(ev, av, "EQ")
-        if floating:
-            e_nan, a_nan = bb.compare(ev, ev, "NE"), bb.compare(av, av, "NE")
-            not_a = bb.unary("not", a_nan)
-            better = bb.binary("or", bb.binary("and", e_nan, not_a), bb.binary("and", better, not_a))
-            same = bb.binary("or", bb.binary("and", same, not_a), bb.binary("and", e_nan, a_nan))
-        take = bb.binary("or", better, bb.binary("and", same, first))
-        return [bb.select(take, ev, av), bb.select(take, ei, ai)]
+    body = _max_first_index_body(floating)
 
     init_v = b.constant(-math.inf if floating else _int_min(x.dtype), x.dtype)
     init_i = b.constant(torch.iinfo(torch.int64).max, torch.int64)
@@ -640,17 +648,7 @@ def _fractional_max_pool(ctx: LoweringContext, x: Value, kernel: list[int], outp
     vals = b.op1("stablehlo.gather", [v, idx], block, v.dtype, attrs=attrs)
     floating = v.dtype.is_floating_point
 
-    def body(bb: Builder, av: Value, ai: Value, ev: Value, ei: Value) -> list[Value]:
-        first = bb.compare(ei, ai, "LT")
-        better = bb.compare(ev, av, "GT")
-        same = bb.compare(ev, av, "EQ")
-        if floating:
-            e_nan, a_nan = bb.compare(ev, ev, "NE"), bb.compare(av, av, "NE")
-            not_a = bb.unary("not", a_nan)
-            better = bb.binary("or", bb.binary("and", e_nan, not_a), bb.binary("and", better, not_a))
-            same = bb.binary("or", bb.binary("and", same, not_a), bb.binary("and", e_nan, a_nan))
-        take = bb.binary("or", better, bb.binary("and", same, first))
-        return [bb.select(take, ev, av), bb.select(take, ei, ai)]
+    body = _max_first_index_body(floating)
 
     init_v = b.constant(-math.inf if floating else _int_min(v.dtype), v.dtype)
     init_i = b.constant(torch.iinfo(torch.int64).max, torch.int64)

@@ -178,3 +178,23 @@ def test_second_device():
     assert r.returncode == 0, r.stderr
     assert "tpu:1 tpu:1 [0.0, 2.0, 4.0, 6.0] 2" in r.stdout
     assert "1 tpu:1" in r.stdout
+
+
+def test_module_to_tpu_keeps_parameter_identity():
+    """As with CUDA, .to("tpu") moves parameters in place: tied weights stay tied and an
+    optimizer built before the move still owns the moved parameters."""
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.Sequential(emb, head)
+    weight = emb.weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.to("tpu")
+    assert emb.weight is weight and head.weight is weight
+    assert weight.device.type == "tpu" and weight.is_leaf
+    before = weight.detach().cpu()
+    model(torch.tensor([[1, 2]], device="tpu")).sum().backward()
+    opt.step()
+    assert not torch.equal(weight.detach().cpu(), before)
+    model.to("cpu")
+    assert emb.weight is weight and weight.device.type == "cpu" and weight.grad.device.type == "cpu"

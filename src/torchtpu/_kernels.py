@@ -162,6 +162,11 @@ def register_kernels() -> None:
     # scaled_dot_product_attention: the math path (matmul + softmax), which
     # lowers to plain dot_general/reduce programs with autograd for free.
     lib.impl("_fused_sdp_choice", _sdp_choice_math, "PrivateUse1")
+    # Module.to("tpu") keeps Parameter identity (tied weights, optimizers built
+    # before the move) only if CPU and tpu tensors may shallow-copy into each
+    # other, as CPU and CUDA may; c10 lists no PrivateUse1 among dense backends.
+    for key in ("PrivateUse1", "AutogradPrivateUse1"):
+        lib.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type, key)
     for op in _overloads_to_register():
         qual = op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else "")
         lib.impl(qual, _make_kernel(op), "PrivateUse1")
@@ -170,6 +175,16 @@ def register_kernels() -> None:
     fb.fallback(_fallback, "PrivateUse1")
     _hide_from_dynamo(dispatch, copy_from, copy_from_and_resize, local_scalar_dense, _fallback,
                       _make_kernel(_aten.add.Tensor), _sdp_choice_math)
+
+
+_SHALLOW_COPY_DEVICES = frozenset({"cpu", "tpu"})
+
+
+def has_compatible_shallow_copy_type(self: torch.Tensor, other: torch.Tensor) -> bool:
+    """Dense strided CPU and tpu tensors can take each other's data (``p.data = ...``)."""
+    if self.layout != torch.strided or other.layout != torch.strided:
+        return False
+    return {self.device.type, other.device.type} <= _SHALLOW_COPY_DEVICES
 
 
 def _make_kernel(op: torch._ops.OpOverload):

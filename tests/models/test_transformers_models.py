@@ -152,7 +152,8 @@ def build_wav2vec2():
                                       conv_dim=(16, 16, 16), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
                                       num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
                                       do_stable_layer_norm=True, feat_extract_norm="layer",
-                                      ctc_loss_reduction="mean", pad_token_id=0)
+                                      ctc_loss_reduction="mean", pad_token_id=0,
+                                      mask_time_prob=0.0, layerdrop=0.0)
     batch = {"input_values": torch.randn(2, 800), "labels": torch.randint(1, 24, (2, 5))}
     return transformers.Wav2Vec2ForCTC(cfg), batch
 
@@ -175,15 +176,22 @@ def _logits(out) -> torch.Tensor:
     return out.logits_per_image  # CLIP
 
 
+def _disable_dropout(model: torch.nn.Module) -> None:
+    """Zero every dropout, module or functional (float attributes such as ``attention_dropout``)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for attr, value in vars(module).items():
+            if "drop" in attr and isinstance(value, float):
+                setattr(module, attr, 0.0)
+
+
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_forward_and_backward_match_cpu(name: str):
     torch.manual_seed(0)
     cpu_model, batch = BUILDERS[name]()
-    cpu_model.train()  # dropout probabilities are zeroed below, so train() keeps results deterministic
-    for module in cpu_model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    cpu_model.config.attention_dropout = 0.0
+    cpu_model.train()  # dropout is zeroed below, so train() keeps results deterministic
+    _disable_dropout(cpu_model)
     tpu_model = copy.deepcopy(cpu_model).to("tpu")
 
     with torch.tpu.precision("highest"):

@@ -7,6 +7,10 @@ op (recorded as failing) instead of the whole sweep.
     python -m torchtpu.conformance                      # everything -> docs/
     python -m torchtpu.conformance --ops sin,nn.functional.conv2d
     python -m torchtpu.conformance --dtypes float32,int64 --limit 3
+    python -m torchtpu.conformance --ops none --models all   # only the model checks
+
+A full run also trains every model of ``torchtpu.conformance.model_zoo`` (Hugging
+Face architectures and plain-PyTorch CNN/recommender families) against CPU.
 
 With ``--ops``, the results are merged into an existing report (only those
 ops' rows are replaced), so a fix can be re-checked without a full sweep.
@@ -126,10 +130,29 @@ def sweep(keys: list[str], dtypes: list[str], limit: int, kinds: list[str], budg
     return results
 
 
+def _run_models(spec: str, parser: argparse.ArgumentParser) -> list[dict]:
+    from .models import model_names, run_all
+
+    if spec == "none":
+        return []
+    names = model_names() if spec == "all" else _parse_dtypes(spec)
+    unknown = [n for n in names if n not in model_names()]
+    if unknown:
+        parser.error(f"unknown models: {', '.join(unknown)} (known: {', '.join(model_names())})")
+    rows = []
+    for name in names:
+        rows += run_all([name])
+        print(f"[model] {name}: " + ", ".join(f"{r['kind']} {r['status']}" for r in rows if r["model"] == name),
+              file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchtpu.conformance", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ops", default="", help="comma-separated OpInfo names (name[.variant]); default: all")
+    p.add_argument("--ops", default="", help="comma-separated OpInfo names (name[.variant]), or none; default: all")
+    p.add_argument("--models", default=None,
+                   help="comma-separated model names, all, or none; default: all without --ops, none with it")
     p.add_argument("--dtypes", default="float32,bfloat16,int64,bool,float16,int32")
     p.add_argument("--kinds", default="forward,backward,errors")
     p.add_argument("--limit", type=int, default=6, help="samples per (op, dtype)")
@@ -147,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     from .core import opinfo_by_key
 
     all_keys = list(opinfo_by_key())
-    if a.ops:
+    if a.ops == "none":
+        keys = []
+    elif a.ops:
         keys = _parse_dtypes(a.ops)
         unknown = [k for k in keys if k not in opinfo_by_key()]
         if unknown:
@@ -156,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         keys = all_keys
     t0 = time.perf_counter()
     results = sweep(keys, dtypes, a.limit, kinds, a.budget, progress=not a.quiet)
+    model_rows = _run_models(a.models if a.models is not None else ("none" if a.ops else "all"), p)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / "op_coverage.json"
@@ -163,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                               "op_budget_s": a.budget}
     if a.ops and not a.no_merge and json_path.exists():
         old = json.loads(json_path.read_text())
+        rerun = {r["model"] for r in model_rows}
+        model_rows = [r for r in old.get("models", []) if r["model"] not in rerun] + model_rows
         replaced = set(keys)
         results = [r for r in old["results"] if r["op"] not in replaced] + results
         config = old.get("config", config)
@@ -171,13 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = old.get("sweep_seconds", 0.0)
     else:
         elapsed = time.perf_counter() - t0
-    doc = report.build(results, config, elapsed)
+    doc = report.build(results, config, elapsed, model_rows)
     json_path.write_text(json.dumps(doc, indent=1) + "\n")
     (out / "op_coverage.md").write_text(report.markdown(doc))
     s = doc["summary"]
     print(f"forward {s['forward']['passed']}/{s['forward']['total']} ({s['forward']['rate']:.1%}), "
           f"backward {s['backward']['passed']}/{s['backward']['total']} ({s['backward']['rate']:.1%}), "
-          f"errors {s['errors']['passed']}/{s['errors']['total']}; wrote {out}/op_coverage.md")
+          f"errors {s['errors']['passed']}/{s['errors']['total']}, "
+          f"models {s['models']['passed']}/{s['models']['total']}; wrote {out}/op_coverage.md")
     return 0
 
 

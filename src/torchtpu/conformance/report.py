@@ -30,7 +30,7 @@ def _cause(detail: str) -> str:
     return text[:160]
 
 
-def build(results: list[dict], config: dict, seconds: float) -> dict[str, Any]:
+def build(results: list[dict], config: dict, seconds: float, models: list[dict] | None = None) -> dict[str, Any]:
     import torch
 
     fwd = [r for r in results if r["kind"] == "forward" and r["dtype"] in HEADLINE]
@@ -47,6 +47,7 @@ def build(results: list[dict], config: dict, seconds: float) -> dict[str, Any]:
         "backward_all_dtypes": _rate(bwd_all),
         "errors": _rate(err),
         "ops": len({r["op"] for r in results}),
+        "models": _rate(models or []),
     }
     return {
         "generated_by": "python -m torchtpu.conformance",
@@ -57,6 +58,7 @@ def build(results: list[dict], config: dict, seconds: float) -> dict[str, Any]:
         "summary": summary,
         "top_causes": causes.most_common(60),
         "results": results,
+        "models": models or [],
     }
 
 
@@ -90,12 +92,14 @@ def markdown(doc: dict) -> str:
         f"| forward, all swept dtypes ({', '.join(cfg.get('dtypes', []))}) | {_fmt(s['forward_all_dtypes'])} |",
         f"| backward, all swept dtypes | {_fmt(s['backward_all_dtypes'])} |",
         f"| error inputs, per op | {_fmt(s['errors'])} |",
+        f"| model checks (forward, backward, generate) | {_fmt(s['models'])} |",
         "",
         f"{s['ops']} OpInfo entries; status counts (forward, headline dtypes): "
         + ", ".join(f"{k} {v}" for k, v in s["forward"]["by_status"].items())
         + "; (backward): " + ", ".join(f"{k} {v}" for k, v in s["backward"]["by_status"].items()) + ".",
         f"Sweep time: {doc['sweep_seconds']:.0f} s.",
         "",
+        *_model_section(doc.get("models", [])),
         "## Most common failure causes",
         "",
         "| entries | cause (first line of the error) |",
@@ -151,6 +155,30 @@ def markdown(doc: dict) -> str:
         for r in untested:
             lines.append(f"| `{r['op']}` | {r['dtype']} | {r['kind']} | {_md(r['detail'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _model_section(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = [
+        "## Models",
+        "",
+        ("Each model (`torchtpu.conformance.model_zoo`: Hugging Face architectures at tiny random "
+         "configurations, and plain-PyTorch families) trains two SGD steps on CPU and on `tpu`; *forward* "
+         "compares outputs, losses, buffers and an eval-mode forward, *backward* every parameter gradient, "
+         "*generate* greedy decoding. A failure names the first differing tensor or the failing op."),
+        "",
+        "| model | forward | backward | generate | first failure |",
+        "|---|---|---|---|---|",
+    ]
+    by_model: dict[str, dict[str, dict]] = collections.defaultdict(dict)
+    for r in rows:
+        by_model[r["model"]][r["kind"]] = r
+    for name, kinds in by_model.items():
+        cells = [_SYMBOL[kinds[k]["status"]] if k in kinds else "·" for k in ("forward", "backward", "generate")]
+        detail = next((r["detail"] for r in kinds.values() if r["status"] != "pass" and r["detail"]), "")
+        lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {_md(detail)} |")
+    return lines + [""]
 
 
 def _md(text: str) -> str:

@@ -266,3 +266,84 @@ def test_shape_setting_scalars_are_static():
     for n in (4, 6, 3):
         assert torch.arange(n, device="tpu").cpu().tolist() == list(range(n))
     assert torch.arange(1, 7, 2, device="tpu").cpu().tolist() == [1, 3, 5]
+
+
+def _ctc_case(kind, dtype=torch.float32):
+    """(log_probs, targets, input_lengths, target_lengths) with per-sample lengths and repeated labels."""
+    t, n, c = 10, 4, 5
+    lp = torch.randn(t, n, c, dtype=torch.float64).log_softmax(2).to(dtype)
+    padded = torch.tensor([[1, 1, 2, 3, 4, 2], [2, 3, 3, 0, 0, 0], [4, 4, 4, 4, 1, 2], [1, 0, 0, 0, 0, 0]])
+    in_len = [10, 7, 6, 3]
+    # sample 2 needs 4 + 3 frames for its labels and the blanks between repeats: 6 cannot reach it (inf loss);
+    # sample 3 has an empty target
+    tg_len = [6, 3, 4, 0]
+    if kind == "concat":
+        targets = torch.cat([padded[i, :k] for i, k in enumerate(tg_len)])
+    else:
+        targets = padded
+    return lp, targets, in_len, tg_len
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("lengths", ["int", "tensor"])
+@pytest.mark.parametrize("kind", ["padded", "concat"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_ctc_loss_forward_backward(reduction, zero_infinity, kind, lengths, dtype):
+    lp, targets, in_len, tg_len = _ctc_case(kind, dtype)
+    if lengths == "tensor":
+        in_len, tg_len = torch.tensor(in_len), torch.tensor(tg_len, dtype=torch.int32)
+
+    def run(device):
+        x = lp.to(device, copy=True).requires_grad_()
+        lens = [v.to(device) if isinstance(v, torch.Tensor) else v for v in (in_len, tg_len)]
+        loss = F.ctc_loss(x, targets.to(device), *lens, reduction=reduction, zero_infinity=zero_infinity)
+        # a non-uniform upstream gradient for the per-sample losses
+        weight = torch.arange(1.0, 1.0 + loss.numel(), dtype=dtype).reshape(loss.shape).to(device)
+        (loss * weight).sum().backward()
+        return loss, x.grad
+
+    cpu_loss, cpu_grad = run("cpu")
+    assert torch.isinf(F.ctc_loss(lp, targets, in_len, tg_len, reduction="none")).any()  # the case is covered
+    tpu_loss, tpu_grad = run("tpu")
+    assert_matches(tpu_loss, cpu_loss, rtol=1e-5, atol=1e-5)
+    assert_matches(tpu_grad, cpu_grad, rtol=1e-5, atol=1e-5)
+
+
+def test_ctc_loss_unbatched_and_zero_input_length():
+    lp = torch.randn(8, 5).log_softmax(1)
+    target = torch.tensor([1, 2, 2])
+    for device in ("cpu", "tpu"):
+        x = lp.to(device, copy=True).requires_grad_()
+        loss = F.ctc_loss(x, target.to(device), [8], [3])
+        loss.backward()
+        if device == "cpu":
+            cpu = (loss, x.grad)
+        else:
+            assert_matches((loss, x.grad), cpu, rtol=1e-5, atol=1e-5)
+    # input_length 0: loss 0 for an empty target, inf otherwise; zero gradient
+    lp = torch.randn(4, 3, 5).log_softmax(2)
+    targets = torch.tensor([[1, 2], [3, 0], [1, 1]])
+    both(lambda x, y: F.ctc_loss(x, y, [4, 0, 0], [2, 1, 0], reduction="none"), lp, targets)
+
+
+def test_ctc_loss_aten_overloads():
+    """_ctc_loss's outputs (log_alpha where the CPU kernel defines it) and the Tensor-length overloads."""
+    lp, targets, in_len, tg_len = _ctc_case("concat")
+    aten = torch.ops.aten
+    nll, alpha = aten._ctc_loss(lp, targets, in_len, tg_len, 0, False)
+    il_t, tl_t = torch.tensor(in_len), torch.tensor(tg_len)
+    for tpu_nll, tpu_alpha in (aten._ctc_loss(lp.to("tpu"), targets.to("tpu"), in_len, tg_len, 0, False),
+                               aten._ctc_loss.Tensor(lp.to("tpu"), targets.to("tpu"), il_t.to("tpu"),
+                                                     tl_t.to("tpu"), 0, False)):
+        assert_matches(tpu_nll, nll)
+        assert tpu_alpha.shape == alpha.shape == (4, 10, 13) and tpu_alpha.dtype == alpha.dtype
+        for i, (t, s) in enumerate(zip(in_len, tg_len)):  # the rest is uninitialized memory on CPU
+            torch.testing.assert_close(tpu_alpha[i, :t, :2 * s + 1].cpu(), alpha[i, :t, :2 * s + 1])
+    g = torch.rand(4)
+    for zero_infinity in (False, True):
+        want = aten._ctc_loss_backward(g, lp, targets, in_len, tg_len, nll, alpha, 0, zero_infinity)
+        args = (g.to("tpu"), lp.to("tpu"), targets.to("tpu"))
+        got = aten._ctc_loss_backward.Tensor(*args, il_t.to("tpu"), tl_t.to("tpu"), nll.to("tpu"), alpha.to("tpu"),
+                                             0, zero_infinity)
+        assert_matches(got, want, rtol=1e-5, atol=1e-5)

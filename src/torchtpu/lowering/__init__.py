@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401
     conv,
+    ctc,
     data_dependent,
     elementwise,
     fft,

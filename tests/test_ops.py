@@ -347,3 +347,20 @@ def test_ctc_loss_aten_overloads():
         got = aten._ctc_loss_backward.Tensor(*args, il_t.to("tpu"), tl_t.to("tpu"), nll.to("tpu"), alpha.to("tpu"),
                                              0, zero_infinity)
         assert_matches(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm_backward_matches_cpu(dim):
+    """Regression: aten::_weight_norm_interface_backward had no lowering (Wav2Vec2's conv)."""
+    import copy
+
+    from torch.nn.utils.parametrizations import weight_norm
+
+    cpu = weight_norm(torch.nn.Conv1d(4, 6, 3), name="weight", dim=dim)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(2, 4, 10)
+    with torch.tpu.precision("highest"):
+        cpu(x).pow(2).sum().backward()
+        tpu(x.to("tpu")).pow(2).sum().backward()
+    for p, ref in zip(tpu.parameters(), cpu.parameters()):
+        assert_matches(p.grad, ref.grad, rtol=1e-4, atol=1e-5)

@@ -260,8 +260,30 @@ def _multilabel_margin_loss_backward(ctx: LoweringContext, grad: Value, x: Value
     return b.convert(b.reshape(r, x.shape), ctx.out_dtype())
 
 
-# PyTorch has no meta kernels for these two backwards; the engine needs output metadata.
+@register(aten._weight_norm_interface_backward.default)
+def _weight_norm_interface_backward(ctx: LoweringContext, grad_w: Value, v: Value, g: Value, norms: Value,
+                                    dim: int) -> tuple[Value, Value]:
+    """w = v * g / ||v|| (norm over every dim but ``dim``):
+    grad_g = sum(grad_w * v) / ||v||;  grad_v = g / ||v|| * (grad_w - v * grad_g / ||v||)."""
+    b = ctx.b
+    acc = torch.float64 if v.dtype == torch.float64 else torch.float32
+    gw, vv = b.convert(grad_w, acc), b.convert(v, acc)
+    gg, nn = b.convert(g, acc), b.convert(norms, acc)
+    dim = dim % v.rank if v.rank else 0
+    others = [d for d in range(v.rank) if d != dim]
+    per_dim = reduce_sum(b, b.mul(gw, vv), others)  # shape (v.shape[dim],)
+    keep = b.reshape(per_dim, nn.shape)
+    grad_g = b.div(keep, nn)
+    scale = b.broadcast_to(b.div(gg, nn), v.shape)
+    correction = b.mul(vv, b.broadcast_to(b.div(grad_g, nn), v.shape))
+    grad_v = b.mul(scale, b.sub(gw, correction))
+    return b.convert(grad_v, v.dtype), b.convert(b.reshape(grad_g, g.shape), g.dtype)
+
+
+# PyTorch has no meta kernels for these backwards; the engine needs output metadata.
 _meta_lib = torch.library.Library("aten", "IMPL")
+_meta_lib.impl("_weight_norm_interface_backward",
+               lambda grad_w, v, g, norms, dim: (torch.empty_like(v), torch.empty_like(g)), "Meta")
 _meta_lib.impl("multi_margin_loss_backward",
                lambda grad, x, target, p, margin, weight=None, reduction=1: torch.empty_like(x), "Meta")
 _meta_lib.impl("multilabel_margin_loss_backward",

@@ -259,3 +259,23 @@ def test_closed_executable(client):
     exe.close()
     with pytest.raises(PjrtError, match="closed"):
         exe.execute([client.buffer_from_host(X), client.buffer_from_host(Y)])
+
+
+def test_donated_handles_are_destroyed_later(client):
+    """Destroying a donated PJRT buffer waits for the execution that consumed it, so a
+    dead donated Buffer's handle is queued and destroyed at release_donated()."""
+    from torchtpu.runtime import buffer as buffer_mod
+    from torchtpu.runtime import release_donated
+
+    release_donated()
+    exe = client.compile(DONATING_ADD)
+    a, b = client.buffer_from_host(X), client.buffer_from_host(Y)
+    (out,), ev = exe.execute([a, b], donate=[0])
+    del a  # donated: queued, not destroyed
+    assert len(buffer_mod._DONATED_HANDLES) == 1
+    del b  # not donated: destroyed at once
+    assert len(buffer_mod._DONATED_HANDLES) == 1
+    ev.wait()
+    release_donated()
+    assert buffer_mod._DONATED_HANDLES == []
+    np.testing.assert_array_equal(out.to_host(), X + Y)

@@ -38,7 +38,7 @@ from ..lowering.views import (
     read_view,
     write_view,
 )
-from ..runtime import Buffer
+from ..runtime import Buffer, release_donated
 from . import compile_cache
 from . import precision as precision_mod
 from .opplan import OpPlan, call_op, normalize_args, plan_for
@@ -646,6 +646,7 @@ def synchronize(device: int | None = None) -> None:
         buf = _pending.popleft()()
         if buf is not None and not buf.is_deleted:
             buf.block_until_ready()
+    release_donated()  # everything has finished: their destroys no longer wait
 
 
 def _check_nan(plan: OpPlan, tensors: list[torch.Tensor]) -> None:

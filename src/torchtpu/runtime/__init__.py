@@ -3,7 +3,7 @@
 Only numpy, ml_dtypes and cffi are imported here (never torch).
 """
 
-from .buffer import Buffer, live_bytes, reset_peak_bytes
+from .buffer import Buffer, live_bytes, release_donated, reset_peak_bytes
 from .client import Client, create_client
 from .compile_options import compile_options
 from .device import Device
@@ -36,6 +36,7 @@ __all__ = [
     "from_stablehlo",
     "live_bytes",
     "load_plugin",
+    "release_donated",
     "reset_peak_bytes",
     "resolve_plugin_path",
     "to_pjrt_type",

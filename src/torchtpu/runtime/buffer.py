@@ -34,6 +34,31 @@ def reset_peak_bytes() -> None:
     _LIVE[1] = _LIVE[0]
 
 
+# Handles of donated buffers whose Python owner died. Destroying a donated
+# PJRT buffer blocks until the execution that consumed it has finished (the
+# CPU client waits on its usage events), which would serialize every launch
+# with the host code that follows it. A donated buffer owns no memory, so its
+# handle can wait here and be destroyed later, oldest first, when its
+# execution is long done.
+_DONATED_HANDLES: list[tuple[Any, Any]] = []
+_DONATED_CAP = 512
+
+
+def release_donated(keep: int = 0) -> None:
+    """Destroy queued donated-buffer handles, all but the ``keep`` most recent."""
+    n = len(_DONATED_HANDLES) - keep
+    if n <= 0:
+        return
+    old = _DONATED_HANDLES[:n]
+    del _DONATED_HANDLES[:n]
+    for client, h in old:
+        if client._handle:
+            p = client._plugin
+            err = p.buffer_destroy_fn(_new(BUFFER_DESTROY_T, [BUFFER_DESTROY_SIZE, _NULL, h]))
+            if err:
+                p.take_error(err)
+
+
 class Buffer:
     """Owns one ``PJRT_Buffer*``. Immutable: ops produce new buffers.
 
@@ -41,7 +66,7 @@ class Buffer:
     executable output metadata), otherwise read from PJRT on first use.
     """
 
-    __slots__ = ("__weakref__", "_client", "_device_index", "_dtype", "_handle", "_nbytes", "_shape")
+    __slots__ = ("__weakref__", "_client", "_device_index", "_donated", "_dtype", "_handle", "_nbytes", "_shape")
 
     def __init__(
         self,
@@ -64,6 +89,7 @@ class Buffer:
             for d in shape:
                 n *= d
         self._nbytes = n
+        self._donated = False
         _LIVE[0] += n
         _LIVE[1] = max(_LIVE[1], _LIVE[0])
 
@@ -71,6 +97,7 @@ class Buffer:
         """Stop counting this buffer's bytes (it was donated to an executable's output)."""
         _LIVE[0] -= self._nbytes
         self._nbytes = 0
+        self._donated = True
 
     # -- metadata ---------------------------------------------------------
     @property
@@ -193,6 +220,11 @@ class Buffer:
         h = self._handle
         if h and self._client._handle and not _is_finalizing():
             self._handle = _NULL
+            if self._donated:
+                _DONATED_HANDLES.append((self._client, h))
+                if len(_DONATED_HANDLES) > _DONATED_CAP:
+                    release_donated(keep=_DONATED_CAP // 2)
+                return
             _LIVE[0] -= self._nbytes
             p = self._client._plugin
             err = p.buffer_destroy_fn(_new(BUFFER_DESTROY_T, [BUFFER_DESTROY_SIZE, _NULL, h]))

@@ -69,7 +69,8 @@ def _causal_lm(config_name: str, model_name: str, **extra: Any) -> Callable[[], 
 def _gpt2() -> Case:
     import transformers
 
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64)
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64,
+                                  bos_token_id=1, eos_token_id=2)
     return _hf(transformers.GPT2LMHeadModel(cfg), _token_batch())
 
 
@@ -130,7 +131,7 @@ def _clip() -> Case:
     import transformers
 
     text = {"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
-                "num_attention_heads": HEADS, "max_position_embeddings": 64}
+                "num_attention_heads": HEADS, "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 2}
     vision = {"image_size": 32, "patch_size": 8, "hidden_size": HIDDEN, "intermediate_size": FFN,
                   "num_hidden_layers": LAYERS, "num_attention_heads": HEADS}
     cfg = transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)

@@ -1,3 +1,5 @@
+import warnings
+
 """Lowerings against the CPU result of the same op (Strict mode)."""
 
 import pytest
@@ -364,3 +366,31 @@ def test_weight_norm_backward_matches_cpu(dim):
         tpu(x.to("tpu")).pow(2).sum().backward()
     for p, ref in zip(tpu.parameters(), cpu.parameters()):
         assert_matches(p.grad, ref.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["mul_", "copy_", "uniform_", "sin_out", "fill_", "masked_fill_"])
+def test_written_expanded_tensor_matches_cpu_overlap_rule(name):
+    """Regression: an in-place op on an expanded (stride-0) tensor silently ran on tpu;
+    CPU refuses it for TensorIterator ops and allows it for fill_-style ops."""
+    ops = {
+        "mul_": lambda t: t.mul_(2),
+        "copy_": lambda t: t.copy_(torch.ones(2, 4, device=t.device)),
+        "uniform_": lambda t: t.uniform_(),
+        "sin_out": lambda t: torch.sin(torch.ones(2, 4, device=t.device), out=t),
+        "fill_": lambda t: t.fill_(3.0),
+        "masked_fill_": lambda t: t.masked_fill_(torch.ones(2, 4, dtype=torch.bool, device=t.device), 1.0),
+    }
+    outcomes = []
+    for device in ("cpu", "tpu"):
+        t = torch.ones(4, device=device).expand(2, 4)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ops[name](t)
+            outcomes.append(("ok", t.cpu()))
+        except RuntimeError as e:
+            assert "more than one element of the written-to tensor" in str(e)
+            outcomes.append(("error", None))
+    assert outcomes[0][0] == outcomes[1][0]
+    if outcomes[0][0] == "ok":
+        torch.testing.assert_close(outcomes[1][1], outcomes[0][1])

@@ -308,12 +308,23 @@ def _flatten_tensors(x: Any) -> list[Any]:
     return [x]
 
 
+def check_no_internal_overlap(t: torch.Tensor) -> None:
+    """PyTorch's assert_no_internal_overlap: an expanded (stride-0) written tensor is refused."""
+    if any(size > 1 and stride == 0 for size, stride in zip(t.shape, t.stride())):
+        raise RuntimeError(
+            "unsupported operation: more than one element of the written-to tensor refers to a single memory "
+            "location. Please clone() the tensor before performing the operation.")
+
+
 def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], list[Any]]:
     """Output metadata (and PyTorch's own argument errors) from meta kernels.
 
     Returns the flattened output metas and the functional op's meta arguments.
     """
     meta_args = [_meta_value(s, v) for s, v in zip(specs, values)]
+    if plan.rejects_internal_overlap:
+        for t in _flat_mutated(plan, meta_args):
+            check_no_internal_overlap(t)
     try:
         if plan.mutated:
             call_op(plan.op, _args_for(plan.op, meta_args))

@@ -34,6 +34,9 @@ class OpPlan:
     returns_list: bool  # schema returns a single Tensor[]
     func_arg_positions: list[int]  # for each functional arg, its position in this op's args
     random: bool  # draws from a generator (explicit or default)
+    # CPU's TensorIterator rejects a written tensor whose elements share memory
+    # (an expanded view) for these ops; fill_, index_fill_ and friends allow it.
+    rejects_internal_overlap: bool = False
 
     @property
     def is_functional(self) -> bool:
@@ -134,8 +137,16 @@ def plan_for(op: torch._ops.OpOverload) -> OpPlan:
         for fa in functional._schema.arguments:
             func_arg_positions.append(names.index(fa.name))
     random = "generator" in names or op in _RANDOM_WITHOUT_GENERATOR or functional in _RANDOM_WITHOUT_GENERATOR
+    rejects_overlap = bool(mutated) and (torch.Tag.pointwise in op.tags or op.name() in _OVERLAP_CHECKED)
     return OpPlan(op, names, defaults, [a.kwarg_only for a in args], runtime_scalar, mutated, functional,
-                  lowering, returns, returns_list, func_arg_positions, random)
+                  lowering, returns, returns_list, func_arg_positions, random, rejects_overlap)
+
+
+# Writing ops outside the pointwise tag whose CPU kernels check internal overlap.
+_OVERLAP_CHECKED = frozenset({
+    "aten::copy_", "aten::normal_", "aten::uniform_", "aten::bernoulli_", "aten::exponential_",
+    "aten::random_", "aten::cauchy_", "aten::log_normal_", "aten::geometric_", "aten::where",
+})
 
 
 def normalize_args(plan: OpPlan, args: tuple, kwargs: dict) -> list[Any]:

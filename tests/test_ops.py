@@ -1,6 +1,6 @@
-import warnings
-
 """Lowerings against the CPU result of the same op (Strict mode)."""
+
+import warnings
 
 import pytest
 import torch

@@ -198,3 +198,13 @@ def test_module_to_tpu_keeps_parameter_identity():
     assert not torch.equal(weight.detach().cpu(), before)
     model.to("cpu")
     assert emb.weight is weight and weight.device.type == "cpu" and weight.grad.device.type == "cpu"
+
+
+def test_reading_a_view_cuts_it_on_the_host():
+    """A strided view of a small storage is read without compiling a device program per shape."""
+    base = torch.arange(120.0).reshape(10, 12)
+    x = base.to("tpu")
+    before = torch.tpu.compile_cache_stats()["misses"]
+    for view, ref in ((x[2:5, 1:9:3], base[2:5, 1:9:3]), (x.t()[3], base.t()[3]), (x[:, 4], base[:, 4])):
+        assert torch.equal(view.cpu(), ref)
+    assert torch.tpu.compile_cache_stats()["misses"] == before

@@ -34,6 +34,25 @@ def _covers_storage(t: torch.Tensor) -> bool:
     return t.numel() * t.element_size() == t.untyped_storage().nbytes()
 
 
+# A view is read by copying its whole storage and cutting it on the host when
+# the storage is at most this much larger: no device program per view shape
+# (printing a slice, reading a bucketed program's trimmed output).
+_HOST_CUT_SLACK_BYTES = 1 << 20
+
+
+def _strided_from_whole_buffer(t: torch.Tensor, buf: Any) -> torch.Tensor | None:
+    if not isinstance(buf, Buffer) or t.is_conj() or t.is_neg() or st.buffer_dtype(buf) != t.dtype:
+        return None
+    item = t.element_size()
+    last = t.storage_offset() + sum((d - 1) * s for d, s in zip(t.shape, t.stride()))
+    if last >= buf.shape[0] or buf.shape[0] * item > 4 * t.numel() * item + _HOST_CUT_SLACK_BYTES:
+        return None
+    whole = np.asarray(buf.to_host())
+    cut = np.lib.stride_tricks.as_strided(whole[t.storage_offset():], tuple(t.shape),
+                                          tuple(s * whole.itemsize for s in t.stride()))
+    return st.from_numpy(np.ascontiguousarray(cut)).reshape(t.shape)
+
+
 def device_to_host(t: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU copy of a tpu tensor (waits for the device)."""
     if t.numel() == 0:
@@ -45,6 +64,9 @@ def device_to_host(t: torch.Tensor) -> torch.Tensor:
         buf = st.storage_buffer(src.untyped_storage())
     if not (_covers_storage(src) and buf is not None and st.buffer_dtype(buf) == src.dtype
             and buf.shape[0] == src.numel()):
+        host_view = _strided_from_whole_buffer(t, buf)
+        if host_view is not None:
+            return host_view
         src = executor.run(_aten.clone.default, (t,), {"memory_format": torch.contiguous_format})
         buf = st.storage_buffer(src.untyped_storage())
         if not isinstance(buf, Buffer):  # the clone was recorded (DeferAndFuse)

@@ -263,7 +263,8 @@ def defer_and_fuse() -> contextlib.AbstractContextManager[None]:
 def compile_cache_stats() -> dict[str, float]:
     """Op-cache hits/misses (every mode) plus per-tier figures of the executable cache.
 
-    ``hits``/``misses``: lookups of eager ops, fused graphs and compiled graphs;
+    ``hits``/``misses``: lookups of eager ops, fused graphs and compiled graphs
+    (``graph_misses``: new program variants of ``torch.compile`` graphs);
     ``compiles``: XLA compilations actually run (0 when tier 2/3 supplied them);
     ``tierN_hits``/``tierN_misses``/``tierN_load_seconds``: the three cache tiers.
     """

@@ -50,10 +50,12 @@ class CompileStats:
     def __init__(self) -> None:
         self.hits = 0
         self.misses = 0
+        self.graph_misses = 0  # of which: torch.compile graph variants
         self.compile_seconds = 0.0
 
     def as_dict(self) -> dict[str, float]:
-        return {"hits": self.hits, "misses": self.misses, "compile_seconds": self.compile_seconds}
+        return {"hits": self.hits, "misses": self.misses, "graph_misses": self.graph_misses,
+                "compile_seconds": self.compile_seconds}
 
 
 stats = CompileStats()
@@ -496,7 +498,7 @@ def program_inputs(b: Builder, col: _Collector, skeys: tuple) -> tuple[list[Any]
             else:
                 input_values.append(b.arg((sk[1],), sk[2]))
         elif inp[0] == "host":
-            input_values.append(b.arg((), st.NUMPY_TO_TORCH[inp[1].dtype]))
+            input_values.append(b.arg(inp[1].shape, st.NUMPY_TO_TORCH[inp[1].dtype]))
         elif inp[0] == "scalar":
             dt = inp[2] or (torch.float64 if col.has_f64 else torch.float32)
             input_values.append(b.arg((), dt))

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import sympy
 import torch
 import torch.fx
 
@@ -26,7 +28,7 @@ from ..lowering.views import (
     read_view,
     write_view,
 )
-from . import compile_cache, executor
+from . import bucketing, compile_cache, executor
 from . import precision as precision_mod
 
 _RANDOM_TARGETS = {torch.ops.aten.native_dropout.default, torch.ops.aten.bernoulli.p,
@@ -61,10 +63,53 @@ class GraphProgram:
         # Traced with symbolic shapes (dynamic=True / mark_dynamic): each program
         # variant is specialized to the concrete sizes of its inputs.
         self.symbolic = any(_is_symbolic(n.meta.get("val")) for n in self.graph.nodes)
+        self._plan: bucketing.Plan | None | bool = False  # False: not analyzed yet
+        self.not_bucketable = ""
 
     def __call__(self, args: list[Any]) -> Any:
+        if self.symbolic and bucketing.enabled():
+            plan = self._bucket_plan()
+            if plan is not None:
+                return self._call_bucketed(plan, args)
+        return self._run(args)
+
+    def _bucket_plan(self) -> bucketing.Plan | None:
+        if self._plan is False:
+            try:
+                self._plan = bucketing.analyze(self.gm)
+            except bucketing.NotBucketable as e:
+                self._plan = None
+                self.not_bucketable = str(e)
+        return self._plan
+
+    def _call_bucketed(self, plan: bucketing.Plan, args: list[Any]) -> Any:
+        """Run at bucket sizes: pad the inputs, pass the actual sizes, view the outputs back."""
+        actual = {s: int(args[p]) for s, p in zip(plan.symbols, plan.symbol_positions)}
+        buckets = {s: bucketing.bucket_for(actual[s], hi) for s, hi in zip(plan.symbols, plan.upper)}
+        padded_args = list(args)
+        for s, p in zip(plan.symbols, plan.symbol_positions):
+            padded_args[p] = buckets[s]
+        for i, node in enumerate(self.placeholders):
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and isinstance(args[i], torch.Tensor) and _is_symbolic(val):
+                shape = bucketing.padded_shape([bucketing._expr(d) for d in val.shape], buckets)
+                padded_args[i] = bucketing.pad_input(args[i], shape)
+        sizes = np.array([actual[s] for s in plan.symbols], dtype=np.int64)
+        results = self._run(padded_args, (plan, sizes))
+        out = list(results)
+        for k, spec in enumerate(plan.outputs):
+            if isinstance(spec, tuple) and isinstance(out[k], torch.Tensor):
+                out[k] = bucketing.trim_output(out[k], bucketing.padded_shape(spec, actual))
+            elif isinstance(spec, sympy.Expr):
+                out[k] = int(spec.subs(actual))
+        return out
+
+    def _run(self, args: list[Any], bucket: tuple | None = None) -> Any:
         col = executor._Collector()
         specs = [col.walk(a, False) for a in args]
+        if bucket is not None:
+            specs.append(("B", len(col.inputs)))  # the actual sizes: a runtime input
+            col.inputs.append(("host", bucket[1]))
         if self.random:
             specs.append(col.generator(None))
         if col.device is None:
@@ -73,7 +118,7 @@ class GraphProgram:
         key = (precision_mod.current(), tuple(specs), skeys)
         entry = self.cache.get(key)
         if entry is None:
-            entry = self._compile(specs, skeys, col, key)
+            entry = self._compile(specs, skeys, col, key, bucket[0] if bucket is not None else None)
         else:
             executor.stats.hits += 1
         new = executor.execute_and_bind(col, skeys, entry)
@@ -95,8 +140,10 @@ class GraphProgram:
         rec.run(*[_meta_input(s) for s in specs[: len(self.placeholders)]])
         return rec.values
 
-    def _compile(self, specs: list, skeys: tuple, col: Any, key: tuple) -> executor.Entry:
+    def _compile(self, specs: list, skeys: tuple, col: Any, key: tuple,
+                 plan: bucketing.Plan | None = None) -> executor.Entry:
         executor.stats.misses += 1
+        executor.stats.graph_misses += 1
         start = time.perf_counter()
         b = Builder()
         input_values, storage_vals = executor.program_inputs(b, col, skeys)
@@ -117,7 +164,12 @@ class GraphProgram:
             extras["seed_counter"] = [0]
         mutations: dict[int, Value] = {}
         vals = self._concrete_values(specs) if self.symbolic else None
-        results = decompose.lower_graph(b, self.graph, graph_inputs, key[0], extras, mutations, vals)
+        hook = None
+        if plan is not None:
+            sizes = input_values[specs[len(self.placeholders)][1]]
+            buckets = {s: specs[p][1] for s, p in zip(plan.symbols, plan.symbol_positions)}
+            hook = bucketing.MaskHook(plan, b, sizes, buckets)
+        results = decompose.lower_graph(b, self.graph, graph_inputs, key[0], extras, mutations, vals, hook)
         if not self.out_is_tuple:
             results = [results]
         outputs: list[tuple] = []

@@ -116,7 +116,8 @@ def _out_meta(val: Any) -> Any:
 
 
 def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precision: str,
-                extras: dict | None = None, mutations: dict | None = None, vals: dict | None = None) -> Any:
+                extras: dict | None = None, mutations: dict | None = None, vals: dict | None = None,
+                hook: Any = None) -> Any:
     """Lower an FX graph of ATen ops; ``inputs`` bind the placeholders in order.
 
     ``vals`` overrides the nodes' example values (``node.meta["val"]``) with
@@ -124,6 +125,9 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
 
     ``copy_`` into a placeholder (AOTAutograd's in-graph input mutation) is
     recorded in ``mutations`` (placeholder position -> new value) when given.
+
+    ``hook(node, args, kwargs) -> (args, kwargs, post)`` may rewrite an ATen
+    node's lowered arguments and its result (bucketed graphs mask padding).
     """
     positions = {n: i for i, n in enumerate(n for n in graph.nodes if n.op == "placeholder")}
     env: dict[torch.fx.Node, Any] = {}
@@ -169,7 +173,12 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
                     raise NotImplementedError(f"torchtpu: cannot lower graph node {target}")
                 env[node] = target(*args, **kwargs)  # arithmetic on sizes (symbolic shapes)
                 continue
+            post = None
+            if hook is not None:
+                args, kwargs, post = hook(node, args, kwargs)
             env[node] = lower_call(b, target, args, kwargs, val, precision, extras)
+            if post is not None:
+                env[node] = post(env[node])
         elif node.op == "output":
             result = load(node.args[0])
         elif node.op == "get_attr":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -209,6 +209,14 @@ def set_cpu_fallback(enabled: bool) -> None:
 
 def cpu_fallback_enabled() -> bool:
     return config.cpu_fallback
+
+
+def set_dynamic_buckets(spec: str | Sequence[int]) -> None:
+    """Padding of dynamic dimensions in ``torch.compile`` graphs: ``"pow2"`` (default: one
+    executable per power-of-two size), ``"exact"`` (one per size), or ascending bucket sizes."""
+    from .engine import bucketing
+
+    bucketing.set_dynamic_buckets(spec)
 
 
 @contextlib.contextmanager

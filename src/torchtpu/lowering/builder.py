@@ -111,6 +111,9 @@ class Builder:
         self._count = 0
         self._indent = "    "
         self.arg_attrs: dict[int, str] = {}
+        # transpose results -> (operand, permutation), so a later convert can be moved
+        # before the transpose (see convert)
+        self._transposes: dict[str, tuple[Value, list[int]]] = {}
 
     # -- bookkeeping ---------------------------------------------------------
     def _fresh(self) -> str:
@@ -229,6 +232,13 @@ class Builder:
     def convert(self, v: Value, dtype: torch.dtype) -> Value:
         if v.dtype == dtype:
             return v
+        moved = self._transposes.get(v.name)
+        if moved is not None:
+            # convert(transpose(x)) == transpose(convert(x)). The second form lets XLA fold
+            # the transpose into a dot's dimension numbers (TPU-precision matmuls convert
+            # their operands to bf16): on XLA CPU a materialized transpose in front of a
+            # dot costs ~3x the dot itself.
+            return self.transpose(self.convert(moved[0], dtype), moved[1])
         if dtype == torch.bool:
             zero = self.constant(0, v.dtype, v.shape)
             return self.compare(v, zero, "NE")
@@ -298,7 +308,13 @@ class Builder:
         if perm == list(range(v.rank)):
             return v
         shape = [v.shape[p] for p in perm]
-        return self.op1("stablehlo.transpose", [v], shape, v.dtype, attrs=f"permutation = {_i64_array(perm)}")
+        r = self.op1("stablehlo.transpose", [v], shape, v.dtype, attrs=f"permutation = {_i64_array(perm)}")
+        self._transposes[r.name] = (v, perm)
+        return r
+
+    def transpose_source(self, v: Value) -> tuple[Value, list[int]] | None:
+        """``(operand, permutation)`` when ``v`` was built by :meth:`transpose`."""
+        return self._transposes.get(v.name)
 
     def broadcast_in_dim(self, v: Value, shape: Sequence[int], dims: Sequence[int]) -> Value:
         shape = tuple(int(s) for s in shape)

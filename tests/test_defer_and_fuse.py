@@ -198,3 +198,43 @@ def test_reading_a_strided_view_of_a_pending_tensor():
         v = t[:, 1::2]
         host = v.cpu()
     torch.testing.assert_close(host, (x * 2)[:, 1::2])
+
+
+def test_cut_graphs_compile_in_the_background_and_match_strict():
+    """A graph cut by the heuristic compiles on a background thread while recording goes on;
+    the next graph takes its results (and in-place updates of them) as arguments."""
+    from torchtpu.engine import compile_cache
+
+    threads = set()
+    real_compile = compile_cache.compile
+
+    def spy(text, *args, **kwargs):
+        import threading
+
+        threads.add(threading.current_thread().name)
+        return real_compile(text, *args, **kwargs)
+
+    def run(mode: str) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        w = torch.randn(16, 16, device="tpu") * 0.1
+        acc = torch.zeros(4, 16, device="tpu")
+        x = torch.randn(4, 16, device="tpu")
+        with torch.tpu.eager_mode(mode):
+            for i in range(30):
+                x = torch.tanh(x @ w + 1).mul(0.5).add(x).sub(0.1).relu().div(2).abs().neg().exp()
+                acc.add_(x)  # an in-place update of a storage that cut graphs also produce
+                acc.mul_(0.9)
+            return [x.cpu(), acc.cpu()]
+
+    deferred.cache_clear()
+    torch.tpu.clear_compile_cache(1)
+    compile_cache.compile = spy
+    try:
+        before = deferred.stats["background_compiles"]
+        fused = run("defer_and_fuse")
+    finally:
+        compile_cache.compile = real_compile
+    assert deferred.stats["background_compiles"] > before
+    assert any(name.startswith("torchtpu-compile") for name in threads)
+    for got, want in zip(fused, run("strict")):
+        torch.testing.assert_close(got, want)

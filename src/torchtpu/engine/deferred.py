@@ -10,6 +10,12 @@ storages become outputs (liveness): dead intermediates are never
 materialized. The fused program is cached by the graph's structure (op keys
 and wiring, never object identities), so the same training step hits the
 cache on the next iteration.
+
+A graph cut without a read (the repeated-ops heuristic, the size limit) whose
+program is not cached yet compiles on a background thread: recording goes on
+meanwhile, the next graph takes the cut graph's results as arguments, and
+every flush first launches the cut graphs, in order, once their programs are
+ready.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,10 +51,11 @@ MIN_PERIOD = 8
 class Pending:
     """A storage's flat value that a recorded node will produce."""
 
-    __slots__ = ("__weakref__", "dtype", "graph", "index", "node", "shape", "torch_dtype")
+    __slots__ = ("__weakref__", "dtype", "graph", "index", "node", "resolved", "shape", "torch_dtype")
 
     def __init__(self, graph: _Graph, node: int, index: int, numel: int, dtype: torch.dtype) -> None:
         self.graph = graph
+        self.resolved: Any = None  # the Buffer, once a background-compiled graph has launched
         self.node = node
         self.index = index
         self.shape = (numel,)
@@ -74,6 +83,19 @@ class _Graph:
     nodes: list[_Node] = field(default_factory=list)
     touched: list[weakref.ref] = field(default_factory=list)
     keys: list[tuple] = field(default_factory=list)
+    in_flight: bool = False  # cut, its program compiling in the background
+
+
+@dataclass
+class _InFlight:
+    """A cut graph waiting for its program: launched by the next flush."""
+
+    future: Future
+    key: tuple
+    args: list[tuple]
+    device: int
+    # per live output: the (storage, Pending) pairs it must be bound to
+    bindings: dict[tuple[int, int], list[tuple[torch.UntypedStorage, Pending]]]
 
 
 @dataclass
@@ -85,9 +107,11 @@ class _Fused:
 
 _lock = threading.RLock()
 _graph = _Graph()
+_in_flight: deque[_InFlight] = deque()
+_compiler: ThreadPoolExecutor | None = None
 _cache: dict[tuple, _Fused] = {}
 _period: list[tuple] | None = None
-stats = {"flushes": 0, "nodes": 0, "compiles": 0, "hits": 0, "period_cuts": 0}
+stats = {"flushes": 0, "nodes": 0, "compiles": 0, "hits": 0, "period_cuts": 0, "background_compiles": 0}
 
 
 _OUR_PATHS = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
@@ -129,6 +153,9 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                     inputs.append(("uninit",))
                 elif isinstance(buf, Pending) and buf.graph is g:
                     inputs.append(("pending", buf))
+                elif isinstance(buf, Pending) and buf.graph.in_flight:
+                    # a result of a cut graph still compiling: an argument, bound when it launches
+                    inputs.append(("later", buf, weakref.ref(s)))
                 else:
                     if isinstance(buf, Pending):  # from an older graph: cannot happen after its flush
                         raise AssertionError("stale pending storage")
@@ -172,7 +199,7 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                 k += 1
         g.keys.append(key)
         if len(g.nodes) >= MAX_NODES or _repeats(g.keys):
-            flush()
+            flush(cut=True)
     return executor.op_result(plan, values, new_tensors)
 
 
@@ -208,20 +235,42 @@ def _bind(g: _Graph, storage: torch.UntypedStorage, value: Pending) -> None:
 
 
 def has_pending() -> bool:
-    return bool(_graph.nodes)
+    return bool(_graph.nodes) or bool(_in_flight)
 
 
-def flush() -> None:
-    """Materialize every recorded node that a live tensor still needs."""
+def _launch_in_flight() -> None:
+    """Launch the cut graphs, oldest first, as their programs become ready."""
+    while _in_flight:
+        f = _in_flight[0]
+        fused = f.future.result()  # a compile error surfaces here, at the next flush
+        _in_flight.popleft()
+        _cache[f.key] = fused
+        buffers = [_arg_buffer(a, f.device) for a in f.args]
+        outs = executor.launch(fused.executable, buffers, f.device, fused.donate)
+        del buffers
+        for k, buf in zip(fused.live, outs):
+            for storage, pending in f.bindings[k]:
+                pending.resolved = buf
+                if getattr(storage, st._ATTR, None) is pending:  # not overwritten by a newer graph
+                    setattr(storage, st._ATTR, buf)
+
+
+def flush(cut: bool = False) -> None:
+    """Materialize every recorded node that a live tensor still needs.
+
+    ``cut``: the graph is cut without a read, so an uncached program may compile
+    in the background (see the module docstring).
+    """
     global _graph
     with _lock:
+        _launch_in_flight()
         g = _graph
         if not g.nodes:
             return
         _graph = _Graph()
         stats["flushes"] += 1
         live: list[tuple[int, int]] = []
-        holders: dict[tuple[int, int], list[torch.UntypedStorage]] = {}
+        holders: dict[tuple[int, int], list[tuple[torch.UntypedStorage, Pending]]] = {}
         for ref in g.touched:
             s = ref()
             if s is None:
@@ -232,8 +281,8 @@ def flush() -> None:
                 if k not in holders:
                     holders[k] = []
                     live.append(k)
-                if not any(h is s for h in holders[k]):
-                    holders[k].append(s)
+                if not any(h is s for h, _ in holders[k]):
+                    holders[k].append((s, v))
         if not live:
             g.nodes.clear()
             g.touched.clear()
@@ -242,6 +291,9 @@ def flush() -> None:
         wiring = []
         arg_of: dict[int, int] = {}  # id(Buffer) -> argument position (a buffer read twice is one argument)
         for node in g.nodes:
+            if any(inp[0] == "later" for inp in node.inputs):  # their graphs launched above
+                node.inputs = [("buf", inp[1].resolved, inp[2]) if inp[0] == "later" else inp
+                               for inp in node.inputs]
             w = []
             for inp in node.inputs:
                 if inp[0] == "pending":
@@ -261,8 +313,19 @@ def flush() -> None:
         dead = tuple(i for i, a in enumerate(args) if a[0] == "buf" and _dead_after(a))
         key = (tuple(wiring), tuple(live), dead)
         fused = _cache.get(key)
+        if fused is None and cut:
+            text, donate = _emit(g, args, live, key)
+            future = _background().submit(_compile_fused, text, live, donate)
+            g.in_flight = True
+            _in_flight.append(_InFlight(future, key, args, g.nodes[0].device, holders))
+            stats["background_compiles"] += 1
+            g.nodes.clear()
+            g.touched.clear()
+            return
         if fused is None:
-            fused = _build(g, args, live, key)
+            text, donate = _emit(g, args, live, key)
+            fused = _compile_fused(text, live, donate)
+            _cache[key] = fused
         else:
             stats["hits"] += 1
             executor.stats.hits += 1
@@ -271,7 +334,7 @@ def flush() -> None:
         outs = executor.launch(fused.executable, buffers, device, fused.donate)
         del buffers, args
         for k, buf in zip(fused.live, outs):
-            for s in holders[k]:
+            for s, _ in holders[k]:
                 setattr(s, st._ATTR, buf)
         # Nodes reference Pendings that reference the graph: break the cycle so
         # the input buffers are freed now, not at the next garbage collection.
@@ -307,8 +370,24 @@ def _arg_value(b: Builder, a: tuple) -> Value:
     return b.arg((2,), torch.uint64)
 
 
-def _build(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple) -> _Fused:
+def _background() -> ThreadPoolExecutor:
+    global _compiler
+    if _compiler is None:
+        _compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchtpu-compile")
+    return _compiler
+
+
+def _compile_fused(text: str, live: list[tuple[int, int]], donate: list[int]) -> _Fused:
     start = time.perf_counter()
+    exe = compile_cache.compile(text)
+    stats["compiles"] += 1
+    executor.stats.misses += 1
+    executor.stats.compile_seconds += time.perf_counter() - start
+    return _Fused(exe, live, donate)
+
+
+def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple) -> tuple[str, list[int]]:
+    """The fused module's text and the argument positions it donates."""
     b = Builder()
     arg_values = [_arg_value(b, a) for a in args]
     dead = key[2]
@@ -351,15 +430,8 @@ def _build(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple
             free.remove(match)
             b.arg_attrs[i] = f"tf.aliasing_output = {match} : i32"
             donate.append(i)
-    text = b.module(results, name="fused")
-    exe = compile_cache.compile(text)
-    fused = _Fused(exe, live, donate)
-    _cache[key] = fused
-    stats["compiles"] += 1
     stats["donated"] = stats.get("donated", 0) + len(donate)
-    executor.stats.misses += 1
-    executor.stats.compile_seconds += time.perf_counter() - start
-    return fused
+    return b.module(results, name="fused"), donate
 
 
 def _collected_kinds(node: _Node) -> list[int | None]:

@@ -205,10 +205,15 @@ class Plan:
     layouts: dict[torch.fx.Node, Any]
     masks: dict[torch.fx.Node, Mask]
     outputs: list[Any]  # per output: a size-expression tuple (tensor), a sympy expr (SymInt) or None
+    output_layouts: list[Any] = field(default_factory=list)  # per output: its Layout, or None
 
 
-def analyze(gm: torch.fx.GraphModule) -> Plan:
-    """Check the bucketing invariant over the whole graph; raise NotBucketable if it fails."""
+def analyze(gm: torch.fx.GraphModule, compact_outputs: bool = False) -> Plan:
+    """Check the bucketing invariant over the whole graph; raise NotBucketable if it fails.
+
+    ``compact_outputs``: outputs will be packed contiguously (see MaskHook.compact), so an
+    output with a merged padded dimension is fine; otherwise outputs must be prefix boxes.
+    """
     symbols: list[sympy.Symbol] = []
     positions: list[int] = []
     upper: list[int | None] = []
@@ -236,17 +241,21 @@ def analyze(gm: torch.fx.GraphModule) -> Plan:
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
     out_exprs: list[Any] = []
+    out_layouts: list[Any] = []
     for o in outs:
         val = o.meta.get("val") if isinstance(o, torch.fx.Node) else None
         if isinstance(val, torch.Tensor):
-            if not _is_box(layouts[o]):
+            if not compact_outputs and not _is_box(layouts[o]):
                 raise NotBucketable("an output's layout is not a prefix box")
             out_exprs.append(tuple(_expr(d) for d in val.shape))
+            out_layouts.append(layouts[o])
         elif isinstance(val, torch.SymInt):
             out_exprs.append(val.node.expr)
+            out_layouts.append(None)
         else:
             out_exprs.append(None)
-    return Plan(symbols, positions, upper, layouts, masks, out_exprs)
+            out_layouts.append(None)
+    return Plan(symbols, positions, upper, layouts, masks, out_exprs, out_layouts)
 
 
 def _upper_bound(val: torch.SymInt, expr: sympy.Symbol) -> int | None:
@@ -605,7 +614,7 @@ class MaskHook:
             if not _padded(f):
                 continue
             lt = b.compare(b.iota(sizes, i, torch.int64), b.broadcast_to(self._actual_expr(f), sizes), "LT")
-            valid = lt if valid is None else b.binary("stablehlo.and", valid, lt)
+            valid = lt if valid is None else b.binary("and", valid, lt)
         return b.reshape(valid, (math.prod(sizes),))
 
     def _apply(self, x: Value, lay: Layout, dims: list[int], identity: Any) -> Value:
@@ -615,10 +624,45 @@ class MaskHook:
             if not _is_padded(lay, [d]):
                 continue
             m = b.broadcast_in_dim(self._dim_mask(lay[d]), x.shape, [d])
-            mask = m if mask is None else b.binary("stablehlo.and", mask, m)
+            mask = m if mask is None else b.binary("and", mask, m)
         if mask is None:
             return x
         return b.select(mask, x, b.constant(_identity_value(identity, x.dtype), x.dtype, x.shape))
+
+
+    def compact(self, v: Value, layout: Layout) -> Value:
+        """The actual-size elements of the padded ``v``, packed contiguously at the front of a
+        flat bucket-sized array (so the output can be a contiguous tensor). Works factor by
+        factor, so a dimension merged from padded ones (``(B*T, C)``) unpacks too."""
+        b = self.b
+        n = v.numel
+        factors = [f for dim in layout for f in dim]
+        padded = [int(f.subs(self.buckets)) for f in factors]
+        padded_strides = [math.prod(padded[k + 1:]) for k in range(len(padded))]
+        rem = b.iota((n,), 0, torch.int64)
+        index = b.constant(0, torch.int64, (n,))
+        for k in reversed(range(len(factors))):
+            size = b.broadcast_to(self._actual_expr(factors[k]), (n,))
+            coord = b.binary("remainder", rem, size)
+            rem = b.div(rem, size)
+            index = b.add(index, b.mul(coord, b.constant(padded_strides[k], torch.int64, (n,))))
+        flat = b.reshape(v, (n,))
+        attrs = ("dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], "
+                 "index_vector_dim = 1>, slice_sizes = array<i64: 1>, indices_are_sorted = false")
+        return b.op1("stablehlo.gather", [flat, index], (n,), v.dtype, attrs=attrs)
+
+
+def compacted_outputs(plan: Plan) -> set[int]:
+    """Outputs whose actual elements are not already a contiguous prefix of the padded array
+    (a padded dimension other than the outermost non-unit one)."""
+    out = set()
+    for k, lay in enumerate(plan.output_layouts):
+        if lay is None:
+            continue
+        dims = [d for d, f in enumerate(lay) if f != ()]
+        if not _is_box(lay) or any(_is_padded(lay, [d]) for d in dims[1:]):
+            out.add(k)
+    return out
 
 
 def _identity_value(identity: Any, dtype: torch.dtype) -> Any:
@@ -655,7 +699,13 @@ def pad_input(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return padded.to(t.device)
 
 
-def trim_output(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+def trim_output(t: torch.Tensor, shape: tuple[int, ...], compacted: bool) -> torch.Tensor:
+    """The actual-size tensor of a padded output: a prefix box view, or (``compacted``) the
+    contiguous front of the storage."""
+    from ..lowering.views import contiguous_strides
+
     if tuple(t.shape) == shape:
         return t
+    if compacted:
+        return t.as_strided(shape, contiguous_strides(shape), 0)
     return t.as_strided(shape, t.stride(), t.storage_offset())

@@ -76,7 +76,7 @@ class GraphProgram:
     def _bucket_plan(self) -> bucketing.Plan | None:
         if self._plan is False:
             try:
-                self._plan = bucketing.analyze(self.gm)
+                self._plan = bucketing.analyze(self.gm, compact_outputs=self.name == "inference")
             except bucketing.NotBucketable as e:
                 self._plan = None
                 self.not_bucketable = str(e)
@@ -97,12 +97,19 @@ class GraphProgram:
         sizes = np.array([actual[s] for s in plan.symbols], dtype=np.int64)
         results = self._run(padded_args, (plan, sizes))
         out = list(results)
+        compacted = self._compacted(plan)
         for k, spec in enumerate(plan.outputs):
             if isinstance(spec, tuple) and isinstance(out[k], torch.Tensor):
-                out[k] = bucketing.trim_output(out[k], bucketing.padded_shape(spec, actual))
+                out[k] = bucketing.trim_output(out[k], bucketing.padded_shape(spec, actual), k in compacted)
             elif isinstance(spec, sympy.Expr):
                 out[k] = int(spec.subs(actual))
         return out
+
+    def _compacted(self, plan: bucketing.Plan) -> set[int]:
+        # An inference graph's outputs go to the user: make them contiguous tensors, as
+        # eager returns. Training graphs keep prefix-box views, which the next bucketed
+        # graph (the backward) reads without a copy.
+        return bucketing.compacted_outputs(plan) if self.name == "inference" else set()
 
     def _run(self, args: list[Any], bucket: tuple | None = None) -> Any:
         col = executor._Collector()
@@ -175,7 +182,8 @@ class GraphProgram:
         outputs: list[tuple] = []
         out_values: list[Value] = []
         result_specs: list[_OutSpec] = []
-        for node, r in zip(self.out_nodes, results):
+        compacted = self._compacted(plan) if plan is not None else set()
+        for out_index, (node, r) in enumerate(zip(self.out_nodes, results)):
             if isinstance(node, torch.fx.Node) and node.op == "placeholder":
                 result_specs.append(_OutSpec("input", self.placeholders.index(node)))
                 continue
@@ -191,6 +199,10 @@ class GraphProgram:
                 if v.shape != shape:
                     v = b.reshape(v, shape) if v.numel == val.numel() else b.broadcast_to(v, shape)
                 result_specs.append(_OutSpec("tensor", len(outputs)))
+                if out_index in compacted:
+                    outputs.append(("new", val.dtype, shape, contiguous_strides(shape)))
+                    out_values.append(hook.compact(v, plan.output_layouts[out_index]))
+                    continue
                 outputs.append(("new", val.dtype, shape, stride))
                 out_values.append(dense_to_storage(b, v, stride))
             else:

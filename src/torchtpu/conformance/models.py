@@ -99,13 +99,19 @@ def _stage(stage: str, fn, *args: Any) -> Any:
         raise ModelMismatch(stage, f"{type(e).__name__}: {e}") from e
 
 
-def check_model(name: str, steps: int = 2) -> None:
-    """Train ``steps`` SGD steps on CPU and on tpu; raise ModelMismatch at the first difference."""
+def check_model(name: str, steps: int = 2, compile_kwargs: dict | None = None) -> None:
+    """Train ``steps`` SGD steps on CPU and on tpu; raise ModelMismatch at the first difference.
+
+    ``compile_kwargs``: run the tpu model through ``torch.compile(backend="tpu", **kwargs)``.
+    """
     torch.manual_seed(0)
     cpu_model, (args, kwargs), loss_fn = _builder(name)()
     cpu_model.train()
     disable_dropout(cpu_model)
     tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    run_model = tpu_model
+    if compile_kwargs is not None:
+        run_model = torch.compile(tpu_model, backend="tpu", **compile_kwargs)
     tpu_args, tpu_kwargs = _to(args, "tpu"), _to(kwargs, "tpu")
     cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.05, momentum=0.9)
     tpu_opt = torch.optim.SGD(tpu_model.parameters(), lr=0.05, momentum=0.9)
@@ -113,7 +119,7 @@ def check_model(name: str, steps: int = 2) -> None:
         for _ in range(steps):
             cpu_out = cpu_model(*args, **kwargs)
             cpu_loss = loss_fn(cpu_out)
-            tpu_out = _stage("forward", lambda: tpu_model(*tpu_args, **tpu_kwargs))
+            tpu_out = _stage("forward", lambda: run_model(*tpu_args, **tpu_kwargs))
             tpu_loss = _stage("forward", loss_fn, tpu_out)
             _close("forward", "output", _primary(tpu_out), _primary(cpu_out), FORWARD_TOL)
             _close("forward", "loss", tpu_loss, cpu_loss, (FORWARD_TOL[0], 1e-5))
@@ -130,7 +136,7 @@ def check_model(name: str, steps: int = 2) -> None:
         tpu_model.eval()
         with torch.no_grad():
             want = _primary(cpu_model(*args, **kwargs))
-            got = _stage("forward", lambda: _primary(tpu_model(*tpu_args, **tpu_kwargs)))
+            got = _stage("forward", lambda: _primary(run_model(*tpu_args, **tpu_kwargs)))
             _close("forward", "eval output after training", got, want, FORWARD_TOL)
 
 

@@ -261,6 +261,12 @@ class _MetaRecorder(torch.fx.Interpreter):
         self.values[n] = out
         return out
 
+    def get_attr(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.Tensor):
+            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        return value
+
     def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
         # Factories in the graph name the tpu device: make them on meta too.
         dev = kwargs.get("device")

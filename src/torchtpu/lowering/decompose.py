@@ -182,11 +182,30 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
         elif node.op == "output":
             result = load(node.args[0])
         elif node.op == "get_attr":
-            raise NotImplementedError("torchtpu: graphs with get_attr constants are not supported")
+            env[node] = _graph_constant(b, graph, node)
     return result
 
 
 _getitem = __import__("operator").getitem
+
+# Tensor constants a graph holds as attributes (small tensors a model builds in its
+# forward, lifted by AOTAutograd) are embedded in the program text up to this size.
+_MAX_EMBEDDED_CONSTANT = 1 << 16
+
+
+def _graph_constant(b: Builder, graph: torch.fx.Graph, node: torch.fx.Node) -> Any:
+    value = graph.owning_module
+    for part in str(node.target).split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.is_complex() or value.numel() > _MAX_EMBEDDED_CONSTANT:
+        raise NotImplementedError(
+            f"torchtpu: graph constant {node.target} ({value.dtype}, {value.numel()} elements) is not supported")
+    host = value.detach().cpu()
+    if host.is_floating_point():
+        host = host.double() if host.dtype == torch.float64 else host.float()  # exact for bf16/f16
+    return b.dense_constant(host.numpy(), value.dtype)
 
 
 def lower_call(b: Builder, op: torch._ops.OpOverload, args: list, kwargs: dict, val: Any, precision: str,

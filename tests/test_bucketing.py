@@ -158,3 +158,23 @@ def test_two_dynamic_dimensions_merged_and_reduced_together():
                 torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
                 got.view(-1)  # a contiguous tensor, as eager returns
     assert _misses() - before == 1  # every size falls in the (4, 8) bucket
+
+
+def test_hf_llama_inference_is_bucketed():
+    """A real decoder (rotary embeddings, a KV cache's first cat onto an empty tensor,
+    graph tensor constants) runs one program per bucket and matches CPU."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    cpu_model = transformers.LlamaForCausalLM(cfg).eval()
+    model = torch.compile(copy.deepcopy(cpu_model).to("tpu"), backend="tpu", dynamic=True)
+    lengths = (3, 5, 6, 7, 9, 12, 16)
+    with torch.no_grad(), torch.tpu.precision("highest"):
+        model(input_ids=torch.randint(3, 96, (1, 2)).to("tpu"))
+        before = _misses()
+        for t in lengths:
+            ids = torch.randint(3, 96, (1, t))
+            got = model(input_ids=ids.to("tpu")).logits
+            torch.testing.assert_close(got.cpu(), cpu_model(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+    assert _misses() - before <= len({bucketing.bucket_for(t, None) for t in lengths})

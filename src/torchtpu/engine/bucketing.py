@@ -236,8 +236,12 @@ def analyze(gm: torch.fx.GraphModule, compact_outputs: bool = False) -> Plan:
     for n in gm.graph.nodes:
         if n.op == "call_function":
             _visit(n, layouts, masks)
-        elif n.op == "get_attr":
-            raise NotBucketable("get_attr")
+        elif n.op == "get_attr":  # a tensor constant of the graph: never padded
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor) and not _is_padded(_plain(val)):
+                layouts[n] = _plain(val)
+            elif isinstance(val, torch.Tensor) or val is None:
+                raise NotBucketable("a graph constant of unknown or symbolic shape")
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
     out_exprs: list[Any] = []
@@ -411,8 +415,12 @@ def _split(n, args, ins, val, layouts, masks) -> None:
 
 
 def _cat(n, args, ins, val, layouts, masks) -> None:
-    parts = [layouts[x] for x in args[0] if isinstance(x, torch.fx.Node)]
+    nodes = [x for x in args[0] if isinstance(x, torch.fx.Node) and not _statically_empty(x)]
+    parts = [layouts[x] for x in nodes]
     rank = val.dim()
+    if len(parts) == 1 and len(parts[0]) == rank:
+        layouts[n] = parts[0]  # cat onto an empty tensor (a KV cache's first update): a copy
+        return
     dim = _dim(args[1] if len(args) > 1 else 0, rank)
     if any(_is_padded(p, [dim]) for p in parts if len(p) == rank):
         raise NotBucketable("cat along a padded dimension")
@@ -426,6 +434,11 @@ def _cat(n, args, ins, val, layouts, masks) -> None:
             raise NotBucketable("cat of different layouts")
         out.append(dims.pop())
     layouts[n] = tuple(out)
+
+
+def _statically_empty(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and any(isinstance(d, int) and d == 0 for d in val.shape)
 
 
 def _reduction(n, args, ins, val, layouts, masks) -> None:

@@ -32,7 +32,7 @@ class ModelMismatch(AssertionError):
 @dataclass
 class ModelResult:
     model: str
-    kind: str  # forward | backward | generate
+    kind: str  # forward | backward | generate | compiled
     status: str  # pass | fail | unsupported
     detail: str = ""
 
@@ -157,6 +157,11 @@ def _compare_grads(tpu_model: torch.nn.Module, cpu_model: torch.nn.Module) -> No
         raise ModelMismatch("backward", "no parameter received a gradient")
 
 
+def check_compiled(name: str) -> None:
+    """The same training steps through ``torch.compile(backend="tpu")``."""
+    check_model(name, compile_kwargs={})
+
+
 def check_generate(name: str, new_tokens: int = 8) -> None:
     """Greedy ``generate()`` of a decoder-only model gives the same tokens as on CPU."""
     torch.manual_seed(0)
@@ -173,7 +178,8 @@ def check_generate(name: str, new_tokens: int = 8) -> None:
 
 
 def run_all(names: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every model check as report rows (forward/backward per model, plus generate)."""
+    """Every model check as report rows (forward/backward per model, generate, and the
+    same training steps under torch.compile)."""
     rows: list[dict[str, Any]] = []
     try:
         import transformers
@@ -187,6 +193,7 @@ def run_all(names: list[str] | None = None) -> list[dict[str, Any]]:
         rows += _rows(name, check_model, ("forward", "backward"))
         if name in model_zoo.GENERATE_MODELS and transformers is not None:
             rows += _rows(name, check_generate, ("generate",))
+        rows += _rows(name, check_compiled, ("compiled",))
     return rows
 
 

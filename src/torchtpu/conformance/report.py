@@ -92,7 +92,7 @@ def markdown(doc: dict) -> str:
         f"| forward, all swept dtypes ({', '.join(cfg.get('dtypes', []))}) | {_fmt(s['forward_all_dtypes'])} |",
         f"| backward, all swept dtypes | {_fmt(s['backward_all_dtypes'])} |",
         f"| error inputs, per op | {_fmt(s['errors'])} |",
-        f"| model checks (forward, backward, generate) | {_fmt(s['models'])} |",
+        f"| model checks (forward, backward, generate, compiled) | {_fmt(s['models'])} |",
         "",
         f"{s['ops']} OpInfo entries; status counts (forward, headline dtypes): "
         + ", ".join(f"{k} {v}" for k, v in s["forward"]["by_status"].items())
@@ -166,16 +166,17 @@ def _model_section(rows: list[dict]) -> list[str]:
         ("Each model (`torchtpu.conformance.model_zoo`: Hugging Face architectures at tiny random "
          "configurations, and plain-PyTorch families) trains two SGD steps on CPU and on `tpu`; *forward* "
          "compares outputs, losses, buffers and an eval-mode forward, *backward* every parameter gradient, "
-         "*generate* greedy decoding. A failure names the first differing tensor or the failing op."),
+         "*generate* greedy decoding, *compiled* the same training steps through `torch.compile(backend=\"tpu\")`. "
+         "A failure names the first differing tensor or the failing op."),
         "",
-        "| model | forward | backward | generate | first failure |",
-        "|---|---|---|---|---|",
+        "| model | forward | backward | generate | compiled | first failure |",
+        "|---|---|---|---|---|---|",
     ]
     by_model: dict[str, dict[str, dict]] = collections.defaultdict(dict)
     for r in rows:
         by_model[r["model"]][r["kind"]] = r
     for name, kinds in by_model.items():
-        cells = [_SYMBOL[kinds[k]["status"]] if k in kinds else "·" for k in ("forward", "backward", "generate")]
+        cells = [_SYMBOL[kinds[k]["status"]] if k in kinds else "·" for k in ("forward", "backward", "generate", "compiled")]
         detail = next((r["detail"] for r in kinds.values() if r["status"] != "pass" and r["detail"]), "")
         lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {_md(detail)} |")
     return lines + [""]

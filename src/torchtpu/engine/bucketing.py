@@ -460,7 +460,7 @@ def _reduction(n, args, ins, val, layouts, masks) -> None:
         else:
             masks[n] = Mask([(0, dims)], identity)
     if isinstance(val, torch.Tensor) and val.dim() == rank and not keepdim:
-        keepdim = True  # e.g. a reduction over no dims
+        keepdim = True  # the result kept its rank: keepdim given in a form not parsed above
     layouts[n] = tuple(() if d in dims else lay[d] for d in range(rank)) if keepdim else \
         tuple(lay[d] for d in range(rank) if d not in dims)
     if isinstance(val, torch.Tensor) and len(layouts[n]) != val.dim():

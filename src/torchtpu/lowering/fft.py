@@ -154,22 +154,22 @@ def _view_as_complex_graph(ctx: LoweringContext, x: Value) -> Value:
     return b.op1("stablehlo.complex", [re, im], shape, _COMPLEX[x.dtype])
 
 
+def _real_parts(ctx: LoweringContext, a: Value, c: Value) -> tuple[Value, Value]:
+    """Both operands in the output's real part dtype, broadcast to the output shape."""
+    b = ctx.b
+    part, shape = _REAL[ctx.out_dtype()], ctx.out_shape()
+    return b.broadcast_to(b.convert(a, part), shape), b.broadcast_to(b.convert(c, part), shape)
+
+
 @register(aten.complex.default)
 def _complex(ctx: LoweringContext, re: Value, im: Value) -> Value:
-    b = ctx.b
-    out = ctx.out_dtype()
-    shape = ctx.out_shape()
-    part = _REAL[out]
-    return b.op1("stablehlo.complex", [b.broadcast_to(b.convert(re, part), shape),
-                                       b.broadcast_to(b.convert(im, part), shape)], shape, out)
+    re, im = _real_parts(ctx, re, im)
+    return ctx.b.op1("stablehlo.complex", [re, im], ctx.out_shape(), ctx.out_dtype())
 
 
 @register(aten.polar.default)
 def _polar(ctx: LoweringContext, mag: Value, angle: Value) -> Value:
     b = ctx.b
-    out = ctx.out_dtype()
-    shape = ctx.out_shape()
-    part = _REAL[out]
-    r = b.broadcast_to(b.convert(mag, part), shape)
-    t = b.broadcast_to(b.convert(angle, part), shape)
-    return b.op1("stablehlo.complex", [b.mul(r, b.unary("cosine", t)), b.mul(r, b.unary("sine", t))], shape, out)
+    r, t = _real_parts(ctx, mag, angle)
+    return b.op1("stablehlo.complex", [b.mul(r, b.unary("cosine", t)), b.mul(r, b.unary("sine", t))],
+                 ctx.out_shape(), ctx.out_dtype())

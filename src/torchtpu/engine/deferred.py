@@ -245,14 +245,20 @@ def _launch_in_flight() -> None:
         fused = f.future.result()  # a compile error surfaces here, at the next flush
         _in_flight.popleft()
         _cache[f.key] = fused
-        buffers = [_arg_buffer(a, f.device) for a in f.args]
-        outs = executor.launch(fused.executable, buffers, f.device, fused.donate)
-        del buffers
-        for k, buf in zip(fused.live, outs):
-            for storage, pending in f.bindings[k]:
-                pending.resolved = buf
-                if getattr(storage, st._ATTR, None) is pending:  # not overwritten by a newer graph
-                    setattr(storage, st._ATTR, buf)
+        _launch(fused, f.args, f.device, f.bindings)
+
+
+def _launch(fused: _Fused, args: list[tuple], device: int,
+            bindings: dict[tuple[int, int], list[tuple[torch.UntypedStorage, Pending]]]) -> None:
+    """Run a fused program and bind each live output to the storages that await it."""
+    buffers = [_arg_buffer(a, device) for a in args]
+    outs = executor.launch(fused.executable, buffers, device, fused.donate)
+    del buffers
+    for k, buf in zip(fused.live, outs):
+        for storage, pending in bindings[k]:
+            pending.resolved = buf
+            if getattr(storage, st._ATTR, None) is pending:  # not overwritten by a newer graph
+                setattr(storage, st._ATTR, buf)
 
 
 def flush(cut: bool = False) -> None:
@@ -329,13 +335,8 @@ def flush(cut: bool = False) -> None:
         else:
             stats["hits"] += 1
             executor.stats.hits += 1
-        device = g.nodes[0].device
-        buffers = [_arg_buffer(a, device) for a in args]
-        outs = executor.launch(fused.executable, buffers, device, fused.donate)
-        del buffers, args
-        for k, buf in zip(fused.live, outs):
-            for s, _ in holders[k]:
-                setattr(s, st._ATTR, buf)
+        _launch(fused, args, g.nodes[0].device, holders)
+        del args
         # Nodes reference Pendings that reference the graph: break the cycle so
         # the input buffers are freed now, not at the next garbage collection.
         g.nodes.clear()

@@ -34,6 +34,7 @@ import torch
 import torch.fx
 
 from ..lowering.builder import Builder, Value
+from ..lowering.views import contiguous_strides, gather_flat
 
 aten = torch.ops.aten
 
@@ -206,6 +207,8 @@ class Plan:
     masks: dict[torch.fx.Node, Mask]
     outputs: list[Any]  # per output: a size-expression tuple (tensor), a sympy expr (SymInt) or None
     output_layouts: list[Any] = field(default_factory=list)  # per output: its Layout, or None
+    compacted: set[int] = field(default_factory=set)  # outputs packed contiguously (see MaskHook.compact)
+    padded_inputs: list[tuple[int, tuple]] = field(default_factory=list)  # (placeholder, size exprs)
 
 
 def analyze(gm: torch.fx.GraphModule, compact_outputs: bool = False) -> Plan:
@@ -219,6 +222,7 @@ def analyze(gm: torch.fx.GraphModule, compact_outputs: bool = False) -> Plan:
     upper: list[int | None] = []
     layouts: dict[torch.fx.Node, Any] = {}
     masks: dict[torch.fx.Node, Mask] = {}
+    padded_inputs: list[tuple[int, tuple]] = []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, n in enumerate(placeholders):
         val = n.meta.get("val")
@@ -231,6 +235,8 @@ def analyze(gm: torch.fx.GraphModule, compact_outputs: bool = False) -> Plan:
             upper.append(_upper_bound(val, expr))
         elif isinstance(val, torch.Tensor):
             layouts[n] = _plain(val)
+            if _is_padded(layouts[n]):
+                padded_inputs.append((i, tuple(_expr(d) for d in val.shape)))
     if not symbols:
         raise NotBucketable("no symbolic size inputs")
     for n in gm.graph.nodes:
@@ -259,7 +265,10 @@ def analyze(gm: torch.fx.GraphModule, compact_outputs: bool = False) -> Plan:
         else:
             out_exprs.append(None)
             out_layouts.append(None)
-    return Plan(symbols, positions, upper, layouts, masks, out_exprs, out_layouts)
+    plan = Plan(symbols, positions, upper, layouts, masks, out_exprs, out_layouts, padded_inputs=padded_inputs)
+    if compact_outputs:
+        plan.compacted = compacted_outputs(plan)
+    return plan
 
 
 def _upper_bound(val: torch.SymInt, expr: sympy.Symbol) -> int | None:
@@ -659,10 +668,7 @@ class MaskHook:
             coord = b.binary("remainder", rem, size)
             rem = b.div(rem, size)
             index = b.add(index, b.mul(coord, b.constant(padded_strides[k], torch.int64, (n,))))
-        flat = b.reshape(v, (n,))
-        attrs = ("dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], "
-                 "index_vector_dim = 1>, slice_sizes = array<i64: 1>, indices_are_sorted = false")
-        return b.op1("stablehlo.gather", [flat, index], (n,), v.dtype, attrs=attrs)
+        return gather_flat(b, b.reshape(v, (n,)), index)
 
 
 def compacted_outputs(plan: Plan) -> set[int]:
@@ -698,8 +704,6 @@ def padded_shape(exprs: Sequence[sympy.Expr], buckets: dict) -> tuple[int, ...]:
 def pad_input(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """``t`` seen as its ``shape``-sized padded array: free when ``t`` is a prefix box of one
     (an output of a bucketed program), else a host round trip (inputs from outside)."""
-    from ..lowering.views import contiguous_strides
-
     if tuple(t.shape) == shape:
         return t
     strides = contiguous_strides(shape)
@@ -715,8 +719,6 @@ def pad_input(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 def trim_output(t: torch.Tensor, shape: tuple[int, ...], compacted: bool) -> torch.Tensor:
     """The actual-size tensor of a padded output: a prefix box view, or (``compacted``) the
     contiguous front of the storage."""
-    from ..lowering.views import contiguous_strides
-
     if tuple(t.shape) == shape:
         return t
     if compacted:

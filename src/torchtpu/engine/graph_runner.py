@@ -76,6 +76,9 @@ class GraphProgram:
     def _bucket_plan(self) -> bucketing.Plan | None:
         if self._plan is False:
             try:
+                # An inference graph's outputs go to the user: packed into contiguous tensors,
+                # as eager returns. Training graphs keep prefix-box views, which the next
+                # bucketed graph (the backward) reads without a copy.
                 self._plan = bucketing.analyze(self.gm, compact_outputs=self.name == "inference")
             except bucketing.NotBucketable as e:
                 self._plan = None
@@ -89,27 +92,19 @@ class GraphProgram:
         padded_args = list(args)
         for s, p in zip(plan.symbols, plan.symbol_positions):
             padded_args[p] = buckets[s]
-        for i, node in enumerate(self.placeholders):
-            val = node.meta.get("val")
-            if isinstance(val, torch.Tensor) and isinstance(args[i], torch.Tensor) and _is_symbolic(val):
-                shape = bucketing.padded_shape([bucketing._expr(d) for d in val.shape], buckets)
-                padded_args[i] = bucketing.pad_input(args[i], shape)
+        for i, exprs in plan.padded_inputs:
+            if isinstance(args[i], torch.Tensor):
+                padded_args[i] = bucketing.pad_input(args[i], bucketing.padded_shape(exprs, buckets))
         sizes = np.array([actual[s] for s in plan.symbols], dtype=np.int64)
         results = self._run(padded_args, (plan, sizes))
         out = list(results)
-        compacted = self._compacted(plan)
         for k, spec in enumerate(plan.outputs):
             if isinstance(spec, tuple) and isinstance(out[k], torch.Tensor):
-                out[k] = bucketing.trim_output(out[k], bucketing.padded_shape(spec, actual), k in compacted)
+                out[k] = bucketing.trim_output(out[k], bucketing.padded_shape(spec, actual),
+                                                k in plan.compacted)
             elif isinstance(spec, sympy.Expr):
                 out[k] = int(spec.subs(actual))
         return out
-
-    def _compacted(self, plan: bucketing.Plan) -> set[int]:
-        # An inference graph's outputs go to the user: make them contiguous tensors, as
-        # eager returns. Training graphs keep prefix-box views, which the next bucketed
-        # graph (the backward) reads without a copy.
-        return bucketing.compacted_outputs(plan) if self.name == "inference" else set()
 
     def _run(self, args: list[Any], bucket: tuple | None = None) -> Any:
         col = executor._Collector()
@@ -182,7 +177,7 @@ class GraphProgram:
         outputs: list[tuple] = []
         out_values: list[Value] = []
         result_specs: list[_OutSpec] = []
-        compacted = self._compacted(plan) if plan is not None else set()
+        compacted = plan.compacted if plan is not None else set()
         for out_index, (node, r) in enumerate(zip(self.out_nodes, results)):
             if isinstance(node, torch.fx.Node) and node.op == "placeholder":
                 result_specs.append(_OutSpec("input", self.placeholders.index(node)))

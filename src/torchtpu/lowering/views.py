@@ -152,7 +152,7 @@ def read_view(b: Builder, flat: Value, view: ViewSpec) -> Value:
         idx = _gather_indices(b, view)
         flat = fit(b, flat, max(flat.shape[0], 1 + view.offset + sum((d - 1) * s for d, s in
                                                                         zip(shape, view.stride))))
-        return _gather(b, flat, idx)
+        return gather_flat(b, flat, idx)
     order, base, limits, steps = box
     total = math.prod(base)
     window = b.slice(fit(b, flat, max(flat.shape[0], view.offset + total)), [view.offset], [view.offset + total])
@@ -170,7 +170,8 @@ def read_view(b: Builder, flat: Value, view: ViewSpec) -> Value:
     return b.broadcast_in_dim(boxed, shape, kept_sorted)
 
 
-def _gather(b: Builder, flat: Value, idx: Value) -> Value:
+def gather_flat(b: Builder, flat: Value, idx: Value) -> Value:
+    """``flat[idx]`` for a 1-D ``flat`` and an integer index tensor of any shape."""
     rank = idx.rank
     attrs = ("dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], "
              f"index_vector_dim = {rank}>, slice_sizes = array<i64: 1>, indices_are_sorted = false")

@@ -53,10 +53,13 @@ def release_donated(keep: int = 0) -> None:
     del _DONATED_HANDLES[:n]
     for client, h in old:
         if client._handle:
-            p = client._plugin
-            err = p.buffer_destroy_fn(_new(BUFFER_DESTROY_T, [BUFFER_DESTROY_SIZE, _NULL, h]))
-            if err:
-                p.take_error(err)
+            _destroy_handle(client._plugin, h)
+
+
+def _destroy_handle(plugin: Any, h: Any) -> None:
+    err = plugin.buffer_destroy_fn(_new(BUFFER_DESTROY_T, [BUFFER_DESTROY_SIZE, _NULL, h]))
+    if err:
+        plugin.take_error(err)  # frees it; a finalizer cannot report it
 
 
 class Buffer:
@@ -226,10 +229,7 @@ class Buffer:
                     release_donated(keep=_DONATED_CAP // 2)
                 return
             _LIVE[0] -= self._nbytes
-            p = self._client._plugin
-            err = p.buffer_destroy_fn(_new(BUFFER_DESTROY_T, [BUFFER_DESTROY_SIZE, _NULL, h]))
-            if err:
-                p.take_error(err)  # frees it; a finalizer cannot report it
+            _destroy_handle(self._client._plugin, h)
 
     def __repr__(self) -> str:
         if self._handle == _NULL:

@@ -152,6 +152,7 @@ def test_donation_keeps_peak_memory_at_or_below_strict():
     x, y = make_batch(cfg, 4, torch.Generator().manual_seed(0))
 
     def peak(mode):
+        torch.tpu.empty_cache()  # scalar copies cached by the other run would count against this one
         m = copy.deepcopy(base).to("tpu")
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
         xt, yt = x.to("tpu"), y.to("tpu")
@@ -238,3 +239,51 @@ def test_cut_graphs_compile_in_the_background_and_match_strict():
     assert any(name.startswith("torchtpu-compile") for name in threads)
     for got, want in zip(fused, run("strict")):
         torch.testing.assert_close(got, want)
+
+
+def test_chunks_launch_before_the_read_at_the_same_cut_points_every_step(monkeypatch):
+    """Long graphs are cut every CHUNK_NODES ops counted from the last read, so the device runs
+    early chunks while later ones are recorded, and each step reuses the same programs."""
+    monkeypatch.setattr(deferred, "CHUNK_NODES", 5)
+    monkeypatch.setattr(deferred, "MIN_PERIOD", 10_000)  # only chunking cuts here
+    deferred.cache_clear()
+    w = torch.randn(8, 8) * 0.3
+    x = torch.randn(4, 8)
+
+    def step(t, wt):
+        for _ in range(4):
+            t = torch.tanh(t @ wt).add(1).mul(0.5)  # 3 ops a round: chunk cuts fall mid-round
+        return t
+
+    ref = step(x, w)
+    with torch.tpu.defer_and_fuse(), torch.tpu.precision("highest"):
+        wt, xt = w.to("tpu"), x.to("tpu")
+        results, compiles = [], []
+        for _ in range(4):
+            before = dict(deferred.stats)
+            out = step(xt, wt)
+            launched_early = deferred.stats["flushes"] > before["flushes"]
+            results.append(out.cpu())
+            compiles.append(deferred.stats["compiles"] + deferred.stats["background_compiles"]
+                            - before["compiles"] - before["background_compiles"])
+            assert launched_early
+    for r in results:
+        torch.testing.assert_close(r, ref)
+    assert compiles[-1] == 0 and compiles[-2] == 0, compiles
+
+
+def test_a_read_runs_everything_recorded(monkeypatch):
+    """A read of a value from an already launched chunk still flushes the ops recorded after it:
+    otherwise the next step's graph would start mid-way and never hit the cache."""
+    monkeypatch.setattr(deferred, "CHUNK_NODES", 3)
+    monkeypatch.setattr(deferred, "MIN_PERIOD", 10_000)
+    with torch.tpu.defer_and_fuse():
+        a = torch.ones(4, device="tpu")
+        b = a * 2
+        c = b + 1
+        d = c * 3  # third op: the chunk [mul, add, mul] is cut and launched
+        e = d - 1  # recorded after the cut
+        assert deferred.has_pending()
+        assert d.cpu().tolist() == [9.0] * 4
+        assert not deferred.has_pending()
+        assert e.cpu().tolist() == [8.0] * 4

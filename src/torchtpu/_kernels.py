@@ -58,10 +58,11 @@ def device_to_host(t: torch.Tensor) -> torch.Tensor:
     if t.numel() == 0:
         return torch.empty(t.shape, dtype=t.dtype)
     src = t
-    buf = st.storage_buffer(src.untyped_storage())
-    if buf is not None and not isinstance(buf, Buffer):  # DeferAndFuse: a materialization point
+    if deferred.has_pending():
+        # A read is a materialization point: run everything recorded so far, not only what this
+        # tensor needs, so the next graph starts at the same op every step and hits the cache.
         deferred.flush()
-        buf = st.storage_buffer(src.untyped_storage())
+    buf = st.storage_buffer(src.untyped_storage())
     if not (_covers_storage(src) and buf is not None and st.buffer_dtype(buf) == src.dtype
             and buf.shape[0] == src.numel()):
         host_view = _strided_from_whole_buffer(t, buf)

@@ -198,7 +198,8 @@ def reset_peak_device_memory() -> None:
 
 
 def empty_cache() -> None:
-    """Nothing is cached beyond live storages: PJRT frees buffers as soon as they die."""
+    """Free the device copies of Python scalars kept for reuse; live storages are never cached."""
+    executor.clear_scalar_buffers()
 
 
 # -- switches ----------------------------------------------------------------

@@ -46,6 +46,11 @@ MAX_NODES = 4096
 # and from then on every graph is cut when it has recorded one such period, so
 # each period compiles once and is reused, and graphs never grow unbounded.
 MIN_PERIOD = 8
+# Early launch: a graph is also cut every CHUNK_NODES ops counted from the last
+# read (or period cut), so the device runs one chunk while the host records the
+# next instead of idling until the read. Counting from a read keeps the cut
+# points, hence the cached programs, the same every training step. 0 disables.
+CHUNK_NODES = int(os.environ.get("TORCH_TPU_DEFER_CHUNK_NODES", "24"))
 
 
 class Pending:
@@ -82,7 +87,7 @@ class _Node:
 class _Graph:
     nodes: list[_Node] = field(default_factory=list)
     touched: list[weakref.ref] = field(default_factory=list)
-    keys: list[tuple] = field(default_factory=list)
+    keys: list[int] = field(default_factory=list)  # op key ids (see _OpInfo)
     in_flight: bool = False  # cut, its program compiling in the background
 
 
@@ -110,20 +115,25 @@ _graph = _Graph()
 _in_flight: deque[_InFlight] = deque()
 _compiler: ThreadPoolExecutor | None = None
 _cache: dict[tuple, _Fused] = {}
-_period: list[tuple] | None = None
+_period: list[int] | None = None
+_since_sync = 0  # ops recorded since the last read or period cut (see CHUNK_NODES)
 stats = {"flushes": 0, "nodes": 0, "compiles": 0, "hits": 0, "period_cuts": 0, "background_compiles": 0}
 
 
 _OUR_PATHS = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+_is_ours: dict[Any, bool] = {}  # code object -> whether it lives in torch or torchtpu
 
 
 def _user_line() -> str:
     """'file:line' of the innermost frame outside torch and torchtpu (cheap: no traceback objects)."""
     f = sys._getframe(2)
     while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith(_OUR_PATHS):
-            return f"{name}:{f.f_lineno}"
+        code = f.f_code
+        ours = _is_ours.get(code)
+        if ours is None:
+            ours = _is_ours[code] = code.co_filename.startswith(_OUR_PATHS)
+        if not ours:
+            return f"{code.co_filename}:{f.f_lineno}"
         f = f.f_back
     return "<unknown>"
 
@@ -137,10 +147,49 @@ def _strip(v: Any) -> Any:
     return v
 
 
+class _OpInfo:
+    """What recording needs about one op cache key, computed once per key.
+
+    ``key_id`` stands for the key in graph keys: hashing and comparing the
+    nested key tuples at every flush and repeat check cost more than the
+    recording itself.
+    """
+
+    __slots__ = ("func_args", "key_id", "layouts", "metas")
+
+    def __init__(self, key_id: int, metas: list[Any], func_args: list[Any], mutated: bool) -> None:
+        self.key_id = key_id
+        self.metas = metas
+        self.func_args = func_args
+        # per returned new tensor: (shape, stride, dtype, numel), or None for an absent output
+        self.layouts: list[tuple | None] = []
+        if not mutated:
+            for m in metas:
+                if m is None:
+                    self.layouts.append(None)
+                    continue
+                shape = tuple(m.shape)
+                stride = tuple(m.stride()) if executor.is_dense_permutation(m.shape, m.stride()) else \
+                    tuple(executor.contiguous_strides(m.shape))
+                self.layouts.append((shape, stride, m.dtype, m.numel()))
+
+
+_op_info: dict[tuple, _OpInfo] = {}
+
+
+def _info_for(plan: Any, values: list[Any], specs: list, key: tuple) -> _OpInfo:
+    info = _op_info.get(key)
+    if info is None:
+        metas, func_args = executor.meta_for(plan, values, specs, key)
+        info = _op_info[key] = _OpInfo(len(_op_info), metas, func_args, bool(plan.mutated))
+    return info
+
+
 def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, key: tuple) -> Any:
     """Record one op; returns what the op returns, with pending storages."""
     with _lock:
-        metas, func_args = executor.meta_for(plan, values, specs, key)
+        info = _info_for(plan, values, specs, key)
+        metas = info.metas
         g = _graph
         device = col.device or 0
         inputs: list[tuple] = []
@@ -169,21 +218,20 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                 gen = inp[1] if inp[1] is not None else _C._default_generator(device)
                 inputs.append(("seed", _C._next_seed(gen)))
         node_index = len(g.nodes)
-        g.nodes.append(_Node(plan, specs, _strip(values), skeys, inputs, metas, func_args, key, device,
+        g.nodes.append(_Node(plan, specs, _strip(values), skeys, inputs, metas, info.func_args, key, device,
                              _user_line()))
         stats["nodes"] += 1
-        dev = torch.device("tpu", device)
+        dev = executor._torch_device(device)
         new_tensors: list[torch.Tensor | None] = []
         k = 0
         if not plan.mutated:
-            for m in metas:
-                if m is None:
+            for layout in info.layouts:
+                if layout is None:
                     new_tensors.append(None)
                     continue
-                stride = m.stride() if executor.is_dense_permutation(m.shape, m.stride()) else \
-                    executor.contiguous_strides(m.shape)
-                t = torch.empty_strided(tuple(m.shape), tuple(stride), dtype=m.dtype, device=dev)
-                _bind(g, t.untyped_storage(), Pending(g, node_index, k, t.numel(), m.dtype))
+                shape, stride, dtype, numel = layout
+                t = torch.empty_strided(shape, stride, dtype=dtype, device=dev)
+                _bind(g, t.untyped_storage(), Pending(g, node_index, k, numel, dtype))
                 new_tensors.append(t)
                 k += 1
         else:
@@ -197,13 +245,18 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                 numel, dtype = (sk[1], sk[2]) if sk[0] == "U" else (sk[3], sk[2])
                 _bind(g, storage, Pending(g, node_index, k, numel, dtype))
                 k += 1
-        g.keys.append(key)
-        if len(g.nodes) >= MAX_NODES or _repeats(g.keys):
+        g.keys.append(info.key_id)
+        global _since_sync
+        _since_sync += 1
+        if _repeats(g.keys):
+            _since_sync = 0
+            flush(cut=True)
+        elif len(g.nodes) >= MAX_NODES or (CHUNK_NODES and _since_sync % CHUNK_NODES == 0):
             flush(cut=True)
     return executor.op_result(plan, values, new_tensors)
 
 
-def _repeats(keys: list[tuple]) -> bool:
+def _repeats(keys: list[int]) -> bool:
     """True when the graph should be cut at a repeat boundary (see MIN_PERIOD)."""
     global _period
     n = len(keys)
@@ -251,7 +304,7 @@ def _launch_in_flight() -> None:
 def _launch(fused: _Fused, args: list[tuple], device: int,
             bindings: dict[tuple[int, int], list[tuple[torch.UntypedStorage, Pending]]]) -> None:
     """Run a fused program and bind each live output to the storages that await it."""
-    buffers = [_arg_buffer(a, device) for a in args]
+    buffers = [a[1] if a[0] == "buf" else _arg_buffer(a, device) for a in args]
     outs = executor.launch(fused.executable, buffers, device, fused.donate)
     del buffers
     for k, buf in zip(fused.live, outs):
@@ -267,8 +320,10 @@ def flush(cut: bool = False) -> None:
     ``cut``: the graph is cut without a read, so an uncached program may compile
     in the background (see the module docstring).
     """
-    global _graph
+    global _graph, _since_sync
     with _lock:
+        if not cut:
+            _since_sync = 0
         _launch_in_flight()
         g = _graph
         if not g.nodes:
@@ -313,10 +368,10 @@ def flush(cut: bool = False) -> None:
                         arg_of[id(inp[1])] = len(args)
                     w.append(("a", len(args)))
                     args.append(inp)
-            wiring.append((node.key, tuple(w)))
+            wiring.append((_op_info[node.key].key_id, tuple(w)))
         # Inputs dead after this graph (their storage was overwritten or freed)
         # may be donated: an optimizer step then updates parameters in place.
-        dead = tuple(i for i, a in enumerate(args) if a[0] == "buf" and _dead_after(a))
+        dead = tuple(i for i, a in enumerate(args) if a[0] == "buf" and _dead_after(a[1], a[2]()))
         key = (tuple(wiring), tuple(live), dead)
         fused = _cache.get(key)
         if fused is None and cut:
@@ -343,9 +398,9 @@ def flush(cut: bool = False) -> None:
         g.touched.clear()
 
 
-def _dead_after(a: tuple) -> bool:
-    storage = a[2]()
-    return storage is None or getattr(storage, st._ATTR, None) is not a[1]
+def _dead_after(buf: Any, storage: torch.UntypedStorage | None) -> bool:
+    """True when no storage holds ``buf`` any more (freed or overwritten)."""
+    return storage is None or getattr(storage, st._ATTR, None) is not buf
 
 
 def _arg_buffer(a: tuple, device: int) -> Any:

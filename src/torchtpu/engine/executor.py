@@ -81,6 +81,10 @@ _MAX_PENDING = 256
 # ---------------------------------------------------------------------------
 # argument walking
 # ---------------------------------------------------------------------------
+_TPU_INDEX: dict[torch.device, int] = {}  # tpu device -> index (reading device.type costs ~0.7 us)
+_F64, _C128 = torch.float64, torch.complex128
+
+
 class _Collector:
     __slots__ = ("device", "has_f64", "inputs", "skeys", "storage_index", "storages")
 
@@ -94,7 +98,10 @@ class _Collector:
 
     def tensor(self, t: torch.Tensor) -> tuple:
         dev = t.device
-        if dev.type != "tpu":
+        idx = _TPU_INDEX.get(dev)
+        if idx is None and dev.type == "tpu":
+            idx = _TPU_INDEX[dev] = dev.index or 0
+        if idx is None:
             if t.dim() == 0 and dev.type == "cpu":
                 slot = len(self.inputs)
                 self.inputs.append(("host", st.to_numpy(t.detach().reshape(()))))
@@ -103,14 +110,14 @@ class _Collector:
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found at least two devices, "
                 f"tpu:{other} and {dev}!")
-        idx = dev.index or 0
         if self.device is None:
             self.device = idx
         elif idx != self.device:
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found at least two devices, "
                 f"tpu:{self.device} and tpu:{idx}!")
-        if t.dtype in (torch.float64, torch.complex128):
+        dtype = t.dtype
+        if dtype is _F64 or dtype is _C128:
             self.has_f64 = True
         s = t.untyped_storage()
         sid = s._cdata
@@ -119,12 +126,12 @@ class _Collector:
             k = len(self.storages)
             self.storage_index[sid] = k
             self.storages.append(s)
-            self.skeys.append(_storage_key(s, t.dtype))
+            self.skeys.append(_storage_key(s, dtype))
             self.inputs.append(("storage", k))
         if t.is_conj() or t.is_neg():
             # lazy conj/neg views (e.g. ifft's conj) reach fallthrough ops such as clone as is
-            return ("T", k, t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), (t.is_conj(), t.is_neg()))
-        return ("T", k, t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
+            return ("T", k, dtype, tuple(t.shape), t.stride(), t.storage_offset(), (t.is_conj(), t.is_neg()))
+        return ("T", k, dtype, tuple(t.shape), t.stride(), t.storage_offset())
 
     def scalar(self, v: Any) -> tuple:
         slot = len(self.inputs)
@@ -554,6 +561,11 @@ def _scalar_buffer(value: Any, dtype: torch.dtype, device: int) -> Any:
         buf = _device_state.client().buffer_from_host(arr, device)
         _scalar_buffers[k] = buf
     return buf
+
+
+def clear_scalar_buffers() -> None:
+    """Drop the cached device copies of runtime scalars (``torch.tpu.empty_cache``)."""
+    _scalar_buffers.clear()
 
 
 def _launch(plan: OpPlan, values: list[Any], col: _Collector, skeys: tuple, entry: Entry) -> Any:

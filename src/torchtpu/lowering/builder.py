@@ -305,6 +305,12 @@ class Builder:
 
     def transpose(self, v: Value, perm: Sequence[int]) -> Value:
         perm = list(perm)
+        inner = self._transposes.get(v.name)
+        if inner is not None:
+            # A transpose of a transpose is one transpose (often none: ``w.t().t()`` in a
+            # backward graph). XLA would merge them too, but only after its CPU backend has
+            # decided, on the unmerged form, to run the dot they feed in f32 instead of bf16.
+            return self.transpose(inner[0], [inner[1][p] for p in perm])
         if perm == list(range(v.rank)):
             return v
         shape = [v.shape[p] for p in perm]

@@ -43,8 +43,8 @@ def _fold_transpose(b: Builder, x: Value, batch: Sequence[int], contract: Sequen
     XLA's CPU backend does not fold a transpose sitting in front of a dot (behind the
     bf16 convert of TPU precision) and materializes it: ~3x the dot's own time for a
     linear layer's ``x @ w.t()``. Exact when the free dims keep their order. A left
-    operand contracted over its first dim (``x.t() @ g``, a weight gradient) runs no
-    faster folded than behind a bf16 transpose, so it keeps the transpose.
+    operand that ends up contracted over a leading dim (``x.t() @ g``, a weight
+    gradient) is then laid out row-major by :func:`_row_major_lhs`.
     """
     src = b.transpose_source(x)
     if src is None:
@@ -53,9 +53,48 @@ def _fold_transpose(b: Builder, x: Value, batch: Sequence[int], contract: Sequen
     new_batch = [perm[d] for d in batch]
     new_contract = [perm[d] for d in contract]
     free = [perm[d] for d in range(x.rank) if d not in batch and d not in contract]
-    if free != sorted(free) or (lhs and new_contract != [x.rank - 1]):
+    if free != sorted(free):
         return x, list(batch), list(contract)
     return operand, new_batch, new_contract
+
+
+def _row_major_lhs(b: Builder, x: Value, batch: Sequence[int], contract: Sequence[int]
+                   ) -> tuple[Value, list[int], list[int]]:
+    """The left operand laid out (batch, free, contracting), transposed in a way XLA keeps.
+
+    XLA's CPU backend runs a bf16 dot whose left operand is contracted over a leading dim
+    (``x.t() @ g``: every weight gradient) as an f32 dot on a transposed read, about 1.5x
+    the time of transposing first and running the bf16 product. Its TransposeFolding pass
+    folds any 2-D transpose back into the dot, so the transpose is written on a view with
+    one even dim split in two: the same permutation, not a row-column transpose.
+    """
+    free = [d for d in range(x.rank) if d not in batch and d not in contract]
+    order = [*batch, *free, *contract]
+    if order == list(range(x.rank)) or not _cpu_plugin():
+        return x, list(batch), list(contract)
+    new_batch = list(range(len(batch)))
+    new_contract = list(range(len(batch) + len(free), x.rank))
+    split = next((d for d in range(x.rank) if x.shape[d] >= 2 and x.shape[d] % 2 == 0), None)
+    if split is None:
+        return b.transpose(x, order), new_batch, new_contract
+    halves = (*x.shape[:split], 2, x.shape[split] // 2, *x.shape[split + 1:])
+    perm: list[int] = []
+    for d in order:
+        perm.extend([split, split + 1] if d == split else [d if d < split else d + 1])
+    moved = b.transpose(b.reshape(x, halves), perm)
+    return b.reshape(moved, [x.shape[d] for d in order]), new_batch, new_contract
+
+
+_CPU_PLUGIN: list[bool] = []
+
+
+def _cpu_plugin() -> bool:
+    """Whether programs run on XLA's CPU backend (its dot emitter wants row-major operands)."""
+    if not _CPU_PLUGIN:
+        from .. import _device_state
+
+        _CPU_PLUGIN.append(_device_state.plugin_kind() == "cpu")
+    return _CPU_PLUGIN[0]
 
 
 def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Sequence[int]],
@@ -70,6 +109,10 @@ def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Se
         passes = _PASSES[ctx.precision]
         nparts = max(max(i, j) for i, j in passes) + 1
         pa, pc = _split(b, b.convert(a, torch.float32), nparts), _split(b, b.convert(c, torch.float32), nparts)
+        lhs_batch, lhs_contract = batch[0], contract[0]
+        for k, part in enumerate(pa):
+            pa[k], lhs_batch, lhs_contract = _row_major_lhs(b, part, batch[0], contract[0])
+        batch, contract = (lhs_batch, batch[1]), (lhs_contract, contract[1])
         acc = None
         for i, j in passes:
             p = b.dot_general(pa[i], pc[j], batch, contract, torch.float32)

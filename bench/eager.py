@@ -5,7 +5,8 @@
 Measures, each as the best of several repetitions (machines are small and noisy):
 - per-op overhead: a chain of 1,000 tiny elementwise ops then one read;
 - the demo GPT's training step (forward, backward, AdamW) in Strict, DeferAndFuse,
-  ``torch.compile(backend="tpu")``, CPU eager and CPU ``torch.compile`` (inductor);
+  ``torch.compile(backend="tpu")``, CPU eager and CPU ``torch.compile`` (inductor),
+  timed in interleaved rounds (best round per mode);
 - GPT inference at batch 1;
 - peak device memory (bytes of PJRT buffers held) of a training step, Strict vs DeferAndFuse;
 - first-step latency (compile included) per mode;
@@ -63,8 +64,8 @@ def _train_step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer):
     return step
 
 
-def gpt_train(base: GPT, device: str, mode: str, steps: int) -> dict[str, Any]:
-    """Steps/s, first-step seconds and peak device bytes of a training loop reading the loss each step."""
+def _gpt_loop(base: GPT, device: str, mode: str):
+    """A function running n training steps (reading the loss each step), and the first step's seconds."""
     cfg = base.cfg
     model = copy.deepcopy(base).to(device)
     capturable = device == "tpu" and mode == "compile"
@@ -77,25 +78,54 @@ def gpt_train(base: GPT, device: str, mode: str, steps: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     x, y = make_batch(cfg, 8, g)
     x, y = x.to(device), y.to(device)
-    ctx = torch.tpu.eager_mode("defer_and_fuse" if mode == "defer_and_fuse" else "strict") \
-        if device == "tpu" else contextlib.nullcontext()
-    with ctx:
-        t0 = time.perf_counter()
-        step(x, y).item()
-        first = time.perf_counter() - t0
-        for _ in range(2):
-            step(x, y).item()
+
+    def ctx() -> Any:
+        if device != "tpu":
+            return contextlib.nullcontext()
+        return torch.tpu.eager_mode("defer_and_fuse" if mode == "defer_and_fuse" else "strict")
+
+    def run(n: int) -> None:
+        with ctx():
+            for _ in range(n):
+                step(x, y).item()
+
+    t0 = time.perf_counter()
+    run(1)
+    return run, time.perf_counter() - t0
+
+
+def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: int = 5) -> dict[str, Any]:
+    """Per mode: ms per training step, first-step seconds and peak device bytes.
+
+    Peak memory is measured one mode at a time (only that mode's model alive). Step
+    times are taken in interleaved rounds, best round per mode, so that a slow spell of
+    this noisy machine hits every mode alike instead of whichever ran during it.
+    """
+    out: dict[str, Any] = {}
+    for name, (device, mode) in modes.items():
+        run, first = _gpt_loop(base, device, mode)
+        run(2)
+        peak = None
         if device == "tpu":
             torch.tpu.synchronize()
             torch.tpu.reset_peak_device_memory()
-
-        def run() -> None:
-            for _ in range(steps):
-                step(x, y).item()
-
-        t = best_of(run, 3) / steps
-        peak = torch.tpu.device_memory_in_use()[1] if device == "tpu" else None
-    return {"step_ms": t * 1e3, "steps_per_s": 1.0 / t, "first_step_s": first, "peak_device_bytes": peak}
+            run(2)
+            peak = torch.tpu.device_memory_in_use()[1]
+        out[name] = {"first_step_s": first, "peak_device_bytes": peak}
+        del run
+    loops = {}
+    for name, (device, mode) in modes.items():
+        loops[name], _ = _gpt_loop(base, device, mode)
+        loops[name](2)
+    best = dict.fromkeys(modes, float("inf"))
+    for _ in range(rounds):
+        for name, run in loops.items():
+            t0 = time.perf_counter()
+            run(steps)
+            best[name] = min(best[name], (time.perf_counter() - t0) / steps)
+    for name, t in best.items():
+        out[name].update(step_ms=t * 1e3, steps_per_s=1.0 / t)
+    return out
 
 
 class MLP(torch.nn.Module):
@@ -194,16 +224,14 @@ def main() -> None:
     }
     with torch.tpu.eager_mode("defer_and_fuse"):
         res["op_us"]["tpu_defer_and_fuse"] = op_chain("tpu") * 1e6
-    train = {
-        "cpu_eager": gpt_train(base, "cpu", "eager", args.steps),
-        "tpu_strict": gpt_train(base, "tpu", "strict", args.steps),
-        "tpu_defer_and_fuse": gpt_train(base, "tpu", "defer_and_fuse", args.steps),
-        "tpu_compile": gpt_train(base, "tpu", "compile", args.steps),
-    }
+    train_modes = {"cpu_eager": ("cpu", "eager"), "tpu_strict": ("tpu", "strict"),
+                   "tpu_defer_and_fuse": ("tpu", "defer_and_fuse"), "tpu_compile": ("tpu", "compile")}
+    if not args.skip_inductor:
+        train_modes["cpu_inductor"] = ("cpu", "inductor")
+    train = gpt_train(base, train_modes, args.steps)
     infer = {m: gpt_infer(base, "tpu", m) for m in ("strict", "defer_and_fuse", "compile")}
     infer["cpu_eager"] = gpt_infer(base, "cpu", "eager")
     if not args.skip_inductor:
-        train["cpu_inductor"] = gpt_train(base, "cpu", "inductor", args.steps)
         infer["cpu_inductor"] = gpt_infer(base, "cpu", "inductor")
     res["gpt_train"] = train
     res["mlp_train_step_ms"] = {"cpu_eager": mlp_train("cpu", "eager", args.steps),

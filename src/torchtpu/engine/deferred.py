@@ -11,7 +11,10 @@ materialized. The fused program is cached by the graph's structure (op keys
 and wiring, never object identities), so the same training step hits the
 cache on the next iteration.
 
-A graph cut without a read (the repeated-ops heuristic, the size limit) whose
+Graphs are also cut every CHUNK_NODES ops counted from the last read, so the
+device runs one chunk while the host records the next (early launch).
+
+A graph cut without a read (the repeated-ops heuristic, chunking, the size limit) whose
 program is not cached yet compiles on a background thread: recording goes on
 meanwhile, the next graph takes the cut graph's results as arguments, and
 every flush first launches the cut graphs, in order, once their programs are

@@ -71,7 +71,7 @@ class Pending:
         self.dtype = st.TORCH_TO_NUMPY[dtype]  # same interface as runtime.Buffer for cache keys
 
 
-@dataclass
+@dataclass(slots=True)
 class _Node:
     plan: Any
     specs: list
@@ -91,6 +91,14 @@ class _Graph:
     nodes: list[_Node] = field(default_factory=list)
     touched: list[weakref.ref] = field(default_factory=list)
     keys: list[int] = field(default_factory=list)  # op key ids (see _OpInfo)
+    # Built while recording (flush then only looks up the program): the program's
+    # arguments, id(Buffer) -> argument position (a buffer read twice is one argument),
+    # and per node (key id, wires), a wire being ("p", node, output) for a value of this
+    # graph, ("a", position) for an argument, or ("u",) for an uninitialized storage.
+    args: list[tuple] = field(default_factory=list)
+    arg_of: dict[int, int] = field(default_factory=dict)
+    wiring: list[tuple] = field(default_factory=list)
+    has_later: bool = False  # reads results of a cut graph still compiling (see _rewire)
     in_flight: bool = False  # cut, its program compiling in the background
 
 
@@ -196,30 +204,48 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
         g = _graph
         device = col.device or 0
         inputs: list[tuple] = []
+        wires: list[tuple] = []
+        args, arg_of = g.args, g.arg_of
         for inp in col.inputs:
             kind = inp[0]
             if kind == "storage":
                 s = col.storages[inp[1]]
                 buf = getattr(s, st._ATTR, None)
                 if buf is None:
-                    inputs.append(("uninit",))
-                elif isinstance(buf, Pending) and buf.graph is g:
-                    inputs.append(("pending", buf))
-                elif isinstance(buf, Pending) and buf.graph.in_flight:
-                    # a result of a cut graph still compiling: an argument, bound when it launches
-                    inputs.append(("later", buf, weakref.ref(s)))
-                else:
-                    if isinstance(buf, Pending):  # from an older graph: cannot happen after its flush
+                    inputs.append(_UNINIT)
+                    wires.append(_UNINIT_WIRE)
+                    continue
+                if isinstance(buf, Pending):
+                    if buf.graph is g:
+                        inputs.append(("pending", buf))
+                        wires.append(("p", buf.node, buf.index))
+                        continue
+                    if not buf.graph.in_flight:  # from an older graph: cannot happen after its flush
                         raise AssertionError("stale pending storage")
-                    inputs.append(("buf", buf, weakref.ref(s)))
-            elif kind == "scalar":
+                    # a result of a cut graph still compiling: an argument, bound when it launches
+                    a = ("later", buf, weakref.ref(s))
+                    g.has_later = True
+                else:
+                    a = ("buf", buf, weakref.ref(s))
+                inputs.append(a)
+                pos = arg_of.get(id(buf))
+                if pos is None:
+                    pos = arg_of[id(buf)] = len(args)
+                    args.append(a)
+                wires.append(("a", pos))
+                continue
+            if kind == "scalar":
                 dt = inp[2] or (torch.float64 if col.has_f64 else torch.float32)
-                inputs.append(("scalar", inp[1], dt))
+                a = ("scalar", inp[1], dt)
             elif kind == "host":
-                inputs.append(("host", inp[1]))
-            elif kind == "seed":
+                a = ("host", inp[1])
+            else:  # seed
                 gen = inp[1] if inp[1] is not None else _C._default_generator(device)
-                inputs.append(("seed", _C._next_seed(gen)))
+                a = ("seed", _C._next_seed(gen))
+            inputs.append(a)
+            wires.append(("a", len(args)))
+            args.append(a)
+        g.wiring.append((info.key_id, tuple(wires)))
         node_index = len(g.nodes)
         g.nodes.append(_Node(plan, specs, _strip(values), skeys, inputs, metas, info.func_args, key, device,
                              _user_line()))
@@ -348,30 +374,11 @@ def flush(cut: bool = False) -> None:
                 if not any(h is s for h, _ in holders[k]):
                     holders[k].append((s, v))
         if not live:
-            g.nodes.clear()
-            g.touched.clear()
+            _release(g)
             return
-        args: list[tuple] = []
-        wiring = []
-        arg_of: dict[int, int] = {}  # id(Buffer) -> argument position (a buffer read twice is one argument)
-        for node in g.nodes:
-            if any(inp[0] == "later" for inp in node.inputs):  # their graphs launched above
-                node.inputs = [("buf", inp[1].resolved, inp[2]) if inp[0] == "later" else inp
-                               for inp in node.inputs]
-            w = []
-            for inp in node.inputs:
-                if inp[0] == "pending":
-                    w.append(("p", inp[1].node, inp[1].index))
-                elif inp[0] == "uninit":
-                    w.append(("u",))
-                elif inp[0] == "buf" and id(inp[1]) in arg_of:
-                    w.append(("a", arg_of[id(inp[1])]))
-                else:
-                    if inp[0] == "buf":
-                        arg_of[id(inp[1])] = len(args)
-                    w.append(("a", len(args)))
-                    args.append(inp)
-            wiring.append((_op_info[node.key].key_id, tuple(w)))
+        if g.has_later:
+            _rewire(g)  # the cut graphs it reads from have launched above
+        args, wiring = g.args, g.wiring
         # Inputs dead after this graph (their storage was overwritten or freed)
         # may be donated: an optimizer step then updates parameters in place.
         dead = tuple(i for i, a in enumerate(args) if a[0] == "buf" and _dead_after(a[1], a[2]()))
@@ -383,8 +390,7 @@ def flush(cut: bool = False) -> None:
             g.in_flight = True
             _in_flight.append(_InFlight(future, key, args, g.nodes[0].device, holders))
             stats["background_compiles"] += 1
-            g.nodes.clear()
-            g.touched.clear()
+            _release(g)
             return
         if fused is None:
             text, donate = _emit(g, args, live, key)
@@ -395,10 +401,49 @@ def flush(cut: bool = False) -> None:
             executor.stats.hits += 1
         _launch(fused, args, g.nodes[0].device, holders)
         del args
-        # Nodes reference Pendings that reference the graph: break the cycle so
-        # the input buffers are freed now, not at the next garbage collection.
-        g.nodes.clear()
-        g.touched.clear()
+        _release(g)
+
+
+def _release(g: _Graph) -> None:
+    """Drop a flushed graph's nodes and arguments.
+
+    Nodes reference Pendings that reference the graph: breaking the cycle frees the
+    input buffers now, not at the next garbage collection. The argument list is
+    replaced, not cleared: a cut graph waiting for its program still holds it.
+    """
+    g.nodes.clear()
+    g.touched.clear()
+    g.args, g.arg_of, g.wiring = [], {}, []
+
+
+def _rewire(g: _Graph) -> None:
+    """Rebuild a graph's arguments and wiring once the cut graphs it reads have launched.
+
+    Results of such graphs were recorded as "later" arguments; they become the Buffers
+    they resolved to, deduplicated like any other buffer argument.
+    """
+    g.args, g.arg_of, g.wiring = [], {}, []
+    for node in g.nodes:
+        node.inputs = [("buf", inp[1].resolved, inp[2]) if inp[0] == "later" else inp for inp in node.inputs]
+        wires = []
+        for inp in node.inputs:
+            if inp[0] == "pending":
+                wires.append(("p", inp[1].node, inp[1].index))
+            elif inp[0] == "uninit":
+                wires.append(_UNINIT_WIRE)
+            elif inp[0] == "buf" and id(inp[1]) in g.arg_of:
+                wires.append(("a", g.arg_of[id(inp[1])]))
+            else:
+                if inp[0] == "buf":
+                    g.arg_of[id(inp[1])] = len(g.args)
+                wires.append(("a", len(g.args)))
+                g.args.append(inp)
+        g.wiring.append((_op_info[node.key].key_id, tuple(wires)))
+    g.has_later = False
+
+
+_UNINIT = ("uninit",)
+_UNINIT_WIRE = ("u",)
 
 
 def _dead_after(buf: Any, storage: torch.UntypedStorage | None) -> bool:

@@ -49,6 +49,7 @@ MAX_NODES = 4096
 # and from then on every graph is cut when it has recorded one such period, so
 # each period compiles once and is reused, and graphs never grow unbounded.
 MIN_PERIOD = 8
+MIN_CUT_NODES = 24  # graphs cut at a shorter period hold this many ops at least (whole periods)
 # Early launch: a graph is also cut every CHUNK_NODES ops counted from the last
 # read (or period cut), so the device runs one chunk while the host records the
 # next instead of idling until the read. Counting from a read keeps the cut
@@ -99,6 +100,7 @@ class _Graph:
     arg_of: dict[int, int] = field(default_factory=dict)
     wiring: list[tuple] = field(default_factory=list)
     has_later: bool = False  # reads results of a cut graph still compiling (see _rewire)
+    on_period: bool = True  # its ops so far are a prefix of the repeat period (see _repeats)
     in_flight: bool = False  # cut, its program compiling in the background
 
 
@@ -277,22 +279,28 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
         g.keys.append(info.key_id)
         global _since_sync
         _since_sync += 1
-        if _repeats(g.keys):
+        if _repeats(g):
             _since_sync = 0
             flush(cut=True)
-        elif len(g.nodes) >= MAX_NODES or (CHUNK_NODES and _since_sync % CHUNK_NODES == 0):
+        elif len(g.nodes) >= MAX_NODES or (CHUNK_NODES and _since_sync % CHUNK_NODES == 0
+                                             and (_period is None or not g.on_period)):
+            # (a graph still repeating the period is left to the period cut)
             flush(cut=True)
     return executor.op_result(plan, values, new_tensors)
 
 
-def _repeats(keys: list[int]) -> bool:
+def _repeats(g: _Graph) -> bool:
     """True when the graph should be cut at a repeat boundary (see MIN_PERIOD)."""
     global _period
+    keys = g.keys
     n = len(keys)
     if _period is not None:
-        if n == len(_period) and keys[-1] == _period[-1] and keys == _period:
-            stats["period_cuts"] += 1
-            return True
+        if g.on_period and n <= len(_period) and keys[-1] == _period[n - 1]:
+            if n == len(_period):
+                stats["period_cuts"] += 1
+                return True
+            return False
+        g.on_period = False
         return False
     last = keys[-1]
     checked = 0
@@ -302,7 +310,9 @@ def _repeats(keys: list[int]) -> bool:
             continue
         p = n - 1 - q
         if keys[n - 2 * p:n - p] == keys[n - p:]:
-            _period = keys[n - p:]
+            # A short period is cut every few repeats: each flush and launch costs about
+            # as much as recording 10-20 ops, so a graph should hold more than a few ops.
+            _period = keys[n - p:] * -(-MIN_CUT_NODES // p)
             stats["period_cuts"] += 1
             return True
         checked += 1

@@ -169,6 +169,40 @@ def test_transpose_of_transpose_is_one_op():
     assert b.transpose_source(z) == (x, [1, 2, 0])
 
 
+def test_safe_softmax_matches_cpu():
+    """Rows of only -inf give 0 (fully masked attention rows); a NaN in a row still propagates."""
+    x = torch.randn(4, 3, 6)
+    x[0, 1] = float("-inf")
+    x[1, 2, :3] = float("-inf")
+    x[2, 0, 0] = float("nan")
+    x[2, 0, 1] = float("-inf")
+    op = torch.ops.aten._safe_softmax.default
+    for dim in (-1, 1, 0):
+        both(lambda t, d=dim: op(t, d), x)
+    both(lambda t: op(t, -1, torch.bfloat16), x, rtol=1e-2, atol=1e-2)
+    both(lambda t: op(t.to(torch.bfloat16), -1), x, rtol=1e-2, atol=1e-2)
+    both(lambda t: op(t, 0), torch.tensor(float("-inf")))
+    both(lambda t: op(t, 0), torch.tensor(0.5))
+    # what attention with a boolean mask runs, forward and backward
+    q, k, v = (torch.randn(2, 2, 5, 4, requires_grad=True) for _ in range(3))
+    mask = torch.rand(2, 1, 5, 5) > 0.3
+    mask[:, :, 0] = False  # a fully masked query row
+
+    def attn(q, k, v, m):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        out.sum().backward()
+        return out
+
+    ref = attn(q, k, v, mask)
+    grads = [t.grad for t in (q, k, v)]
+    qt, kt, vt = (t.detach().to("tpu").requires_grad_() for t in (q, k, v))
+    with torch.tpu.precision("highest"):
+        out = attn(qt, kt, vt, mask.to("tpu"))
+    torch.testing.assert_close(out.cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    for g, t in zip(grads, (qt, kt, vt)):
+        torch.testing.assert_close(t.grad.cpu(), g, rtol=1e-4, atol=1e-5)
+
+
 def test_shape_ops():
     x = torch.randn(3, 4)
     both(lambda t: torch.cat([t, t * 2], 1), x)

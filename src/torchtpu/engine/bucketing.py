@@ -185,7 +185,7 @@ _FACTORIES = {"arange", "ones", "zeros", "full", "empty", "scalar_tensor", "new_
 # reductions: identity of the masked-out elements ("mean" divides by the actual count)
 _REDUCTIONS = {"sum": 0, "amax": "-inf", "amin": "inf", "any": False, "all": True, "argmax": "-inf",
                "argmin": "inf", "logsumexp": "-inf", "prod": 1, "mean": "mean"}
-_SOFTMAX = {"_softmax": "-inf", "_log_softmax": "-inf"}
+_SOFTMAX = {"_softmax": "-inf", "_log_softmax": "-inf", "_safe_softmax": "-inf"}
 _CONTRACTIONS = {"mm", "addmm", "bmm", "baddbmm"}
 
 

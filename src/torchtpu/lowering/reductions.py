@@ -230,6 +230,30 @@ def _softmax(ctx: LoweringContext, x: Value, dim: int, half_to_float: bool) -> V
     return b.convert(softmax(b, v, dim % x.rank, ctx.op is aten._log_softmax.default), out)
 
 
+@register(aten._safe_softmax.default)
+def _safe_softmax(ctx: LoweringContext, x: Value, dim: int, dtype: Any = None) -> Value:
+    """Softmax whose rows of only -inf give 0, not NaN (attention over fully masked rows).
+
+    One lowering instead of PyTorch's composite (softmax, eq, all, where): four eager ops
+    per attention layer become one, and the mask test shares softmax's row maximum.
+    """
+    b = ctx.b
+    out = ctx.out_dtype()
+    xd = b.convert(x, out)  # a dtype argument converts the input first, as at::softmax does
+    if x.rank == 0:
+        return b.select(b.compare(xd, b.constant(float("-inf"), out), "EQ"), b.constant(0.0, out),
+                        b.constant(1.0, out))
+    d = dim % x.rank
+    v = b.convert(xd, opmath(out))
+    keep = [1 if i == d else s for i, s in enumerate(x.shape)]
+    # all(x == -inf) along dim, as a NaN-propagating max: a row holding a NaN is not masked
+    m = reduce_max(b, v, [d])
+    masked = b.broadcast_to(b.reshape(b.compare(m, b.constant(float("-inf"), v.dtype, m.shape), "EQ"), keep),
+                            x.shape)
+    y = b.convert(softmax(b, v, d, log=False), out)
+    return b.select(masked, b.constant(0.0, out, x.shape), y)
+
+
 @register(aten._softmax_backward_data.default)
 def _softmax_backward(ctx: LoweringContext, grad: Value, y: Value, dim: int, input_dtype: Any) -> Value:
     b = ctx.b

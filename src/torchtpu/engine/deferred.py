@@ -54,7 +54,7 @@ MIN_CUT_NODES = 24  # graphs cut at a shorter period hold this many ops at least
 # read (or period cut), so the device runs one chunk while the host records the
 # next instead of idling until the read. Counting from a read keeps the cut
 # points, hence the cached programs, the same every training step. 0 disables.
-CHUNK_NODES = int(os.environ.get("TORCH_TPU_DEFER_CHUNK_NODES", "24"))
+CHUNK_NODES = int(os.environ.get("TORCH_TPU_DEFER_CHUNK_NODES", "40"))
 
 
 class Pending:

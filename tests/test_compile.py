@@ -120,3 +120,26 @@ def test_dynamic_gpt_sequence_lengths_match_static():
         for t in (3, 7, 20):
             idx = torch.randint(0, 256, (1, t)).to("tpu")
             torch.testing.assert_close(f(idx).cpu(), m(idx).cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_saved_views_of_inputs_are_not_copied():
+    """A forward graph that saves a view of an input (a weight's transpose, kept for the
+    backward) hands out a view of the input rather than a copy made by the program."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchtpu.engine.graph_runner import GraphProgram
+
+    def f(w, x):
+        wt = torch.ops.aten.t.default(w)
+        return torch.ops.aten.mm.default(x, wt), wt, torch.ops.aten.permute.default(w, [1, 0])[1:]
+
+    w, x = torch.randn(6, 4), torch.randn(3, 4)
+    gm = make_fx(f, tracing_mode="fake")(w, x)
+    wt_dev, x_dev = w.to("tpu"), x.to("tpu")
+    with torch.tpu.precision("highest"):
+        out, wt, tail = GraphProgram(gm, "views")([wt_dev, x_dev])
+    for view, ref in ((wt, w.t()), (tail, w.t()[1:])):
+        assert view.untyped_storage()._cdata == wt_dev.untyped_storage()._cdata
+        assert view.stride() == ref.stride() and view.storage_offset() == ref.storage_offset()
+        torch.testing.assert_close(view.cpu(), ref)
+    torch.testing.assert_close(out.cpu(), x @ w.t())

@@ -39,7 +39,9 @@ _RANDOM_TARGETS = {torch.ops.aten.native_dropout.default, torch.ops.aten.bernoul
 
 @dataclass
 class _OutSpec:
-    kind: str  # "tensor" | "input" (an input returned as is) | "value" (a non-tensor constant)
+    # "tensor" | "input" (an input returned as is) | "input_view" (a view of an input: value
+    # holds its shape, stride and storage offset) | "value" (a non-tensor constant)
+    kind: str
     index: int = 0
     value: Any = None
 
@@ -132,6 +134,8 @@ class GraphProgram:
                 results.append(new[spec.index])
             elif spec.kind == "input":
                 results.append(args[spec.index])
+            elif spec.kind == "input_view":
+                results.append(args[spec.index].as_strided(*spec.value))
             else:
                 results.append(spec.value)
         return results
@@ -185,6 +189,13 @@ class GraphProgram:
             val = None
             if isinstance(node, torch.fx.Node):
                 val = vals[node] if vals is not None and node in vals else node.meta.get("val")
+            source = _viewed_input(node, val) if vals is None and plan is None else None
+            if source is not None and specs[self.placeholders.index(source)][0] == "T":
+                # A view of an input (a weight's transpose saved for the backward): hand out the
+                # view instead of copying the input into a new output buffer.
+                result_specs.append(_OutSpec("input_view", self.placeholders.index(source),
+                                             (tuple(val.shape), val.stride(), val.storage_offset())))
+                continue
             if isinstance(r, Value) and isinstance(val, torch.Tensor):
                 shape = tuple(int(d) for d in val.shape)
                 stride = tuple(int(d) for d in val.stride())
@@ -234,6 +245,30 @@ class GraphProgram:
         self.compiles += 1
         executor.stats.compile_seconds += time.perf_counter() - start
         return entry
+
+
+def _viewed_input(node: Any, val: Any) -> torch.fx.Node | None:
+    """The placeholder whose storage ``node``'s value views through view ops only, if any."""
+    if not isinstance(node, torch.fx.Node) or not isinstance(val, torch.Tensor):
+        return None
+    n = node
+    while n.op == "call_function":
+        op = n.target
+        schema = getattr(op, "_schema", None)
+        alias = schema.returns[0].alias_info if schema is not None and schema.returns else None
+        if alias is None or alias.is_write or not n.args or not isinstance(n.args[0], torch.fx.Node):
+            return None
+        n = n.args[0]
+    if n.op != "placeholder":
+        return None
+    base = n.meta.get("val")
+    if not isinstance(base, torch.Tensor) or base.dtype != val.dtype:
+        return None
+    try:
+        same = base.untyped_storage()._cdata == val.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+    return n if same else None
 
 
 def _is_symbolic(val: Any) -> bool:

@@ -206,22 +206,16 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
         g = _graph
         device = col.device or 0
         inputs: list[tuple] = []
-        wires: list[tuple] = []
-        args, arg_of = g.args, g.arg_of
         for inp in col.inputs:
             kind = inp[0]
             if kind == "storage":
                 s = col.storages[inp[1]]
                 buf = getattr(s, st._ATTR, None)
                 if buf is None:
-                    inputs.append(_UNINIT)
-                    wires.append(_UNINIT_WIRE)
-                    continue
-                if isinstance(buf, Pending):
-                    if buf.graph is g:
-                        inputs.append(("pending", buf))
-                        wires.append(("p", buf.node, buf.index))
-                        continue
+                    a = _UNINIT
+                elif isinstance(buf, Pending) and buf.graph is g:
+                    a = ("pending", buf)
+                elif isinstance(buf, Pending):
                     if not buf.graph.in_flight:  # from an older graph: cannot happen after its flush
                         raise AssertionError("stale pending storage")
                     # a result of a cut graph still compiling: an argument, bound when it launches
@@ -229,14 +223,7 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                     g.has_later = True
                 else:
                     a = ("buf", buf, weakref.ref(s))
-                inputs.append(a)
-                pos = arg_of.get(id(buf))
-                if pos is None:
-                    pos = arg_of[id(buf)] = len(args)
-                    args.append(a)
-                wires.append(("a", pos))
-                continue
-            if kind == "scalar":
+            elif kind == "scalar":
                 dt = inp[2] or (torch.float64 if col.has_f64 else torch.float32)
                 a = ("scalar", inp[1], dt)
             elif kind == "host":
@@ -245,9 +232,7 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                 gen = inp[1] if inp[1] is not None else _C._default_generator(device)
                 a = ("seed", _C._next_seed(gen))
             inputs.append(a)
-            wires.append(("a", len(args)))
-            args.append(a)
-        g.wiring.append((info.key_id, tuple(wires)))
+        g.wiring.append((info.key_id, tuple(_wire(g, a) for a in inputs)))
         node_index = len(g.nodes)
         g.nodes.append(_Node(plan, specs, _strip(values), skeys, inputs, metas, info.func_args, key, device,
                              _user_line()))
@@ -426,29 +411,33 @@ def _release(g: _Graph) -> None:
     g.args, g.arg_of, g.wiring = [], {}, []
 
 
+def _wire(g: _Graph, inp: tuple) -> tuple:
+    """The wire of one recorded input, adding it to the graph's arguments if it is one."""
+    kind = inp[0]
+    if kind == "pending":
+        return ("p", inp[1].node, inp[1].index)
+    if kind == "uninit":
+        return _UNINIT_WIRE
+    if kind in ("buf", "later"):  # a buffer (or a cut graph's result) read twice is one argument
+        pos = g.arg_of.get(id(inp[1]))
+        if pos is not None:
+            return ("a", pos)
+        g.arg_of[id(inp[1])] = len(g.args)
+    g.args.append(inp)
+    return ("a", len(g.args) - 1)
+
+
 def _rewire(g: _Graph) -> None:
     """Rebuild a graph's arguments and wiring once the cut graphs it reads have launched.
 
     Results of such graphs were recorded as "later" arguments; they become the Buffers
     they resolved to, deduplicated like any other buffer argument.
     """
+    key_ids = [key_id for key_id, _ in g.wiring]
     g.args, g.arg_of, g.wiring = [], {}, []
-    for node in g.nodes:
+    for node, key_id in zip(g.nodes, key_ids):
         node.inputs = [("buf", inp[1].resolved, inp[2]) if inp[0] == "later" else inp for inp in node.inputs]
-        wires = []
-        for inp in node.inputs:
-            if inp[0] == "pending":
-                wires.append(("p", inp[1].node, inp[1].index))
-            elif inp[0] == "uninit":
-                wires.append(_UNINIT_WIRE)
-            elif inp[0] == "buf" and id(inp[1]) in g.arg_of:
-                wires.append(("a", g.arg_of[id(inp[1])]))
-            else:
-                if inp[0] == "buf":
-                    g.arg_of[id(inp[1])] = len(g.args)
-                wires.append(("a", len(g.args)))
-                g.args.append(inp)
-        g.wiring.append((_op_info[node.key].key_id, tuple(wires)))
+        g.wiring.append((key_id, tuple(_wire(g, inp) for inp in node.inputs)))
     g.has_later = False
 
 

@@ -111,8 +111,8 @@ class Builder:
         self._count = 0
         self._indent = "    "
         self.arg_attrs: dict[int, str] = {}
-        # transpose results -> (operand, permutation), so a later convert can be moved
-        # before the transpose (see convert)
+        # transpose results -> (operand, permutation): a later convert moves before the
+        # transpose, a transpose of it composes, and dots fold it (see convert, transpose)
         self._transposes: dict[str, tuple[Value, list[int]]] = {}
 
     # -- bookkeeping ---------------------------------------------------------

@@ -36,7 +36,7 @@ _PASSES = {"medium": [(0, 0)], "high": [(1, 0), (0, 1), (0, 0)],
            "highest": [(2, 0), (1, 1), (0, 2), (1, 0), (0, 1), (0, 0)]}
 
 
-def _fold_transpose(b: Builder, x: Value, batch: Sequence[int], contract: Sequence[int], lhs: bool
+def _fold_transpose(b: Builder, x: Value, batch: Sequence[int], contract: Sequence[int]
                     ) -> tuple[Value, list[int], list[int]]:
     """Read a transposed operand through the dot's dimension numbers instead.
 
@@ -101,8 +101,8 @@ def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Se
         contract: tuple[Sequence[int], Sequence[int]], out_dtype: torch.dtype) -> Value:
     """dot_general with TPU numerics for the operands' dtype and the precision in force."""
     b = ctx.b
-    a, ab, ac = _fold_transpose(b, a, batch[0], contract[0], lhs=True)
-    c, cb, cc = _fold_transpose(b, c, batch[1], contract[1], lhs=False)
+    a, ab, ac = _fold_transpose(b, a, batch[0], contract[0])
+    c, cb, cc = _fold_transpose(b, c, batch[1], contract[1])
     batch, contract = (ab, cb), (ac, cc)
     common = torch.promote_types(a.dtype, c.dtype)
     if common == torch.float32:

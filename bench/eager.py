@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
+from torchtpu.runtime import host_memory
 
 
 def best_of(fn, reps: int = 5) -> float:
@@ -163,6 +164,7 @@ def mlp_train(device: str, mode: str, steps: int) -> float:
 _COLD_WARM = """
 import time, torch
 from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
+from torchtpu.runtime import host_memory
 torch.manual_seed(0)
 cfg = GPTConfig()
 m = GPT(cfg).to("tpu")
@@ -252,6 +254,8 @@ def main() -> None:
         / train["tpu_strict"]["peak_device_bytes"],
     }
     res["compile_cache"] = torch.tpu.compile_cache_stats()
+    # Process-wide: once a tpu device exists, CPU eager in this process reuses freed memory too.
+    res["host_memory_pool"] = host_memory.is_pooled()
     print(json.dumps(res, indent=2, default=float))
     if args.json:
         with open(args.json, "w") as f:

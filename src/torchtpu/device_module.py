@@ -12,6 +12,7 @@ from . import _C, _device_state
 from ._config import config
 from .engine import executor
 from .engine.precision import precision  # noqa: F401  (public: torch.tpu.precision)
+from .runtime import host_memory
 
 
 def _lazy_init() -> None:
@@ -198,8 +199,10 @@ def reset_peak_device_memory() -> None:
 
 
 def empty_cache() -> None:
-    """Free the device copies of Python scalars kept for reuse; live storages are never cached."""
+    """Free what is kept for reuse: device copies of Python scalars, and on the CPU plugin the
+    pooled host memory of freed buffers. Live storages are never cached."""
     executor.clear_scalar_buffers()
+    host_memory.release_freed_memory()
 
 
 # -- switches ----------------------------------------------------------------

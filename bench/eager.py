@@ -164,7 +164,6 @@ def mlp_train(device: str, mode: str, steps: int) -> float:
 _COLD_WARM = """
 import time, torch
 from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
-from torchtpu.runtime import host_memory
 torch.manual_seed(0)
 cfg = GPTConfig()
 m = GPT(cfg).to("tpu")

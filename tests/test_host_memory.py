@@ -41,7 +41,7 @@ def test_device_buffers_come_from_the_pooled_heap():
 
 def test_the_pool_can_be_turned_off():
     # Also shows the check above can fail: glibc's default mmaps a 24 MB block.
-    assert _mmapped_blocks({host_memory.ENV_VAR: "0"}) >= 1
+    assert _mmapped_blocks({"TORCH_TPU_HOST_MEMORY_POOL": "0"}) >= 1
 
 
 def test_empty_cache_returns_pooled_memory():

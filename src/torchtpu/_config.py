@@ -26,6 +26,9 @@ class Config:
         self.check_nan = _flag("TORCH_TPU_CHECK_NAN")
         self.num_devices = int(os.environ.get("TORCH_TPU_NUM_DEVICES", "1"))
         self.plugin = os.environ.get("TORCH_TPU_PJRT_PLUGIN") or None
+        # CPU plugin: keep freed host (= device) memory pooled (runtime.host_memory); on by default.
+        self.host_memory_pool = os.environ.get("TORCH_TPU_HOST_MEMORY_POOL") is None or _flag(
+            "TORCH_TPU_HOST_MEMORY_POOL")
         # Host-side bounds checks run in Debug mode unless explicitly disabled.
         checks = os.environ.get("TORCH_TPU_DEBUG_CHECKS")
         self.debug_checks_override = None if checks is None else _flag("TORCH_TPU_DEBUG_CHECKS")

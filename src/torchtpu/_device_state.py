@@ -11,6 +11,7 @@ import threading
 
 from . import runtime
 from ._config import config
+from .runtime import host_memory
 
 _lock = threading.Lock()
 _client: runtime.Client | None = None
@@ -31,6 +32,8 @@ def client() -> runtime.Client:
             plugin.initialize()
             options = runtime.default_client_options(_plugin_kind(_plugin_path), config.num_devices)
             _client = runtime.Client(plugin, options)
+            if _client.platform_name == "cpu" and config.host_memory_pool:  # device memory is malloc memory
+                host_memory.pool_freed_memory()
         return _client
 
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from . import host_memory
 from ._pjrt_ffi import ffi
 from .buffer import Buffer
 from .compile_options import compile_options
@@ -88,8 +87,6 @@ class Client:
         self.platform_name: str = ffi.string(r.platform_name, r.platform_name_size).decode()
         r = plugin.call("PJRT_Client_PlatformVersion", client=self._handle)
         self.platform_version: str = ffi.string(r.platform_version, r.platform_version_size).decode()
-        if self.platform_name == "cpu":  # device memory is malloc memory: pool it like a device would
-            host_memory.pool_freed_memory()
         r = plugin.call("PJRT_Client_AddressableDevices", client=self._handle)
         self.devices: list[Device] = [
             Device(plugin, r.addressable_devices[i], i) for i in range(r.num_addressable_devices)

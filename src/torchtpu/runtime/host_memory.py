@@ -10,19 +10,18 @@ outputs. A real device allocator pools its memory instead; this does the same
 for glibc: blocks up to 32 MB come from the heap and freed memory is kept for
 reuse, until :func:`release_freed_memory` (``torch.tpu.empty_cache()``).
 
-``TORCH_TPU_HOST_MEMORY_POOL=0`` leaves malloc alone. Process-wide by nature
-(``mallopt``), so CPU tensors in the same process reuse memory the same way.
+The process's device state turns it on for the CPU plugin unless
+``TORCH_TPU_HOST_MEMORY_POOL=0``. Process-wide by nature (``mallopt``), so CPU
+tensors in the same process reuse memory the same way.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
+import functools
 import threading
 from typing import Any
-
-ENV_VAR = "TORCH_TPU_HOST_MEMORY_POOL"
 
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -33,44 +32,40 @@ _MMAP_THRESHOLD_BYTES = 32 << 20
 _TRIM_THRESHOLD_BYTES = 1 << 30
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"libc": None, "pooled": False}
+_pooled = False
 
 
+@functools.cache
 def _glibc() -> Any:
-    if _state["libc"] is None:
-        name = ctypes.util.find_library("c")
-        try:
-            libc = ctypes.CDLL(name) if name else None
-        except OSError:
-            libc = None
-        # mallopt/malloc_trim are glibc's; elsewhere there is nothing to tune.
-        if libc is None or not hasattr(libc, "mallopt") or not hasattr(libc, "malloc_trim"):
-            libc = False
-        _state["libc"] = libc
-    return _state["libc"]
+    """The C library when it has glibc's mallopt/malloc_trim; elsewhere there is nothing to tune."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    if libc is None or not hasattr(libc, "mallopt") or not hasattr(libc, "malloc_trim"):
+        return None
+    return libc
 
 
 def pool_freed_memory() -> bool:
-    """Make malloc keep freed memory for reuse; False when disabled or not glibc."""
-    if os.environ.get(ENV_VAR, "1").strip().lower() in ("0", "false", "off", "no"):
-        return False
+    """Make malloc keep freed memory for reuse; False when the C library is not glibc."""
+    global _pooled
     with _lock:
-        if _state["pooled"]:
-            return True
-        libc = _glibc()
-        if not libc:
-            return False
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES) == 1
-        ok = libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES) == 1 and ok
-        _state["pooled"] = ok
-        return ok
+        if not _pooled:
+            libc = _glibc()
+            if libc is None:
+                return False
+            ok = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES) == 1
+            _pooled = libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES) == 1 and ok
+        return _pooled
 
 
 def is_pooled() -> bool:
-    return bool(_state["pooled"])
+    return _pooled
 
 
 def release_freed_memory() -> None:
     """Return pooled free memory to the operating system (no-op when not pooled)."""
-    if _state["pooled"]:
+    if _pooled:
         _glibc().malloc_trim(0)

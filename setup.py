@@ -1,15 +1,30 @@
-"""Builds the C++ shim (torchtpu._C) against the installed torch at install time."""
+"""Builds the native parts at install time.
 
-from setuptools import setup
+* ``torchtpu._C``: the C++ shim against the installed torch (PyPI's CPU wheel).
+* ``torchtpu._cpu_kernels``: host-CPU kernels that XLA:CPU programs call as custom
+  calls (no torch, no Python API: the runtime loads it with ctypes). x86-64 only.
+"""
+
+import platform
+
+from setuptools import Extension, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-setup(
-    ext_modules=[
-        CppExtension(
-            "torchtpu._C",
-            ["src/torchtpu/csrc/shim.cpp"],
-            extra_compile_args=["-O2", "-std=c++17"],
+ext_modules = [
+    CppExtension(
+        "torchtpu._C",
+        ["src/torchtpu/csrc/shim.cpp"],
+        extra_compile_args=["-O2", "-std=c++17"],
+    )
+]
+if platform.machine() in ("x86_64", "AMD64"):
+    ext_modules.append(
+        Extension(
+            "torchtpu._cpu_kernels",
+            ["src/torchtpu/csrc/cpu_kernels.cpp"],
+            extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden"],
+            language="c++",
         )
-    ],
-    cmdclass={"build_ext": BuildExtension},
-)
+    )
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": BuildExtension})

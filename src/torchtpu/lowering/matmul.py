@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ..runtime import cpu_kernels
+from . import target
 from .builder import Builder, Value
 from .registry import LoweringContext, register
 
@@ -70,10 +72,17 @@ def _row_major_lhs(b: Builder, x: Value, batch: Sequence[int], contract: Sequenc
     """
     free = [d for d in range(x.rank) if d not in batch and d not in contract]
     order = [*batch, *free, *contract]
-    if order == list(range(x.rank)) or not _cpu_plugin():
+    if order == list(range(x.rank)) or not target.xla_cpu():
         return x, list(batch), list(contract)
     new_batch = list(range(len(batch)))
     new_contract = list(range(len(batch) + len(free), x.rank))
+    kernel = cpu_kernels.transpose_target()
+    nb = len(batch)
+    if (kernel is not None and list(batch) == list(range(nb)) and order[nb:] == [nb + 1, nb]
+            and x.dtype in (torch.float32, torch.bfloat16)):
+        # A swap of the last two dims: the host kernel does it ~2.5x faster than XLA's loop.
+        shape = [*x.shape[:nb], x.shape[nb + 1], x.shape[nb]]
+        return b.custom_call(kernel, [x], shape, x.dtype), new_batch, new_contract
     split = next((d for d in range(x.rank) if x.shape[d] >= 2 and x.shape[d] % 2 == 0), None)
     if split is None:
         return b.transpose(x, order), new_batch, new_contract
@@ -83,18 +92,6 @@ def _row_major_lhs(b: Builder, x: Value, batch: Sequence[int], contract: Sequenc
         perm.extend([split, split + 1] if d == split else [d if d < split else d + 1])
     moved = b.transpose(b.reshape(x, halves), perm)
     return b.reshape(moved, [x.shape[d] for d in order]), new_batch, new_contract
-
-
-_CPU_PLUGIN: list[bool] = []
-
-
-def _cpu_plugin() -> bool:
-    """Whether programs run on XLA's CPU backend (its dot emitter wants row-major operands)."""
-    if not _CPU_PLUGIN:
-        from .. import _device_state
-
-        _CPU_PLUGIN.append(_device_state.plugin_kind() == "cpu")
-    return _CPU_PLUGIN[0]
 
 
 def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Sequence[int]],

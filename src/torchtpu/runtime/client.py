@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from . import cpu_kernels
 from ._pjrt_ffi import ffi
 from .buffer import Buffer
 from .compile_options import compile_options
@@ -87,6 +88,8 @@ class Client:
         self.platform_name: str = ffi.string(r.platform_name, r.platform_name_size).decode()
         r = plugin.call("PJRT_Client_PlatformVersion", client=self._handle)
         self.platform_version: str = ffi.string(r.platform_version, r.platform_version_size).decode()
+        if self.platform_name == "cpu":  # XLA:CPU programs may call the host kernels
+            cpu_kernels.register(plugin)
         r = plugin.call("PJRT_Client_AddressableDevices", client=self._handle)
         self.devices: list[Device] = [
             Device(plugin, r.addressable_devices[i], i) for i in range(r.num_addressable_devices)

@@ -143,3 +143,36 @@ def test_saved_views_of_inputs_are_not_copied():
         assert view.stride() == ref.stride() and view.storage_offset() == ref.storage_offset()
         torch.testing.assert_close(view.cpu(), ref)
     torch.testing.assert_close(out.cpu(), x @ w.t())
+
+
+def test_outputs_viewing_one_intermediate_share_its_buffer():
+    """Outputs that together view all of one intermediate (q, k and v cut from one projection;
+    a softmax saved as itself and reshaped) are views of one output buffer, not copies; a
+    small slice of a large intermediate is still copied, so it does not keep the rest alive."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchtpu.engine.graph_runner import GraphProgram
+
+    aten = torch.ops.aten
+
+    def f(x, w):
+        qkv = aten.mm.default(x, w)
+        q, k, v = aten.split_with_sizes.default(qkv, [4, 4, 4], 1)
+        s = aten._softmax.default(aten.mm.default(x, x.t()), 1, False)
+        big = aten.mul.Tensor(w, 2.0)
+        return (aten.t.default(q), aten.view.default(k, [5, 2, 2]), v, aten.detach.default(s),
+                aten.view.default(s, [25]), aten.slice.Tensor(big, 1, 0, 1))
+
+    x, w = torch.randn(5, 3), torch.randn(3, 12)
+    gm = make_fx(f, tracing_mode="fake")(x, w)
+    with torch.tpu.precision("highest"):
+        outs = GraphProgram(gm, "shared")([x.to("tpu"), w.to("tpu")])
+    refs = f(x, w)
+    for out, ref in zip(outs, refs):
+        torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
+    for out, ref in zip(outs[:5], refs[:5]):  # views of a shared buffer keep eager's layout
+        assert out.stride() == ref.stride() and out.storage_offset() == ref.storage_offset()
+    storage = [o.untyped_storage()._cdata for o in outs]
+    assert storage[0] == storage[1] == storage[2]  # q, k, v: one buffer
+    assert storage[3] == storage[4] != storage[0]  # the softmax, once
+    assert outs[5].untyped_storage().nbytes() == 3 * 4  # the slice alone

@@ -9,6 +9,7 @@ input layout and cached.
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,8 @@ _RANDOM_TARGETS = {torch.ops.aten.native_dropout.default, torch.ops.aten.bernoul
 @dataclass
 class _OutSpec:
     # "tensor" | "input" (an input returned as is) | "input_view" (a view of an input: value
-    # holds its shape, stride and storage offset) | "value" (a non-tensor constant)
+    # holds its shape, stride and storage offset) | "output_view" (the same, of output
+    # ``index``) | "value" (a non-tensor constant)
     kind: str
     index: int = 0
     value: Any = None
@@ -136,6 +138,8 @@ class GraphProgram:
                 results.append(args[spec.index])
             elif spec.kind == "input_view":
                 results.append(args[spec.index].as_strided(*spec.value))
+            elif spec.kind == "output_view":
+                results.append(new[spec.index].as_strided(*spec.value))
             else:
                 results.append(spec.value)
         return results
@@ -175,13 +179,16 @@ class GraphProgram:
             sizes = input_values[specs[len(self.placeholders)][1]]
             buckets = {s: specs[p][1] for s, p in zip(plan.symbols, plan.symbol_positions)}
             hook = bucketing.MaskHook(plan, b, sizes, buckets)
-        results = decompose.lower_graph(b, self.graph, graph_inputs, key[0], extras, mutations, vals, hook)
+        env: dict[torch.fx.Node, Any] = {}
+        results = decompose.lower_graph(b, self.graph, graph_inputs, key[0], extras, mutations, vals, hook, env)
         if not self.out_is_tuple:
             results = [results]
         outputs: list[tuple] = []
         out_values: list[Value] = []
         result_specs: list[_OutSpec] = []
         compacted = plan.compacted if plan is not None else set()
+        shared = _shared_bases(self.out_nodes, env) if vals is None and plan is None else {}
+        base_outputs: dict[torch.fx.Node, int] = {}
         for out_index, (node, r) in enumerate(zip(self.out_nodes, results)):
             if isinstance(node, torch.fx.Node) and node.op == "placeholder":
                 result_specs.append(_OutSpec("input", self.placeholders.index(node)))
@@ -194,6 +201,21 @@ class GraphProgram:
                 # A view of an input (a weight's transpose saved for the backward): hand out the
                 # view instead of copying the input into a new output buffer.
                 result_specs.append(_OutSpec("input_view", self.placeholders.index(source),
+                                             (tuple(val.shape), val.stride(), val.storage_offset())))
+                continue
+            base = shared.get(node)
+            if base is not None:
+                # Views of one intermediate (q, k and v cut from one projection; a softmax saved
+                # twice): its buffer is an output once and each view is handed out of it, instead
+                # of every view being copied (and transposed) into a buffer of its own.
+                k = base_outputs.get(base)
+                if k is None:
+                    k = base_outputs[base] = len(outputs)
+                    bval = base.meta["val"]
+                    bstride = tuple(int(d) for d in bval.stride())
+                    outputs.append(("new", bval.dtype, tuple(int(d) for d in bval.shape), bstride))
+                    out_values.append(dense_to_storage(b, env[base], bstride))
+                result_specs.append(_OutSpec("output_view", k,
                                              (tuple(val.shape), val.stride(), val.storage_offset())))
                 continue
             if isinstance(r, Value) and isinstance(val, torch.Tensor):
@@ -269,6 +291,57 @@ def _viewed_input(node: Any, val: Any) -> torch.fx.Node | None:
     except (RuntimeError, NotImplementedError):
         return None
     return n if same else None
+
+
+def _view_base(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose result ``node``'s value views through view ops (itself if none)."""
+    n = node
+    while n.op == "call_function":
+        source = n.args[0] if n.args and isinstance(n.args[0], torch.fx.Node) else None
+        if source is None:
+            break
+        op = source.target if n.target is operator.getitem else n.target  # a piece of a split
+        schema = getattr(op, "_schema", None)
+        alias = schema.returns[0].alias_info if schema is not None and len(schema.returns) == 1 else None
+        if alias is None or alias.is_write:
+            break
+        n = source.args[0] if n.target is operator.getitem else source
+        if not isinstance(n, torch.fx.Node):
+            return node
+    return n
+
+
+def _shared_bases(out_nodes: list[Any], env: dict) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Output node -> the intermediate it views, where its views among the outputs cover it."""
+    views: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in out_nodes:
+        if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+            continue
+        base = _view_base(node)
+        if base is not node and base.op == "call_function":
+            views.setdefault(base, []).append(node)
+    shared = {}
+    for base, nodes in views.items():
+        bval = base.meta.get("val")
+        if not isinstance(bval, torch.Tensor) or not isinstance(env.get(base), Value):
+            continue
+        if not is_dense_permutation(tuple(bval.shape), tuple(bval.stride())) or bval.storage_offset() != 0:
+            continue
+        vals = [n.meta.get("val") for n in nodes]
+        if not all(isinstance(v, torch.Tensor) and v.dtype == bval.dtype and _same_storage(v, bval) for v in vals):
+            continue
+        # Handing out a small slice would keep a whole large intermediate alive.
+        if sum(v.numel() for v in vals) < bval.numel():
+            continue
+        shared.update(dict.fromkeys(nodes, base))
+    return shared
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def _is_symbolic(val: Any) -> bool:

@@ -117,7 +117,7 @@ def _out_meta(val: Any) -> Any:
 
 def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precision: str,
                 extras: dict | None = None, mutations: dict | None = None, vals: dict | None = None,
-                hook: Any = None) -> Any:
+                hook: Any = None, env: dict | None = None) -> Any:
     """Lower an FX graph of ATen ops; ``inputs`` bind the placeholders in order.
 
     ``vals`` overrides the nodes' example values (``node.meta["val"]``) with
@@ -128,9 +128,11 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
 
     ``hook(node, args, kwargs) -> (args, kwargs, post)`` may rewrite an ATen
     node's lowered arguments and its result (bucketed graphs mask padding).
+
+    ``env``, when given, is filled with every node's lowered value.
     """
     positions = {n: i for i, n in enumerate(n for n in graph.nodes if n.op == "placeholder")}
-    env: dict[torch.fx.Node, Any] = {}
+    env = {} if env is None else env
     it = iter(inputs)
     result = None
 

@@ -126,10 +126,10 @@ constexpr int kFfiInvalidArgument = 3;      // XLA_FFI_Error_Code
 bool DetectFeatures() {
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  const bool avx512f = (ebx >> 16) & 1;
+  const bool avx512f = (ebx >> 16) & 1, avx512bw = (ebx >> 30) & 1;
   if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return false;
   const bool avx512_bf16 = (eax >> 5) & 1;
-  return avx512f && avx512_bf16;
+  return avx512f && avx512bw && avx512_bf16;
 }
 
 bool FeaturesAvailable() {
@@ -214,17 +214,49 @@ inline void StoreOne(void* dst, int64_t index, uint32_t bits, bool bf16) {
   static_cast<uint16_t*>(dst)[index] = out;
 }
 
+// bf16 -> bf16, 32 rows x 16 columns at a time: rows 2i and 2i+1 interleaved make one
+// vector of 32-bit pairs, and a 16 x 16 transpose of those pairs leaves each column's
+// 32 values in order in one register. Half the shuffles per element of widening to f32.
+__attribute__((target("avx512f,avx512bw"))) void TransposeBf16Blocks(const uint16_t* src, uint16_t* dst,
+                                                                    int64_t rows, int64_t cols,
+                                                                    int64_t full_rows, int64_t full_cols) {
+  alignas(64) uint16_t order[32];
+  for (int j = 0; j < 16; ++j) {
+    order[2 * j] = static_cast<uint16_t>(j);            // row 2i, column j
+    order[2 * j + 1] = static_cast<uint16_t>(32 + j);  // row 2i + 1, column j
+  }
+  const __m512i interleave = _mm512_load_si512(order);
+  __m512i r[16];
+  for (int64_t r0 = 0; r0 < full_rows; r0 += 32) {
+    for (int64_t c0 = 0; c0 < full_cols; c0 += 16) {
+      for (int i = 0; i < 16; ++i) {
+        const __m256i even = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (r0 + 2 * i) * cols + c0));
+        const __m256i odd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (r0 + 2 * i + 1) * cols + c0));
+        r[i] = _mm512_permutex2var_epi16(_mm512_castsi256_si512(even), interleave, _mm512_castsi256_si512(odd));
+      }
+      Transpose16x16(r);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + (c0 + j) * rows + r0, r[j]);
+    }
+  }
+}
+
 // dst[C, R] = src[R, C]^T for one matrix of the batch.
 template <bool kBf16In, bool kBf16Out>
-__attribute__((target("avx512f,avx512bf16"))) void TransposeMatrix(const void* src, void* dst, int64_t rows,
-                                                                   int64_t cols) {
-  const int64_t full_rows = rows / 16 * 16, full_cols = cols / 16 * 16;
-  __m512i r[16];
-  for (int64_t r0 = 0; r0 < full_rows; r0 += 16) {
-    for (int64_t c0 = 0; c0 < full_cols; c0 += 16) {
-      for (int i = 0; i < 16; ++i) r[i] = LoadRow<kBf16In>(src, (r0 + i) * cols + c0);
-      Transpose16x16(r);
-      for (int j = 0; j < 16; ++j) StoreRow<kBf16Out>(dst, (c0 + j) * rows + r0, r[j]);
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void TransposeMatrix(const void* src, void* dst,
+                                                                            int64_t rows, int64_t cols) {
+  constexpr int64_t kRowBlock = kBf16In && kBf16Out ? 32 : 16;
+  const int64_t full_rows = rows / kRowBlock * kRowBlock, full_cols = cols / 16 * 16;
+  if constexpr (kBf16In && kBf16Out) {
+    TransposeBf16Blocks(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), rows, cols, full_rows,
+                        full_cols);
+  } else {
+    __m512i r[16];
+    for (int64_t r0 = 0; r0 < full_rows; r0 += 16) {
+      for (int64_t c0 = 0; c0 < full_cols; c0 += 16) {
+        for (int i = 0; i < 16; ++i) r[i] = LoadRow<kBf16In>(src, (r0 + i) * cols + c0);
+        Transpose16x16(r);
+        for (int j = 0; j < 16; ++j) StoreRow<kBf16Out>(dst, (c0 + j) * rows + r0, r[j]);
+      }
     }
   }
   // The ragged right and bottom edges, one element at a time.
@@ -294,7 +326,7 @@ __attribute__((visibility("default"))) void* torchtpu_transpose(FfiCallFrame* fr
   }
   if (y->dims[rank - 2] != cols || y->dims[rank - 1] != rows)
     return Fail(api, "torchtpu_transpose: result is not the operand's last two dims swapped");
-  if (!FeaturesAvailable()) return Fail(api, "torchtpu_transpose: this CPU lacks AVX512F / AVX512_BF16");
+  if (!FeaturesAvailable()) return Fail(api, "torchtpu_transpose: this CPU lacks AVX512F / AVX512BW / AVX512_BF16");
   Transpose(x->data, x->dtype == kFfiBf16, y->data, y->dtype == kFfiBf16, batch, rows, cols);
   return nullptr;
 }

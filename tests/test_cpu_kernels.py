@@ -98,3 +98,25 @@ def test_column_reductions(shape, dims, module_texts):
     torch.testing.assert_close(i.to("tpu").sum(dims).cpu(), i.sum(dims))
     # a window along one reduced dim, then a reduce of the partial results
     assert any("stablehlo.reduce_window" in text for text in module_texts)
+
+
+def test_cached_program_with_the_kernel_runs_in_a_new_process(tmp_path):
+    """A tier-3 entry that calls the kernel loads in a second process: the handler is
+    registered when the client is created, before any executable is deserialized."""
+    code = """
+        import torch, torchtpu
+        torch.manual_seed(0)
+        x, g = torch.randn(96, 40), torch.randn(96, 24)
+        out = (x.to("tpu").t() @ g.to("tpu")).cpu()
+        want = x.bfloat16().double().t() @ g.bfloat16().double()
+        torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
+        s = torch.tpu.compile_cache_stats()
+        print(s["compiles"], s["tier3_hits"])
+    """
+    env = {"TORCH_TPU_TIER2_COMPILATION_CACHE": "disabled", "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(tmp_path)}
+    first = run_python(code, env)
+    assert first.returncode == 0, first.stderr
+    second = run_python(code, env)
+    assert second.returncode == 0, second.stderr
+    compiles, hits = map(int, second.stdout.split()[-2:])
+    assert compiles == 0 and hits >= 1

@@ -42,6 +42,7 @@ _TIER3 = tempfile.mkdtemp(prefix="xla_cpu_kernels_")
 os.environ["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = _TIER3
 
 import torch
+from eager import _train_step_fn  # the same step as bench/eager.py (a sibling script)
 
 from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
 from torchtpu.runtime import plugins
@@ -140,13 +141,7 @@ def step_loop(mode: str) -> tuple[Callable[[], float], str]:
     x, y = make_batch(cfg, 8, torch.Generator().manual_seed(0))
     x, y = x.to("tpu"), y.to("tpu")
 
-    def step(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        loss = model.loss(a, b)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
-
+    step = _train_step_fn(model, opt)
     if mode == "compile":
         step = torch.compile(step, backend="tpu")
     eager = "defer_and_fuse" if mode == "defer_and_fuse" else "strict"

@@ -9,8 +9,8 @@ from helpers import run_python
 from torchtpu.engine import compile_cache
 from torchtpu.runtime import cpu_kernels
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
-                                reason="the CPU kernels need x86-64 with AVX512F and AVX512_BF16")
+needs_kernels = pytest.mark.skipif(not cpu_kernels.available(),
+                                   reason="the CPU kernels need x86-64 with AVX512F, AVX512BW and AVX512_BF16")
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -32,6 +32,7 @@ def module_texts(monkeypatch):
 @pytest.mark.parametrize("shape", [(512, 384), (3, 17, 33), (2, 16, 16), (1, 5), (40, 7), (2, 3, 32, 48)])
 @pytest.mark.parametrize("in_dtype", [np.float32, BF16])
 @pytest.mark.parametrize("out_dtype", [np.float32, BF16])
+@needs_kernels
 def test_transpose_kernel_is_exact(shape, in_dtype, out_dtype):
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(shape) * 100).astype(np.float32)
@@ -47,6 +48,7 @@ def test_transpose_kernel_is_exact(shape, in_dtype, out_dtype):
     assert np.array_equal(got.view(bits)[~nan], want.view(bits)[~nan])
 
 
+@needs_kernels
 def test_weight_gradient_transposes_through_the_kernel(module_texts):
     torch.manual_seed(0)
     x, g = torch.randn(512, 384), torch.randn(512, 128)
@@ -57,6 +59,7 @@ def test_weight_gradient_transposes_through_the_kernel(module_texts):
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
 
 
+@needs_kernels
 def test_batched_transposed_product_through_the_kernel(module_texts):
     torch.manual_seed(0)
     a, b = torch.randn(6, 40, 24), torch.randn(6, 40, 8)
@@ -100,6 +103,7 @@ def test_column_reductions(shape, dims, module_texts):
     assert any("stablehlo.reduce_window" in text for text in module_texts)
 
 
+@needs_kernels
 def test_cached_program_with_the_kernel_runs_in_a_new_process(tmp_path):
     """A tier-3 entry that calls the kernel loads in a second process: the handler is
     registered when the client is created, before any executable is deserialized."""

@@ -274,8 +274,7 @@ void TransposeBatch(const void* src, void* dst, int64_t batch, int64_t rows, int
                                        static_cast<char*>(dst) + b * rows * cols * out_size, rows, cols);
 }
 
-// Returns false when the element types are not supported.
-bool Transpose(const void* src, bool bf16_in, void* dst, bool bf16_out, int64_t batch, int64_t rows,
+void Transpose(const void* src, bool bf16_in, void* dst, bool bf16_out, int64_t batch, int64_t rows,
                int64_t cols) {
   if (bf16_in && bf16_out) {
     TransposeBatch<true, true>(src, dst, batch, rows, cols);
@@ -286,7 +285,6 @@ bool Transpose(const void* src, bool bf16_in, void* dst, bool bf16_out, int64_t 
   } else {
     TransposeBatch<false, false>(src, dst, batch, rows, cols);
   }
-  return true;
 }
 
 void* Fail(const FfiApi* api, const char* message) {

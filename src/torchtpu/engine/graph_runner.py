@@ -286,11 +286,7 @@ def _viewed_input(node: Any, val: Any) -> torch.fx.Node | None:
     base = n.meta.get("val")
     if not isinstance(base, torch.Tensor) or base.dtype != val.dtype:
         return None
-    try:
-        same = base.untyped_storage()._cdata == val.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):
-        return None
-    return n if same else None
+    return n if _same_storage(base, val) else None
 
 
 def _view_base(node: torch.fx.Node) -> torch.fx.Node:

@@ -83,7 +83,7 @@ def literal(value: bool | float, dtype: torch.dtype) -> str:
     return str(int(value))
 
 
-# Rows each partial result of a column reduction covers on XLA's CPU backend (Builder._column_tree).
+# Rows each partial result of a column reduction covers on XLA's CPU backend (Builder._column_partials).
 _COLUMN_WINDOW = 32
 
 
@@ -389,38 +389,34 @@ class Builder:
     def reduce(self, v: Value, dims: Sequence[int], init: Value, body_op: str) -> Value:
         dims = sorted(int(d) for d in dims)
         if target.xla_cpu():
-            tree = self._column_tree(v, dims, init, body_op)
-            if tree is not None:
-                return tree
+            v = self._column_partials(v, dims, init, body_op)
         shape = [d for i, d in enumerate(v.shape) if i not in dims]
         region = self._scalar_region(body_op, v.dtype)
         return self.op1("stablehlo.reduce", [v, init], shape, v.dtype, attrs=f"dimensions = {_i64_array(dims)}",
                         region=region)
 
-    def _column_tree(self, v: Value, dims: Sequence[int], init: Value, body_op: str) -> Value | None:
-        """A reduction over leading dims (a bias gradient's column sum) as XLA's CPU backend runs it fast.
+    def _column_partials(self, v: Value, dims: Sequence[int], init: Value, body_op: str) -> Value:
+        """For a reduction over leading dims (a bias gradient's column sum), partial results
+        that XLA's CPU backend computes fast; ``v`` itself for any other reduction.
 
         XLA:CPU rewrites such a reduction into one reduce-window over all the reduced dims
         at once and emits that as a strided scalar loop: ~120 us for 8x64x128 -> 128. A
-        window along one reduced dim only, then a reduce of the partial sums, vectorizes
-        along the kept minor dim: ~3x faster. Reductions over the minor dim are left alone.
+        window along one reduced dim only, whose partial results the reduce then combines,
+        vectorizes along the kept minor dim: ~3x faster. Reductions over the minor dim are
+        left alone.
         """
         sized = [i for i, d in enumerate(v.shape) if d != 1]
         if not dims or not sized or sized[-1] in dims:
-            return None
+            return v
         axis = max(dims, key=lambda i: v.shape[i])
         rows = v.shape[axis]
         if rows < 2 * _COLUMN_WINDOW:
-            return None
+            return v
         window = [1] * v.rank
         window[axis] = _COLUMN_WINDOW
         padding = [(0, 0)] * v.rank
         padding[axis] = (0, -rows % _COLUMN_WINDOW)
-        partial = self.reduce_window(v, init, body_op, window, window, padding)
-        region = self._scalar_region(body_op, v.dtype)
-        shape = [d for i, d in enumerate(v.shape) if i not in dims]
-        return self.op1("stablehlo.reduce", [partial, init], shape, v.dtype, attrs=f"dimensions = {_i64_array(dims)}",
-                        region=region)
+        return self.reduce_window(v, init, body_op, window, window, padding)
 
     def reduce_multi(self, values: Sequence[Value], inits: Sequence[Value], dims: Sequence[int], body) -> list[Value]:
         """Variadic reduce (e.g. argmax); ``body(b, *accs, *elems)`` returns the new accumulators."""
@@ -465,10 +461,11 @@ class Builder:
                  f"rhs_contracting_dimensions = {dims(rc)}>")
         return self.op1("stablehlo.dot_general", [a, b], shape, out_dtype, attrs=attrs)
 
-    def custom_call(self, target: str, operands: Sequence[Value], shape: Sequence[int], dtype: torch.dtype) -> Value:
+    def custom_call(self, call_target: str, operands: Sequence[Value], shape: Sequence[int],
+                    dtype: torch.dtype) -> Value:
         """A typed-FFI (api_version 4) custom call with one result."""
         return self.op1("stablehlo.custom_call", operands, shape, dtype,
-                        attrs=f'call_target_name = "{target}", api_version = 4 : i32')
+                        attrs=f'call_target_name = "{call_target}", api_version = 4 : i32')
 
     # -- random ----------------------------------------------------------------
     def rng_bit_generator(self, state: Value, shape: Sequence[int], dtype: torch.dtype) -> tuple[Value, Value]:

@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 from helpers import run_python
 
@@ -184,11 +185,43 @@ def test_recorded_ops_remember_the_users_line():
     lines, first = inspect.getsourcelines(test_recorded_ops_remember_the_users_line)
     expected = first + next(i for i, line in enumerate(lines) if line.rstrip().endswith("# the op's line"))
     with torch.tpu.defer_and_fuse():
-        x = torch.randn(4, device="tpu")
+        x = torch.randn(3, 1, 7, 2, device="tpu")  # a shape no other test emits
         y = x * 2  # the op's line
         where = deferred._graph.nodes[-1].where
         y.cpu()
     assert where == f"{__file__}:{expected}"
+
+
+def test_an_error_while_emitting_names_the_users_line(monkeypatch):
+    from torchtpu.engine import executor
+
+    emit_op = executor.emit_op
+
+    def failing_emit(b, plan, *args):
+        if plan.op is torch.ops.aten.atan2.default:
+            raise ValueError("lowering failed")
+        return emit_op(b, plan, *args)
+
+    monkeypatch.setattr(executor, "emit_op", failing_emit)
+    with torch.tpu.defer_and_fuse():
+        x = torch.randn(5, 3, 2, device="tpu")
+        y = torch.atan2(x, x + 1)  # the failing op
+        with pytest.raises(ValueError, match=r"aten::atan2\S* recorded at .*test_defer_and_fuse.py:\d+"):
+            y.cpu()
+
+
+def test_ops_keep_the_precision_they_were_recorded_under():
+    # regression: the fused program was emitted at the precision current at the read
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 512), torch.randn(512, 64)
+    ref = a.double() @ b.double()
+    with torch.tpu.defer_and_fuse():
+        ta, tb = a.to("tpu"), b.to("tpu")
+        with torch.tpu.precision("highest"):
+            c = ta @ tb
+        fused = c.cpu()  # read after the precision context has ended
+    err = ((fused.double() - ref).abs().max() / ref.abs().max()).item()
+    assert err < 1e-5, err
 
 
 def test_reading_a_strided_view_of_a_pending_tensor():

@@ -41,7 +41,6 @@ from .. import storage as st
 from ..lowering.builder import Builder, Value
 from ..lowering.views import fit
 from . import compile_cache, executor
-from . import precision as precision_mod
 
 MAX_NODES = 4096
 # Repeated-ops heuristic: a graph whose recorded ops are two copies of the same
@@ -62,29 +61,31 @@ class Pending:
 
     __slots__ = ("__weakref__", "dtype", "graph", "index", "node", "resolved", "shape", "torch_dtype")
 
-    def __init__(self, graph: _Graph, node: int, index: int, numel: int, dtype: torch.dtype) -> None:
+    def __init__(self, graph: _Graph, node: int, index: int, numel: int, dtype: torch.dtype,
+                 np_dtype: np.dtype) -> None:
         self.graph = graph
         self.resolved: Any = None  # the Buffer, once a background-compiled graph has launched
         self.node = node
         self.index = index
         self.shape = (numel,)
         self.torch_dtype = dtype
-        self.dtype = st.TORCH_TO_NUMPY[dtype]  # same interface as runtime.Buffer for cache keys
+        self.dtype = np_dtype  # same interface as runtime.Buffer for cache keys
 
 
-@dataclass(slots=True)
 class _Node:
-    plan: Any
-    specs: list
-    values: list
-    skeys: tuple
-    inputs: list  # per collected input: ("buf", Buffer) | ("pending", Pending) | ("uninit",) | ("scalar", v, dt)
-    #               | ("host", ndarray) | ("seed", int)
-    metas: list
-    func_args: list
-    key: tuple
-    device: int
-    where: str = ""  # the user's source line that issued the op
+    """One recorded op: what varies per call. What its op key fixes is in ``info``."""
+
+    __slots__ = ("device", "info", "inputs", "where")
+
+    def __init__(self, info: _OpInfo, inputs: list, device: int, where: str) -> None:
+        self.info = info
+        # per collected input: ("buf", Buffer, storage ref) | ("pending", Pending) | ("uninit",)
+        # | ("later", Pending, storage ref) | ("scalar", v, dt) | ("host", ndarray) | ("seed", int)
+        self.inputs = inputs
+        self.device = device
+        # The user's source line that issued the op, for errors raised when the fused program
+        # is emitted. Empty for an op whose key has been emitted before: it cannot raise then.
+        self.where = where
 
 
 @dataclass
@@ -92,6 +93,7 @@ class _Graph:
     nodes: list[_Node] = field(default_factory=list)
     touched: list[weakref.ref] = field(default_factory=list)
     keys: list[int] = field(default_factory=list)  # op key ids (see _OpInfo)
+    occurrences: dict[int, list[int]] = field(default_factory=dict)  # key id -> its positions in keys
     # Built while recording (flush then only looks up the program): the program's
     # arguments, id(Buffer) -> argument position (a buffer read twice is one argument),
     # and per node (key id, wires), a wire being ("p", node, output) for a value of this
@@ -123,6 +125,7 @@ class _Fused:
     donate: list[int] = field(default_factory=list)  # argument positions whose buffers XLA may reuse
 
 
+_ATTR = st._ATTR
 _lock = threading.RLock()
 _graph = _Graph()
 _in_flight: deque[_InFlight] = deque()
@@ -152,8 +155,8 @@ def _user_line() -> str:
 
 
 def _strip(v: Any) -> Any:
-    """Argument values without tensors: a node must not keep its inputs alive."""
-    if isinstance(v, torch.Tensor):
+    """Argument values without tensors or generators: an op's info must not keep them alive."""
+    if isinstance(v, (torch.Tensor, torch.Generator)):
         return None
     if isinstance(v, (list, tuple)):
         return [_strip(x) for x in v]
@@ -161,61 +164,79 @@ def _strip(v: Any) -> Any:
 
 
 class _OpInfo:
-    """What recording needs about one op cache key, computed once per key.
+    """What recording and emitting need about one op cache key, computed once per key.
 
-    ``key_id`` stands for the key in graph keys: hashing and comparing the
-    nested key tuples at every flush and repeat check cost more than the
-    recording itself.
+    The key fixes the op, its argument specs, storage keys and output metas, so a
+    recorded node only carries its runtime inputs. ``key_id`` stands for the key
+    in graph keys: hashing and comparing the nested key tuples at every flush and
+    repeat check cost more than the recording itself.
     """
 
-    __slots__ = ("func_args", "key_id", "layouts", "metas")
+    __slots__ = ("emitted", "func_args", "key", "key_id", "layouts", "metas", "plan", "skeys", "specs", "values",
+                 "written")
 
-    def __init__(self, key_id: int, metas: list[Any], func_args: list[Any], mutated: bool) -> None:
+    def __init__(self, key_id: int, plan: Any, values: list[Any], specs: list, skeys: tuple, key: tuple) -> None:
         self.key_id = key_id
-        self.metas = metas
-        self.func_args = func_args
-        # per returned new tensor: (shape, stride, dtype, numel), or None for an absent output
+        self.plan = plan
+        self.specs = specs
+        self.values = _strip(values)  # the schema values without tensors, for emission
+        self.skeys = skeys
+        self.key = key
+        self.metas, self.func_args = executor.meta_for(plan, values, specs, key)
+        self.emitted = False  # emitted into a program once: emitting it again cannot raise
+        # per returned new tensor: (shape, stride, dtype, numpy dtype, numel), or None for an absent output
         self.layouts: list[tuple | None] = []
-        if not mutated:
-            for m in metas:
+        # per storage an in-place op writes: (slot, numel, dtype, numpy dtype)
+        self.written: list[tuple] = []
+        if not plan.mutated:
+            for m in self.metas:
                 if m is None:
                     self.layouts.append(None)
                     continue
                 shape = tuple(m.shape)
                 stride = tuple(m.stride()) if executor.is_dense_permutation(m.shape, m.stride()) else \
                     tuple(executor.contiguous_strides(m.shape))
-                self.layouts.append((shape, stride, m.dtype, m.numel()))
+                self.layouts.append((shape, stride, m.dtype, st.TORCH_TO_NUMPY[m.dtype], m.numel()))
+            return
+        slots: list[int] = []
+        for spec, m in zip(executor.mutated_specs(plan, specs), self.metas):
+            if spec[0] == "T" and m is not None and spec[1] not in slots:
+                slots.append(spec[1])
+        for slot in slots:
+            sk = skeys[slot]
+            numel, dtype = (sk[1], sk[2]) if sk[0] == "U" else (sk[3], sk[2])
+            self.written.append((slot, numel, dtype, st.TORCH_TO_NUMPY[dtype]))
 
 
 _op_info: dict[tuple, _OpInfo] = {}
 
 
-def _info_for(plan: Any, values: list[Any], specs: list, key: tuple) -> _OpInfo:
-    info = _op_info.get(key)
-    if info is None:
-        metas, func_args = executor.meta_for(plan, values, specs, key)
-        info = _op_info[key] = _OpInfo(len(_op_info), metas, func_args, bool(plan.mutated))
-    return info
-
-
 def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, key: tuple) -> Any:
     """Record one op; returns what the op returns, with pending storages."""
     with _lock:
-        info = _info_for(plan, values, specs, key)
-        metas = info.metas
+        info = _op_info.get(key)
+        if info is None:
+            info = _op_info[key] = _OpInfo(len(_op_info), plan, values, specs, skeys, key)
         g = _graph
+        node_index = len(g.nodes)
         device = col.device or 0
+        storages = col.storages
         inputs: list[tuple] = []
+        wires: list[tuple] = []
         for inp in col.inputs:
             kind = inp[0]
             if kind == "storage":
-                s = col.storages[inp[1]]
-                buf = getattr(s, st._ATTR, None)
+                s = storages[inp[1]]
+                buf = getattr(s, _ATTR, None)
                 if buf is None:
-                    a = _UNINIT
-                elif isinstance(buf, Pending) and buf.graph is g:
-                    a = ("pending", buf)
-                elif isinstance(buf, Pending):
+                    inputs.append(_UNINIT)
+                    wires.append(_UNINIT_WIRE)
+                    continue
+                if buf.__class__ is Pending:
+                    if buf.graph is g:
+                        inputs.append(("pending", buf))
+                        wires.append(("p", buf.node, buf.index))
+                        continue
                     if not buf.graph.in_flight:  # from an older graph: cannot happen after its flush
                         raise AssertionError("stale pending storage")
                     # a result of a cut graph still compiling: an argument, bound when it launches
@@ -224,42 +245,36 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                 else:
                     a = ("buf", buf, weakref.ref(s))
             elif kind == "scalar":
-                dt = inp[2] or (torch.float64 if col.has_f64 else torch.float32)
-                a = ("scalar", inp[1], dt)
+                a = ("scalar", inp[1], inp[2] or (torch.float64 if col.has_f64 else torch.float32))
             elif kind == "host":
                 a = ("host", inp[1])
             else:  # seed
                 gen = inp[1] if inp[1] is not None else _C._default_generator(device)
                 a = ("seed", _C._next_seed(gen))
             inputs.append(a)
-        g.wiring.append((info.key_id, tuple(_wire(g, a) for a in inputs)))
-        node_index = len(g.nodes)
-        g.nodes.append(_Node(plan, specs, _strip(values), skeys, inputs, metas, info.func_args, key, device,
-                             _user_line()))
-        stats["nodes"] += 1
-        dev = executor._torch_device(device)
+            wires.append(_wire(g, a))
+        g.wiring.append((info.key_id, tuple(wires)))
+        g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
         new_tensors: list[torch.Tensor | None] = []
         k = 0
+        touched = g.touched
         if not plan.mutated:
+            dev = executor._torch_device(device)
             for layout in info.layouts:
                 if layout is None:
                     new_tensors.append(None)
                     continue
-                shape, stride, dtype, numel = layout
-                t = torch.empty_strided(shape, stride, dtype=dtype, device=dev)
-                _bind(g, t.untyped_storage(), Pending(g, node_index, k, numel, dtype))
+                t = torch.empty_strided(layout[0], layout[1], dtype=layout[2], device=dev)
+                s = t.untyped_storage()
+                setattr(s, _ATTR, Pending(g, node_index, k, layout[4], layout[2], layout[3]))
+                touched.append(weakref.ref(s))
                 new_tensors.append(t)
                 k += 1
         else:
-            written: list[int] = []
-            for s, m in zip(executor.mutated_specs(plan, specs), metas):
-                if s[0] == "T" and m is not None and s[1] not in written:
-                    written.append(s[1])
-            for slot in written:
-                storage = col.storages[slot]
-                sk = skeys[slot]
-                numel, dtype = (sk[1], sk[2]) if sk[0] == "U" else (sk[3], sk[2])
-                _bind(g, storage, Pending(g, node_index, k, numel, dtype))
+            for slot, numel, dtype, np_dtype in info.written:
+                s = storages[slot]
+                setattr(s, _ATTR, Pending(g, node_index, k, numel, dtype, np_dtype))
+                touched.append(weakref.ref(s))
                 k += 1
         g.keys.append(info.key_id)
         global _since_sync
@@ -267,7 +282,7 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
         if _repeats(g):
             _since_sync = 0
             flush(cut=True)
-        elif len(g.nodes) >= MAX_NODES or (CHUNK_NODES and _since_sync % CHUNK_NODES == 0
+        elif node_index + 1 >= MAX_NODES or (CHUNK_NODES and _since_sync % CHUNK_NODES == 0
                                              and (_period is None or not g.on_period)):
             # (a graph still repeating the period is left to the period cut)
             flush(cut=True)
@@ -288,11 +303,18 @@ def _repeats(g: _Graph) -> bool:
         g.on_period = False
         return False
     last = keys[-1]
+    earlier = g.occurrences.get(last)
+    if earlier is None:
+        g.occurrences[last] = [n - 1]
+        return False
     checked = 0
+    lowest = max(n // 2 - 1, 0)
     # Candidate periods: distances back to earlier occurrences of the last op.
-    for q in range(n - 1 - MIN_PERIOD, max(n // 2 - 1, -1) - 1, -1):
-        if keys[q] != last:
+    for q in reversed(earlier):
+        if q > n - 1 - MIN_PERIOD:
             continue
+        if q < lowest:
+            break
         p = n - 1 - q
         if keys[n - 2 * p:n - p] == keys[n - p:]:
             # A short period is cut every few repeats: each flush and launch costs about
@@ -303,12 +325,8 @@ def _repeats(g: _Graph) -> bool:
         checked += 1
         if checked >= 8:
             break
+    earlier.append(n - 1)
     return False
-
-
-def _bind(g: _Graph, storage: torch.UntypedStorage, value: Pending) -> None:
-    setattr(storage, st._ATTR, value)
-    g.touched.append(weakref.ref(storage))
 
 
 def has_pending() -> bool:
@@ -334,8 +352,8 @@ def _launch(fused: _Fused, args: list[tuple], device: int,
     for k, buf in zip(fused.live, outs):
         for storage, pending in bindings[k]:
             pending.resolved = buf
-            if getattr(storage, st._ATTR, None) is pending:  # not overwritten by a newer graph
-                setattr(storage, st._ATTR, buf)
+            if getattr(storage, _ATTR, None) is pending:  # not overwritten by a newer graph
+                setattr(storage, _ATTR, buf)
 
 
 def flush(cut: bool = False) -> None:
@@ -354,13 +372,14 @@ def flush(cut: bool = False) -> None:
             return
         _graph = _Graph()
         stats["flushes"] += 1
+        stats["nodes"] += len(g.nodes)
         live: list[tuple[int, int]] = []
         holders: dict[tuple[int, int], list[tuple[torch.UntypedStorage, Pending]]] = {}
         for ref in g.touched:
             s = ref()
             if s is None:
                 continue
-            v = getattr(s, st._ATTR, None)
+            v = getattr(s, _ATTR, None)
             if isinstance(v, Pending) and v.graph is g:
                 k = (v.node, v.index)
                 if k not in holders:
@@ -447,7 +466,7 @@ _UNINIT_WIRE = ("u",)
 
 def _dead_after(buf: Any, storage: torch.UntypedStorage | None) -> bool:
     """True when no storage holds ``buf`` any more (freed or overwritten)."""
-    return storage is None or getattr(storage, st._ATTR, None) is not buf
+    return storage is None or getattr(storage, _ATTR, None) is not buf
 
 
 def _arg_buffer(a: tuple, device: int) -> Any:
@@ -495,8 +514,9 @@ def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple)
     arg_values = [_arg_value(b, a) for a in args]
     dead = key[2]
     produced: dict[tuple[int, int], Value] = {}
-    precision = precision_mod.current()
     for ni, (node, (_, wires)) in enumerate(zip(g.nodes, key[0])):
+        info = node.info
+        skeys = info.skeys
         input_values: list[Any] = []
         storage_vals: dict[int, Value] = {}
         for inp, wire, col_inp in zip(node.inputs, wires, _collected_kinds(node)):
@@ -508,19 +528,20 @@ def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple)
                 v = None
             input_values.append(v)
             if col_inp is not None:  # a storage slot
-                sk = node.skeys[col_inp]
+                sk = skeys[col_inp]
                 if v is None:
                     v = b.constant(0, sk[2], (sk[1],))
                 elif sk[0] == "B" and v.shape[0] != sk[3]:
                     v = fit(b, v, sk[3])
                 storage_vals[col_inp] = v
         try:
-            _, out_values = executor.emit_op(b, node.plan, node.specs, node.values, node.skeys, input_values,
-                                             storage_vals, node.metas, node.func_args, precision)
+            # the precision the op was recorded under (part of its key), not the one at the flush
+            _, out_values = executor.emit_op(b, info.plan, info.specs, info.values, skeys, input_values,
+                                             storage_vals, info.metas, info.func_args, info.key[1])
         except Exception as e:
             # Fused errors surface at a read, far from their cause: name the op's own line.
-            raise type(e)(f"{e}\n  (torchtpu DeferAndFuse: raised by aten::{node.plan.op.__name__} "
-                          f"recorded at {node.where})") from e
+            raise type(e)(f"{e}\n  (torchtpu DeferAndFuse: raised by aten::{info.plan.op.__name__} "
+                          f"recorded at {node.where or '<unknown>'})") from e
         for k, v in enumerate(out_values):
             produced[(ni, k)] = v
     results = [produced[k] for k in live]
@@ -534,7 +555,10 @@ def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple)
             b.arg_attrs[i] = f"tf.aliasing_output = {match} : i32"
             donate.append(i)
     stats["donated"] = stats.get("donated", 0) + len(donate)
-    return b.module(results, name="fused"), donate
+    text = b.module(results, name="fused")
+    for node in g.nodes:
+        node.info.emitted = True
+    return text, donate
 
 
 def _collected_kinds(node: _Node) -> list[int | None]:

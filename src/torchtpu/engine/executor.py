@@ -90,7 +90,9 @@ class _Collector:
 
     def __init__(self) -> None:
         self.storages: list[torch.UntypedStorage] = []
-        self.skeys: list[tuple] = []  # per storage: see _storage_key
+        # per storage: ("B", buffer numel, buffer dtype, storage numel), or ("U", numel, dtype)
+        # when it has no buffer yet (uninitialized)
+        self.skeys: list[tuple] = []
         self.storage_index: dict[int, int] = {}
         self.inputs: list[tuple] = []  # ("storage", k) | ("host", ndarray)
         self.device: int | None = None
@@ -126,7 +128,12 @@ class _Collector:
             k = len(self.storages)
             self.storage_index[sid] = k
             self.storages.append(s)
-            self.skeys.append(_storage_key(s, dtype))
+            buf = getattr(s, _BUFFER_ATTR, None)
+            if buf is None:
+                self.skeys.append(("U", s.nbytes() // dtype.itemsize, dtype))
+            else:
+                dt = _NUMPY_TO_TORCH[buf.dtype]
+                self.skeys.append(("B", buf.shape[0], dt, s.nbytes() // dt.itemsize))
             self.inputs.append(("storage", k))
         if t.is_conj() or t.is_neg():
             # lazy conj/neg views (e.g. ifft's conj) reach fallthrough ops such as clone as is
@@ -163,15 +170,6 @@ class _Collector:
         if isinstance(v, torch.Generator):
             return self.generator(v)
         return ("V", v)
-
-
-def _storage_key(s: torch.UntypedStorage, first_dtype: torch.dtype) -> tuple:
-    """("B", buffer numel, buffer dtype, storage numel) or ("U", numel, dtype) when uninitialized."""
-    buf = getattr(s, _BUFFER_ATTR, None)
-    if buf is None:
-        return ("U", s.nbytes() // first_dtype.itemsize, first_dtype)
-    dt = _NUMPY_TO_TORCH[buf.dtype]
-    return ("B", buf.shape[0], dt, s.nbytes() // dt.itemsize)
 
 
 _BUFFER_ATTR = st._ATTR
@@ -218,10 +216,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     skeys = tuple(col.skeys)
     key = (op, precision_mod.current(), col.has_f64, tuple(specs), skeys)
     if config.defer_and_fuse and not config.launch_blocking:
-        from . import deferred
-
         try:
-            return deferred.record(plan, values, specs, skeys, col, key)
+            return _deferred().record(plan, values, specs, skeys, col, key)
         except _ResizeOutputs as r:
             _resize_outputs(plan, values, r.metas)
             return run(op, args, kwargs)
@@ -235,6 +231,19 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     else:
         stats.hits += 1
     return _launch(plan, values, col, skeys, entry)
+
+
+_deferred_module: Any = None
+
+
+def _deferred() -> Any:
+    """The DeferAndFuse module (it imports this one; an import statement per op costs ~2 us)."""
+    global _deferred_module
+    if _deferred_module is None:
+        from . import deferred
+
+        _deferred_module = deferred
+    return _deferred_module
 
 
 def _decomposable(op: torch._ops.OpOverload) -> bool:
@@ -612,9 +621,7 @@ def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry) -> list[torch.
                 continue
             buf = getattr(col.storages[inp[1]], _BUFFER_ATTR)
             if not isinstance(buf, Buffer):  # recorded by DeferAndFuse: materialize first
-                from . import deferred
-
-                deferred.flush()
+                _deferred().flush()
                 buf = getattr(col.storages[inp[1]], _BUFFER_ATTR)
             buffers.append(buf)
         elif kind == "scalar":
@@ -664,9 +671,7 @@ def launch(executable: Any, buffers: list[Any], device: int, donate: Any = ()) -
 
 def synchronize(device: int | None = None) -> None:
     """Wait for every launched op (errors raised by the device surface here)."""
-    from . import deferred
-
-    deferred.flush()
+    _deferred().flush()
     while _pending:
         buf = _pending.popleft()()
         if buf is not None and not buf.is_deleted:

@@ -15,6 +15,7 @@ import torch
 
 from . import storage as st
 from .engine import deferred, executor
+from .engine.opplan import plan_for
 from .lowering import registry
 from .lowering.views import is_contiguous
 from .runtime import Buffer
@@ -215,7 +216,14 @@ def _make_kernel(op: torch._ops.OpOverload):
     if host is not None:
         return host
 
+    plan = None
+
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        return dispatch(op, *args, **kwargs)
+        # The plan is looked up on the first call, not at registration (most ops are never
+        # called), and kept here: looking it up by op hashes the OpOverload in Python.
+        nonlocal plan
+        if plan is None:
+            plan = plan_for(op)
+        return executor.run_plan(plan, args, kwargs)
 
     return kernel

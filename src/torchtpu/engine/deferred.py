@@ -375,18 +375,20 @@ def flush(cut: bool = False) -> None:
         stats["nodes"] += len(g.nodes)
         live: list[tuple[int, int]] = []
         holders: dict[tuple[int, int], list[tuple[torch.UntypedStorage, Pending]]] = {}
+        seen: set[int] = set()  # a storage written by several nodes is touched more than once
         for ref in g.touched:
             s = ref()
-            if s is None:
+            if s is None or id(s) in seen:
                 continue
+            seen.add(id(s))
             v = getattr(s, _ATTR, None)
-            if isinstance(v, Pending) and v.graph is g:
+            if v.__class__ is Pending and v.graph is g:
                 k = (v.node, v.index)
-                if k not in holders:
-                    holders[k] = []
+                h = holders.get(k)
+                if h is None:
+                    h = holders[k] = []
                     live.append(k)
-                if not any(h is s for h, _ in holders[k]):
-                    holders[k].append((s, v))
+                h.append((s, v))
         if not live:
             _release(g)
             return
@@ -395,7 +397,8 @@ def flush(cut: bool = False) -> None:
         args, wiring = g.args, g.wiring
         # Inputs dead after this graph (their storage was overwritten or freed)
         # may be donated: an optimizer step then updates parameters in place.
-        dead = tuple(i for i, a in enumerate(args) if a[0] == "buf" and _dead_after(a[1], a[2]()))
+        dead = tuple(i for i, a in enumerate(args)
+                     if a[0] == "buf" and getattr(a[2](), _ATTR, None) is not a[1])  # freed or overwritten
         key = (tuple(wiring), tuple(live), dead)
         fused = _cache.get(key)
         if fused is None and cut:
@@ -462,11 +465,6 @@ def _rewire(g: _Graph) -> None:
 
 _UNINIT = ("uninit",)
 _UNINIT_WIRE = ("u",)
-
-
-def _dead_after(buf: Any, storage: torch.UntypedStorage | None) -> bool:
-    """True when no storage holds ``buf`` any more (freed or overwritten)."""
-    return storage is None or getattr(storage, _ATTR, None) is not buf
 
 
 def _arg_buffer(a: tuple, device: int) -> Any:

@@ -112,12 +112,12 @@ class _Collector:
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found at least two devices, "
                 f"tpu:{other} and {dev}!")
-        if self.device is None:
+        if idx != self.device:
+            if self.device is not None:
+                raise RuntimeError(
+                    f"Expected all tensors to be on the same device, but found at least two devices, "
+                    f"tpu:{self.device} and tpu:{idx}!")
             self.device = idx
-        elif idx != self.device:
-            raise RuntimeError(
-                f"Expected all tensors to be on the same device, but found at least two devices, "
-                f"tpu:{self.device} and tpu:{idx}!")
         dtype = t.dtype
         if dtype is _F64 or dtype is _C128:
             self.has_f64 = True
@@ -125,9 +125,10 @@ class _Collector:
         sid = s._cdata
         k = self.storage_index.get(sid)
         if k is None:
-            k = len(self.storages)
+            storages = self.storages
+            k = len(storages)
             self.storage_index[sid] = k
-            self.storages.append(s)
+            storages.append(s)
             buf = getattr(s, _BUFFER_ATTR, None)
             if buf is None:
                 self.skeys.append(("U", s.nbytes() // dtype.itemsize, dtype))
@@ -163,7 +164,10 @@ class _Collector:
             return self.tensor(v)
         if isinstance(v, (list, tuple)):
             if v and (isinstance(v[0], torch.Tensor) or v[0] is None or runtime_scalar):
-                return ("L", tuple(self.walk(x, runtime_scalar) for x in v))
+                tensor = self.tensor
+                # foreach ops pass lists of dozens of tensors: skip walk's dispatch for those
+                return ("L", tuple(tensor(x) if isinstance(x, torch.Tensor) else self.walk(x, runtime_scalar)
+                                   for x in v))
             return ("V", tuple(v))
         if runtime_scalar and isinstance(v, (int, float)) and not isinstance(v, complex):
             return self.scalar(v)
@@ -188,7 +192,12 @@ def _torch_device(index: int) -> torch.device:
 # the call path
 # ---------------------------------------------------------------------------
 def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-    plan = plan_for(op)
+    return run_plan(plan_for(op), args, kwargs)
+
+
+def run_plan(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
+    """Run (or record) one call of ``plan.op``."""
+    op = plan.op
     if plan.functional is None or (plan.lowering is None and not _decomposable(plan.functional)):
         return unsupported(op, args, kwargs)
     values = normalize_args(plan, args, kwargs)
@@ -214,7 +223,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     if col.device is None:
         col.device = _device_from_args(values)
     skeys = tuple(col.skeys)
-    key = (op, precision_mod.current(), col.has_f64, tuple(specs), skeys)
+    # the plan stands for the op: it hashes by identity, an OpOverload's __hash__ is Python code
+    key = (plan, precision_mod.current(), col.has_f64, tuple(specs), skeys)
     if config.defer_and_fuse and not config.launch_blocking:
         try:
             return _deferred().record(plan, values, specs, skeys, col, key)
@@ -590,8 +600,12 @@ def op_result(plan: OpPlan, values: list[Any], new_tensors: list[Any]) -> Any:
         if plan.mutated:
             return values[plan.returns[0][1]]
         return new_tensors
+    returns = plan.returns
+    if len(returns) == 1:  # the common case, without building a list
+        kind, i = returns[0]
+        return values[i] if kind == "arg" else new_tensors[i]
     rets = []
-    for kind, i in plan.returns:
+    for kind, i in returns:
         rets.append(values[i] if kind == "arg" else new_tensors[i])
     if not rets:
         return None

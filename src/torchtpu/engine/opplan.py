@@ -19,7 +19,7 @@ _RUNTIME_SCALAR_TYPES = {"number", "Optional[number]", "List[number]", "float", 
                          "Tensor", "Optional[Tensor]"}
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: one plan per op stands for it in cache keys
 class OpPlan:
     op: torch._ops.OpOverload
     names: list[str]

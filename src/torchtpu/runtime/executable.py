@@ -43,6 +43,7 @@ class _ExecScratch:
         "args",
         "capacity",
         "events",
+        "keep_for",
         "last_device",
         "last_n",
         "last_with_event",
@@ -72,6 +73,9 @@ class _ExecScratch:
         self.last_n = -1
         self.last_device = None
         self.last_with_event = None
+        # (arg count, donated positions) -> the non-donatable index array: a fused program
+        # donates the same positions at every launch
+        self.keep_for: dict[tuple, tuple[Any, int]] = {}
         self.grow(8)
 
     def grow(self, n: int) -> None:
@@ -232,11 +236,14 @@ class Executable:
             a.device_complete_events = s.events if with_event else _NULL
             s.last_with_event = with_event
         if donate:
-            donated = set(donate)
-            keep = [j for j in range(n) if j not in donated]
-            keep_arr = ffi.new("int64_t[]", keep or [0])  # alive until the call returns
-            opts.non_donatable_input_indices = keep_arr
-            opts.num_non_donatable_input_indices = len(keep)
+            donated = tuple(donate)
+            kept = s.keep_for.get((n, donated))
+            if kept is None:
+                donated_set = set(donated)
+                keep = [j for j in range(n) if j not in donated_set]
+                kept = s.keep_for[(n, donated)] = (ffi.new("int64_t[]", keep or [0]), len(keep))
+            opts.non_donatable_input_indices = kept[0]
+            opts.num_non_donatable_input_indices = kept[1]
             s.last_n = -1  # restore the no-donation list next time
             err = self._execute_fn(a)
             opts.non_donatable_input_indices = s.no_donation

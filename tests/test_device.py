@@ -83,6 +83,31 @@ def test_strided_and_overlapping_reads():
         torch.testing.assert_close((f(t) * 1).cpu(), f(x) * 1)
 
 
+def test_column_splits_are_read_without_padding_their_storage():
+    # regression: reading q, k, v of a fused [.., 3 * d] projection padded the whole storage
+    # (a copy of it) whenever the split's column offset pushed the read window past its end
+    from torchtpu.lowering.builder import Builder
+    from torchtpu.lowering.views import ViewSpec, read_view
+
+    b = Builder()
+    flat = b.arg((4 * 6 * 12,), torch.float32)
+    k = read_view(b, flat, ViewSpec(torch.float32, (4, 6, 4), (72, 12, 1), 4))
+    # k split into 2 heads of 2 and transposed to [batch, head, seq, 2]
+    k_heads = read_view(b, flat, ViewSpec(torch.float32, (4, 2, 6, 2), (72, 2, 12, 1), 4))
+    assert "stablehlo.pad" not in b.module([k, k_heads])
+    x = torch.randn(4, 6, 12)
+    t = x.to("tpu")
+    for part, ref in zip(t.split(4, dim=-1), x.split(4, dim=-1)):
+        torch.testing.assert_close((part.transpose(1, 2) * 1).cpu(), ref.transpose(1, 2) * 1)
+        torch.testing.assert_close((part.view(4, 6, 2, 2).transpose(1, 2) * 1).cpu(),
+                                   ref.view(4, 6, 2, 2).transpose(1, 2) * 1)
+    torch.testing.assert_close((t.reshape(4, 72)[:, 1::2] * 1).cpu(), x.reshape(4, 72)[:, 1::2] * 1)
+    # rows that cross the aligned row boundary (column 5 + 4 elements > 6) keep the unaligned window
+    flat = torch.arange(30.0)
+    view = flat.to("tpu").as_strided((3, 4), (6, 1), 5)
+    torch.testing.assert_close((view * 1).cpu(), flat.as_strided((3, 4), (6, 1), 5) * 1)
+
+
 def test_out_variant_and_resize():
     a, b = torch.randn(4), torch.randn(4)
     out = torch.empty(4, device="tpu")

@@ -155,9 +155,23 @@ def read_view(b: Builder, flat: Value, view: ViewSpec) -> Value:
         return gather_flat(b, flat, idx)
     order, base, limits, steps = box
     total = math.prod(base)
-    window = b.slice(fit(b, flat, max(flat.shape[0], view.offset + total)), [view.offset], [view.offset + total])
+    # Start the window at the view's offset with its inner box coordinates taken out, and the
+    # box slice at those coordinates. A window starting at the offset itself runs past the
+    # storage's end by them (q, k and v of a fused [.., 3 * d] projection, say), and the
+    # padding it then needs costs a copy of the whole storage. Each inner dim is moved while
+    # the view stays inside it; the outermost keeps the rest of the offset.
+    start, first = view.offset, [0] * len(base)
+    inner = 1
+    for i in range(len(base) - 1, 0, -1):
+        coordinate = (view.offset // inner) % base[i]
+        if coordinate + limits[i] > base[i]:
+            break
+        first[i] = coordinate
+        start -= coordinate * inner
+        inner *= base[i]
+    window = b.slice(fit(b, flat, max(flat.shape[0], start + total)), [start], [start + total])
     boxed = b.reshape(window, base)
-    boxed = b.slice(boxed, [0] * len(base), limits, steps)
+    boxed = b.slice(boxed, first, [f + n for f, n in zip(first, limits)], steps)
     # boxed dims follow `order`; put them back in view order, then restore
     # size-1 and broadcast (stride-0) dims.
     kept_sorted = sorted(order)

@@ -54,33 +54,18 @@ def _strided_from_whole_buffer(t: torch.Tensor, buf: Any) -> torch.Tensor | None
     return st.from_numpy(np.ascontiguousarray(cut)).reshape(t.shape)
 
 
-def _is_whole_buffer(t: torch.Tensor, buf: Any) -> bool:
-    """True when ``t`` is exactly ``buf``'s contents: it can be copied out as is."""
-    return (_covers_storage(t) and buf is not None and st.buffer_dtype(buf) == t.dtype
-            and buf.shape[0] == t.numel())
-
-
 def device_to_host(t: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU copy of a tpu tensor (waits for the device)."""
     if t.numel() == 0:
         return torch.empty(t.shape, dtype=t.dtype)
     src = t
-    buf = st.storage_buffer(src.untyped_storage())
     if deferred.has_pending():
         # A read is a materialization point: run everything recorded so far, not only what this
         # tensor needs, so the next graph starts at the same op every step and hits the cache.
-        if isinstance(buf, Buffer) and _is_whole_buffer(src, buf):
-            # Already computed (a loss read after optimizer.step(), say): copy it out first and
-            # launch the recorded graph after. XLA's CPU client copies on the worker threads
-            # that run programs, so a copy queued behind the new graph would wait for all of it.
-            try:
-                host = buf.to_host()
-            finally:
-                deferred.flush()
-            return st.from_numpy(np.asarray(host)).reshape(t.shape)
         deferred.flush()
-        buf = st.storage_buffer(src.untyped_storage())
-    if not _is_whole_buffer(src, buf):
+    buf = st.storage_buffer(src.untyped_storage())
+    if not (_covers_storage(src) and buf is not None and st.buffer_dtype(buf) == src.dtype
+            and buf.shape[0] == src.numel()):
         host_view = _strided_from_whole_buffer(t, buf)
         if host_view is not None:
             return host_view

@@ -222,28 +222,23 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
         device = col.device or 0
         storages = col.storages
         inputs: list[tuple] = []
-        wires: list[tuple] = []
         for inp in col.inputs:
             kind = inp[0]
             if kind == "storage":
                 s = storages[inp[1]]
                 buf = getattr(s, _ATTR, None)
                 if buf is None:
-                    inputs.append(_UNINIT)
-                    wires.append(_UNINIT_WIRE)
-                    continue
-                if buf.__class__ is Pending:
-                    if buf.graph is g:
-                        inputs.append(("pending", buf))
-                        wires.append(("p", buf.node, buf.index))
-                        continue
-                    if not buf.graph.in_flight:  # from an older graph: cannot happen after its flush
-                        raise AssertionError("stale pending storage")
+                    a = _UNINIT
+                elif buf.__class__ is not Pending:
+                    a = ("buf", buf, weakref.ref(s))
+                elif buf.graph is g:
+                    a = ("pending", buf)
+                elif buf.graph.in_flight:
                     # a result of a cut graph still compiling: an argument, bound when it launches
                     a = ("later", buf, weakref.ref(s))
                     g.has_later = True
-                else:
-                    a = ("buf", buf, weakref.ref(s))
+                else:  # from an older graph: cannot happen after its flush
+                    raise AssertionError("stale pending storage")
             elif kind == "scalar":
                 a = ("scalar", inp[1], inp[2] or (torch.float64 if col.has_f64 else torch.float32))
             elif kind == "host":
@@ -252,8 +247,7 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                 gen = inp[1] if inp[1] is not None else _C._default_generator(device)
                 a = ("seed", _C._next_seed(gen))
             inputs.append(a)
-            wires.append(_wire(g, a))
-        g.wiring.append((info.key_id, tuple(wires)))
+        g.wiring.append((info.key_id, tuple([_wire(g, a) for a in inputs])))
         g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
         new_tensors: list[torch.Tensor | None] = []
         k = 0

@@ -108,6 +108,40 @@ def test_column_splits_are_read_without_padding_their_storage():
     torch.testing.assert_close((view * 1).cpu(), flat.as_strided((3, 4), (6, 1), 5) * 1)
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_buffers_keep_the_dims_of_the_result_that_made_them(mode):
+    # XLA's CPU backend writes a result flattened to 1-D several times slower (a bias add 3x,
+    # a head transpose 6x): a storage's buffer keeps its producer's dims, in memory order
+    from torchtpu import storage as st
+
+    def dims(t):
+        torch.tpu.synchronize()
+        return st.storage_buffer(t.untyped_storage()).shape
+
+    x, bias = torch.randn(8, 6), torch.randn(6)
+    with torch.tpu.eager_mode(mode):
+        t = x.to("tpu")
+        assert dims(t) == (8, 6)  # an upload
+        y = t + bias.to("tpu")
+        assert dims(y) == (8, 6)
+        heads = (t.view(2, 4, 3, 2).transpose(1, 2) * 2).contiguous()
+        assert dims(heads) == (2, 3, 4, 2)
+        permuted = t.t() * 2  # keeps the input's (column-major) strides
+        assert permuted.stride() == (1, 6) and dims(permuted) == (8, 6)
+        z = torch.zeros(3, 4, device="tpu")
+        assert dims(z) == (3, 4)  # a whole-storage write into an uninitialized storage
+        z[1] = 5
+        y.add_(1)  # in-place writes keep the shape, so the old buffer can be donated
+        assert dims(z) == (3, 4) and dims(y) == (8, 6)
+        torch.testing.assert_close(y.cpu(), x + bias + 1)
+        torch.testing.assert_close(heads.cpu(), (x.view(2, 4, 3, 2).transpose(1, 2) * 2).contiguous())
+        torch.testing.assert_close(permuted.cpu(), x.t() * 2)
+        torch.testing.assert_close(z.cpu(), torch.zeros(3, 4).index_fill_(0, torch.tensor([1]), 5))
+        # a buffer of another shape than the tensor that reads it is read as the flat storage
+        torch.testing.assert_close((heads.view(-1)[5:17] * 1).cpu(),
+                                   (x.view(2, 4, 3, 2).transpose(1, 2) * 2).reshape(-1)[5:17])
+
+
 def test_out_variant_and_resize():
     a, b = torch.randn(4), torch.randn(4)
     out = torch.empty(4, device="tpu")

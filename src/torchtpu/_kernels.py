@@ -46,9 +46,9 @@ def _strided_from_whole_buffer(t: torch.Tensor, buf: Any) -> torch.Tensor | None
         return None
     item = t.element_size()
     last = t.storage_offset() + sum((d - 1) * s for d, s in zip(t.shape, t.stride()))
-    if last >= buf.shape[0] or buf.shape[0] * item > 4 * t.numel() * item + _HOST_CUT_SLACK_BYTES:
+    if last >= buf.size or buf.size * item > 4 * t.numel() * item + _HOST_CUT_SLACK_BYTES:
         return None
-    whole = np.asarray(buf.to_host())
+    whole = np.asarray(buf.to_host()).reshape(-1)
     cut = np.lib.stride_tricks.as_strided(whole[t.storage_offset():], tuple(t.shape),
                                           tuple(s * whole.itemsize for s in t.stride()))
     return st.from_numpy(np.ascontiguousarray(cut)).reshape(t.shape)
@@ -65,7 +65,7 @@ def device_to_host(t: torch.Tensor) -> torch.Tensor:
         deferred.flush()
     buf = st.storage_buffer(src.untyped_storage())
     if not (_covers_storage(src) and buf is not None and st.buffer_dtype(buf) == src.dtype
-            and buf.shape[0] == src.numel()):
+            and buf.size == src.numel()):
         host_view = _strided_from_whole_buffer(t, buf)
         if host_view is not None:
             return host_view

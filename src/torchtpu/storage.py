@@ -1,11 +1,16 @@
 """Device data of ``tpu`` storages.
 
-A storage's device data is one immutable 1-D PJRT buffer (its *cell*), held as
+A storage's device data is one immutable PJRT buffer (its *cell*), held as
 an attribute of the Python storage object. PyTorch preserves that object for as
 long as the C++ StorageImpl lives, so views, ``x.data``, tensors saved for
 backward and C++-made aliases all see the same cell. An in-place write builds
 a new buffer for the whole storage and rebinds the attribute; the old buffer
 is freed when its last reader drops it.
+
+The buffer's row-major elements are the storage. It keeps the dims of the
+tensor that made it (an upload, an op's result) rather than being flat: XLA's
+CPU backend writes a flattened result much more slowly, and a TPU lays out
+1-D arrays badly.
 
 A storage without a buffer is uninitialized (``torch.empty``); reading it
 yields zeros. A buffer may be shorter than the storage (after ``resize_``) and
@@ -70,13 +75,13 @@ def from_numpy(a: np.ndarray) -> torch.Tensor:
 
 
 def upload(host: torch.Tensor, device_index: int) -> Buffer:
-    """Copy a CPU tensor into a new 1-D device buffer."""
+    """Copy a CPU tensor into a new device buffer of its shape, laid out row-major."""
     host = host.detach()
     if not host.is_contiguous():
         host = host.contiguous()
-    # flatten first: numpy caps arrays at 64 dimensions, PyTorch does not
-    arr = to_numpy(host.reshape(-1))
-    return _device_state.client().buffer_from_host(arr, device_index)
+    if host.dim() > 64:  # numpy caps arrays at 64 dimensions, PyTorch does not
+        host = host.reshape(-1)
+    return _device_state.client().buffer_from_host(to_numpy(host), device_index)
 
 
 def zeros_buffer(numel: int, dtype: torch.dtype, device_index: int) -> Buffer:

@@ -39,7 +39,7 @@ import torch
 from .. import _C, _device_state
 from .. import storage as st
 from ..lowering.builder import Builder, Value
-from ..lowering.views import fit
+from ..lowering.views import dense_buffer_shape, fit, flat
 from . import compile_cache, executor
 
 MAX_NODES = 4096
@@ -57,17 +57,17 @@ CHUNK_NODES = int(os.environ.get("TORCH_TPU_DEFER_CHUNK_NODES", "40"))
 
 
 class Pending:
-    """A storage's flat value that a recorded node will produce."""
+    """A storage's buffer that a recorded node will produce."""
 
     __slots__ = ("__weakref__", "dtype", "graph", "index", "node", "resolved", "shape", "torch_dtype")
 
-    def __init__(self, graph: _Graph, node: int, index: int, numel: int, dtype: torch.dtype,
+    def __init__(self, graph: _Graph, node: int, index: int, shape: tuple[int, ...], dtype: torch.dtype,
                  np_dtype: np.dtype) -> None:
         self.graph = graph
         self.resolved: Any = None  # the Buffer, once a background-compiled graph has launched
         self.node = node
         self.index = index
-        self.shape = (numel,)
+        self.shape = shape  # the buffer's, as runtime.Buffer.shape (part of cache keys)
         self.torch_dtype = dtype
         self.dtype = np_dtype  # same interface as runtime.Buffer for cache keys
 
@@ -184,9 +184,10 @@ class _OpInfo:
         self.key = key
         self.metas, self.func_args = executor.meta_for(plan, values, specs, key)
         self.emitted = False  # emitted into a program once: emitting it again cannot raise
-        # per returned new tensor: (shape, stride, dtype, numpy dtype, numel), or None for an absent output
+        # per returned new tensor: (shape, stride, dtype, numpy dtype, buffer shape), or None for an
+        # absent output
         self.layouts: list[tuple | None] = []
-        # per storage an in-place op writes: (slot, numel, dtype, numpy dtype)
+        # per storage an in-place op writes: (slot, buffer shape, dtype, numpy dtype)
         self.written: list[tuple] = []
         if not plan.mutated:
             for m in self.metas:
@@ -196,16 +197,12 @@ class _OpInfo:
                 shape = tuple(m.shape)
                 stride = tuple(m.stride()) if executor.is_dense_permutation(m.shape, m.stride()) else \
                     tuple(executor.contiguous_strides(m.shape))
-                self.layouts.append((shape, stride, m.dtype, st.TORCH_TO_NUMPY[m.dtype], m.numel()))
+                self.layouts.append((shape, stride, m.dtype, st.TORCH_TO_NUMPY[m.dtype],
+                                     dense_buffer_shape(shape, stride)))
             return
-        slots: list[int] = []
-        for spec, m in zip(executor.mutated_specs(plan, specs), self.metas):
-            if spec[0] == "T" and m is not None and spec[1] not in slots:
-                slots.append(spec[1])
-        for slot in slots:
+        for slot, views in executor.written_views(plan, specs, self.metas).items():
             sk = skeys[slot]
-            numel, dtype = (sk[1], sk[2]) if sk[0] == "U" else (sk[3], sk[2])
-            self.written.append((slot, numel, dtype, st.TORCH_TO_NUMPY[dtype]))
+            self.written.append((slot, executor.store_shape(sk, views), sk[2], st.TORCH_TO_NUMPY[sk[2]]))
 
 
 _op_info: dict[tuple, _OpInfo] = {}
@@ -265,9 +262,9 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                 new_tensors.append(t)
                 k += 1
         else:
-            for slot, numel, dtype, np_dtype in info.written:
+            for slot, shape, dtype, np_dtype in info.written:
                 s = storages[slot]
-                setattr(s, _ATTR, Pending(g, node_index, k, numel, dtype, np_dtype))
+                setattr(s, _ATTR, Pending(g, node_index, k, shape, dtype, np_dtype))
                 touched.append(weakref.ref(s))
                 k += 1
         g.keys.append(info.key_id)
@@ -523,8 +520,10 @@ def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple)
                 sk = skeys[col_inp]
                 if v is None:
                     v = b.constant(0, sk[2], (sk[1],))
-                elif sk[0] == "B" and v.shape[0] != sk[3]:
-                    v = fit(b, v, sk[3])
+                else:
+                    v = flat(b, v)
+                    if v.shape[0] != sk[3]:
+                        v = fit(b, v, sk[3])
                 storage_vals[col_inp] = v
         try:
             # the precision the op was recorded under (part of its key), not the one at the flush

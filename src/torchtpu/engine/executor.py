@@ -18,6 +18,7 @@ import time
 import warnings
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,8 @@ from ..lowering.views import (
     contiguous_strides,
     dense_to_storage,
     fit,
+    flat,
+    is_contiguous,
     is_dense_permutation,
     read_view,
     write_view,
@@ -90,7 +93,7 @@ class _Collector:
 
     def __init__(self) -> None:
         self.storages: list[torch.UntypedStorage] = []
-        # per storage: ("B", buffer numel, buffer dtype, storage numel), or ("U", numel, dtype)
+        # per storage: ("B", buffer shape, buffer dtype, storage numel), or ("U", numel, dtype)
         # when it has no buffer yet (uninitialized)
         self.skeys: list[tuple] = []
         self.storage_index: dict[int, int] = {}
@@ -134,7 +137,7 @@ class _Collector:
                 self.skeys.append(("U", s.nbytes() // dtype.itemsize, dtype))
             else:
                 dt = _NUMPY_TO_TORCH[buf.dtype]
-                self.skeys.append(("B", buf.shape[0], dt, s.nbytes() // dt.itemsize))
+                self.skeys.append(("B", buf.shape, dt, s.nbytes() // dt.itemsize))
             self.inputs.append(("storage", k))
         if t.is_conj() or t.is_neg():
             # lazy conj/neg views (e.g. ifft's conj) reach fallthrough ops such as clone as is
@@ -442,23 +445,49 @@ def emit_op(b: Builder, plan: OpPlan, specs: list, values: list[Any], skeys: tup
             outputs.append(("new", m.dtype, tuple(m.shape), tuple(stride)))
             out_values.append(dense_to_storage(b, r, stride))
         return outputs, out_values
-    targets = mutated_specs(plan, specs)
     current = dict(storage_vals)
-    written: list[int] = []
-    for s, r, m in zip(targets, results, metas):
+    for s, r, m in zip(mutated_specs(plan, specs), results, metas):
         if s[0] != "T" or m is None:
             continue
         view = ViewSpec(s[2], s[3], s[4], s[5])
         r = _conform(b, r, m, dtype=view.dtype, shape=view.shape)
-        sk = skeys[s[1]]
-        numel = sk[1] if sk[0] == "U" else sk[3]
-        current[s[1]] = write_view(b, current[s[1]], numel, view, r)
-        if s[1] not in written:
-            written.append(s[1])
-    for k in written:
+        current[s[1]] = write_view(b, current[s[1]], storage_numel(skeys[s[1]]), view, r)
+    for k, views in written_views(plan, specs, metas).items():
         outputs.append(("store", k))
-        out_values.append(current[k])
+        out_values.append(b.reshape(current[k], store_shape(skeys[k], views)))
     return outputs, out_values
+
+
+def storage_numel(sk: tuple) -> int:
+    """Elements of the storage a storage key describes (in the key's dtype)."""
+    return sk[1] if sk[0] == "U" else sk[3]
+
+
+def written_views(plan: OpPlan, specs: list, metas: list[Any]) -> dict[int, list[ViewSpec]]:
+    """The views an in-place op writes, by storage slot, in the order it first writes each."""
+    views: dict[int, list[ViewSpec]] = {}
+    for s, m in zip(mutated_specs(plan, specs), metas):
+        if s[0] == "T" and m is not None:
+            views.setdefault(s[1], []).append(ViewSpec(s[2], s[3], s[4], s[5]))
+    return views
+
+
+def store_shape(sk: tuple, views: Sequence[ViewSpec]) -> tuple[int, ...]:
+    """The shape of the new buffer of a storage that ``views`` are written into.
+
+    A storage whose buffer holds all of it keeps that buffer's shape, so the old
+    buffer can be donated to the new one (XLA aliases equal shapes only). A
+    storage written whole by one contiguous view takes the view's shape (see
+    :func:`dense_to_storage` for why a buffer has dims); any other the flat one.
+    """
+    numel = storage_numel(sk)
+    if sk[0] == "B" and math.prod(sk[1]) == numel:
+        return sk[1]
+    if len(views) == 1:
+        v = views[0]
+        if v.offset == 0 and v.numel == numel and v.dtype == sk[2] and is_contiguous(v.shape, v.stride):
+            return v.shape
+    return (numel,)
 
 
 def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _Collector, key: tuple) -> Entry:
@@ -502,7 +531,7 @@ def alias_stores(b: Builder, col: _Collector, skeys: tuple, outputs: list[tuple]
         if spec[0] == "store":
             sk = skeys[spec[1]]
             arg = arg_of_slot.get(spec[1])
-            if arg is not None and sk[1] == sk[3]:  # same flat shape and dtype as the output
+            if arg is not None and math.prod(sk[1]) == sk[3]:  # the output keeps the buffer's shape
                 b.arg_attrs[arg] = f"tf.aliasing_output = {k} : i32"
                 donate.append(arg)
         k += 1
@@ -522,7 +551,7 @@ def program_inputs(b: Builder, col: _Collector, skeys: tuple) -> tuple[list[Any]
             if sk[0] == "U":
                 input_values.append(("U", sk[1], sk[2]))
             else:
-                input_values.append(b.arg((sk[1],), sk[2]))
+                input_values.append(b.arg(sk[1], sk[2]))
         elif inp[0] == "host":
             input_values.append(b.arg(inp[1].shape, st.NUMPY_TO_TORCH[inp[1].dtype]))
         elif inp[0] == "scalar":
@@ -537,8 +566,9 @@ def program_inputs(b: Builder, col: _Collector, skeys: tuple) -> tuple[list[Any]
             if isinstance(iv, tuple):
                 iv = b.constant(0, iv[2], (iv[1],))
             else:
+                iv = flat(b, iv)
                 sk = skeys[inp[1]]
-                if sk[3] != sk[1]:
+                if sk[3] != iv.shape[0]:
                     iv = fit(b, iv, sk[3])
             storage_vals[inp[1]] = iv
     return input_values, storage_vals

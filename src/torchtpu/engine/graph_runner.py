@@ -237,7 +237,7 @@ class GraphProgram:
                 result_specs.append(_OutSpec("value", value=r if not isinstance(r, Value) else None))
         # In-graph input mutations: write the new values back into the inputs' storages.
         current = dict(storage_vals)
-        written: list[int] = []
+        written: dict[int, list[ViewSpec]] = {}
         host_writes: list[tuple[int, int]] = []
         for pos, value in sorted(mutations.items()):
             s = specs[pos]
@@ -250,14 +250,12 @@ class GraphProgram:
                 continue
             if not (isinstance(s, tuple) and s and s[0] == "T"):
                 raise NotImplementedError(f"torchtpu: graph mutates input {pos}, which is not a tensor")
-            sk = skeys[s[1]]
-            numel = sk[1] if sk[0] == "U" else sk[3]
-            current[s[1]] = write_view(b, current[s[1]], numel, ViewSpec(s[2], s[3], s[4], s[5]), value)
-            if s[1] not in written:
-                written.append(s[1])
-        for k in written:
+            view = ViewSpec(s[2], s[3], s[4], s[5])
+            current[s[1]] = write_view(b, current[s[1]], executor.storage_numel(skeys[s[1]]), view, value)
+            written.setdefault(s[1], []).append(view)
+        for k, views in written.items():
             outputs.append(("store", k))
-            out_values.append(current[k])
+            out_values.append(b.reshape(current[k], executor.store_shape(skeys[k], views)))
         donate = executor.alias_stores(b, col, skeys, outputs)
         text = b.module(out_values, name=self.name)
         exe = compile_cache.compile(text)

@@ -219,6 +219,17 @@ def test_shape_ops():
     both(lambda t: t.to(torch.int32), x * 10)
 
 
+@pytest.mark.parametrize("shape", [(5, 7), (2, 3, 64, 64), (130, 129)])  # the last is past the table size
+def test_triangles_as_tables_and_as_iotas(shape):
+    # small triangles are emitted as constant tables, larger ones from iotas: both match CPU
+    x = torch.randn(*shape)
+    for diagonal in (-3, -1, 0, 2, 200):
+        both(lambda t, d=diagonal: torch.tril(t, d), x)
+        both(lambda t, d=diagonal: torch.triu(t, d), x)
+    mask = torch.ones(*shape[-2:], dtype=torch.bool)
+    both(lambda t: t.tril(), mask)
+
+
 def test_indexing_ops():
     x = torch.randn(6, 4)
     idx = torch.tensor([0, 5, 2, 2])

@@ -39,7 +39,7 @@ import torch
 from .. import _C, _device_state
 from .. import storage as st
 from ..lowering.builder import Builder, Value
-from ..lowering.views import dense_buffer_shape, fit, flat
+from ..lowering.views import dense_buffer_shape
 from . import compile_cache, executor
 
 MAX_NODES = 4096
@@ -517,14 +517,7 @@ def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple)
                 v = None
             input_values.append(v)
             if col_inp is not None:  # a storage slot
-                sk = skeys[col_inp]
-                if v is None:
-                    v = b.constant(0, sk[2], (sk[1],))
-                else:
-                    v = flat(b, v)
-                    if v.shape[0] != sk[3]:
-                        v = fit(b, v, sk[3])
-                storage_vals[col_inp] = v
+                storage_vals[col_inp] = executor.storage_value(b, v, skeys[col_inp])
         try:
             # the precision the op was recorded under (part of its key), not the one at the flush
             _, out_values = executor.emit_op(b, info.plan, info.specs, info.values, skeys, input_values,

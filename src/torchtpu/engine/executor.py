@@ -463,6 +463,19 @@ def storage_numel(sk: tuple) -> int:
     return sk[1] if sk[0] == "U" else sk[3]
 
 
+def buffer_holds_storage(sk: tuple) -> bool:
+    """Whether the storage's buffer holds exactly all of it: a write then keeps the buffer's
+    shape, so that the old buffer can be donated to the new one (XLA aliases equal shapes only)."""
+    return sk[0] == "B" and math.prod(sk[1]) == sk[3]
+
+
+def storage_value(b: Builder, buffer: Value | None, sk: tuple) -> Value:
+    """The flat value of the storage ``sk`` describes, from its buffer's value (None: uninitialized)."""
+    if buffer is None:
+        return b.constant(0, sk[2], (sk[1],))
+    return fit(b, flat(b, buffer), sk[3])
+
+
 def written_views(plan: OpPlan, specs: list, metas: list[Any]) -> dict[int, list[ViewSpec]]:
     """The views an in-place op writes, by storage slot, in the order it first writes each."""
     views: dict[int, list[ViewSpec]] = {}
@@ -475,14 +488,14 @@ def written_views(plan: OpPlan, specs: list, metas: list[Any]) -> dict[int, list
 def store_shape(sk: tuple, views: Sequence[ViewSpec]) -> tuple[int, ...]:
     """The shape of the new buffer of a storage that ``views`` are written into.
 
-    A storage whose buffer holds all of it keeps that buffer's shape, so the old
-    buffer can be donated to the new one (XLA aliases equal shapes only). A
-    storage written whole by one contiguous view takes the view's shape (see
-    :func:`dense_to_storage` for why a buffer has dims); any other the flat one.
+    A storage whose buffer holds all of it keeps that buffer's shape (see
+    :func:`buffer_holds_storage`). A storage written whole by one contiguous view
+    takes the view's shape (see :func:`dense_to_storage` for why a buffer has
+    dims); any other the flat one.
     """
-    numel = storage_numel(sk)
-    if sk[0] == "B" and math.prod(sk[1]) == numel:
+    if buffer_holds_storage(sk):
         return sk[1]
+    numel = storage_numel(sk)
     if len(views) == 1:
         v = views[0]
         if v.offset == 0 and v.numel == numel and v.dtype == sk[2] and is_contiguous(v.shape, v.stride):
@@ -529,9 +542,8 @@ def alias_stores(b: Builder, col: _Collector, skeys: tuple, outputs: list[tuple]
         if spec[0] == "none":
             continue
         if spec[0] == "store":
-            sk = skeys[spec[1]]
             arg = arg_of_slot.get(spec[1])
-            if arg is not None and math.prod(sk[1]) == sk[3]:  # the output keeps the buffer's shape
+            if arg is not None and buffer_holds_storage(skeys[spec[1]]):  # the output keeps the buffer's shape
                 b.arg_attrs[arg] = f"tf.aliasing_output = {k} : i32"
                 donate.append(arg)
         k += 1
@@ -563,14 +575,7 @@ def program_inputs(b: Builder, col: _Collector, skeys: tuple) -> tuple[list[Any]
     for slot, inp in enumerate(col.inputs):
         if inp[0] == "storage":
             iv = input_values[slot]
-            if isinstance(iv, tuple):
-                iv = b.constant(0, iv[2], (iv[1],))
-            else:
-                iv = flat(b, iv)
-                sk = skeys[inp[1]]
-                if sk[3] != iv.shape[0]:
-                    iv = fit(b, iv, sk[3])
-            storage_vals[inp[1]] = iv
+            storage_vals[inp[1]] = storage_value(b, None if isinstance(iv, tuple) else iv, skeys[inp[1]])
     return input_values, storage_vals
 
 

@@ -8,7 +8,8 @@
 // * the structural kernels that only touch tensor metadata (empty, views,
 //   resize_, set_), which are ~20x cheaper in C++ than through Python.
 //
-// Everything that computes is in Python.
+// Everything that computes is in Python. (collect.cpp, also in this module, walks
+// op arguments into cache keys: the one hot loop of the engine kept in C++.)
 #include <torch/extension.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -535,6 +536,8 @@ at::Generator unwrap_generator(py::handle obj) {
   return gen;
 }
 
+void register_collect(py::module& m);  // collect.cpp
+
 void install() {
   static std::once_flag flag;
   std::call_once(flag, [] { at::RegisterPrivateUse1HooksInterface(new TpuHooks()); });
@@ -583,4 +586,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_reset_peak_memory", [](int index) {
     g_allocator.resetPeakStats(static_cast<c10::DeviceIndex>(index));
   });
+  register_collect(m);
 }

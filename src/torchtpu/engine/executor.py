@@ -163,13 +163,17 @@ class _Collector:
         return ("G", slot)
 
     def walk(self, v: Any, runtime_scalar: bool) -> Any:
+        """The spec of one argument value (the native walk; ``walk_python`` is its reference)."""
+        return _C._walk(self, v, runtime_scalar)
+
+    def walk_python(self, v: Any, runtime_scalar: bool) -> Any:
         if isinstance(v, torch.Tensor):
             return self.tensor(v)
         if isinstance(v, (list, tuple)):
             if v and (isinstance(v[0], torch.Tensor) or v[0] is None or runtime_scalar):
                 tensor = self.tensor
                 # foreach ops pass lists of dozens of tensors: skip walk's dispatch for those
-                return ("L", tuple(tensor(x) if isinstance(x, torch.Tensor) else self.walk(x, runtime_scalar)
+                return ("L", tuple(tensor(x) if isinstance(x, torch.Tensor) else self.walk_python(x, runtime_scalar)
                                    for x in v))
             return ("V", tuple(v))
         if runtime_scalar and isinstance(v, (int, float)) and not isinstance(v, complex):
@@ -181,6 +185,9 @@ class _Collector:
 
 _BUFFER_ATTR = st._ATTR
 _NUMPY_TO_TORCH = st.NUMPY_TO_TORCH
+# The native walk (csrc/collect.cpp) does what _Collector.walk_python does, ~5x faster; it
+# calls back into _Collector.tensor / generator for the cases it leaves to Python.
+_C._collect_setup(_NUMPY_TO_TORCH, _BUFFER_ATTR, torch.Generator)
 _devices: dict[int, torch.device] = {}
 
 
@@ -209,13 +216,7 @@ def run_plan(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
         if check is not None:
             check(*[values[i] for i in plan.func_arg_positions])
     col = _Collector()
-    specs = []
-    has_generator = False
-    for i, v in enumerate(values):
-        s = col.walk(v, plan.runtime_scalar[i])
-        specs.append(s)
-        if s[0] == "G":
-            has_generator = True
+    specs, has_generator = _C._walk_all(col, values, plan.runtime_scalar)
     if not has_generator and plan.random:
         # Random op called without an explicit generator: use the default one.
         if "generator" in plan.names:

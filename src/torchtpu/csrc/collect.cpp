@@ -1,0 +1,257 @@
+// Argument walking for the engine's op keys: the hot loop of executor._Collector.
+//
+// Every op call (Strict, Debug and DeferAndFuse alike) walks its arguments into a
+// hashable key plus its runtime inputs. In Python each tpu tensor costs ~2 us
+// (device, dtype, storage lookup, buffer attribute, shape, stride, offset), and a
+// training step walks ~1000 of them, mostly the parameter lists of foreach ops.
+// This file does the common cases in C++ with the same results, element for element,
+// as the Python methods, which stay the reference: anything unusual (a tensor on
+// another device, a lazy conj/neg view, a generator) is handed back to them.
+#include <torch/extension.h>
+
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace torchtpu {
+namespace {
+
+// Set once by _collect_setup: the numpy -> torch dtype map, the storage attribute
+// holding the buffer, and the interned names used on every call.
+PyObject* g_numpy_to_torch = nullptr;
+PyObject* g_buffer_attr = nullptr;
+PyObject* g_generator_type = nullptr;
+PyObject *s_storages, *s_skeys, *s_storage_index, *s_inputs, *s_device, *s_has_f64, *s_tensor, *s_generator,
+    *s_dtype, *s_shape;
+PyObject *k_T, *k_L, *k_V, *k_S, *k_U, *k_B, *k_storage, *k_scalar;
+
+PyObject* intern(const char* s) {
+  return PyUnicode_InternFromString(s);
+}
+
+// A collector's state, read once per walk and written back before any call into
+// Python (which may change it) and at the end.
+struct State {
+  py::handle col;
+  py::object storages, skeys, storage_index, inputs;
+  long device = -1;  // -1: None
+  bool has_f64 = false;
+
+  explicit State(py::handle c) : col(c) {
+    storages = col.attr(s_storages);
+    skeys = col.attr(s_skeys);
+    storage_index = col.attr(s_storage_index);
+    inputs = col.attr(s_inputs);
+    load_scalars();
+  }
+  void load_scalars() {
+    py::object d = col.attr(s_device);
+    device = d.is_none() ? -1 : d.cast<long>();
+    has_f64 = PyObject_IsTrue(py::object(col.attr(s_has_f64)).ptr()) == 1;
+  }
+  void store_scalars() const {
+    col.attr(s_device) = device < 0 ? py::none() : py::object(py::int_(device));
+    col.attr(s_has_f64) = py::bool_(has_f64);
+  }
+  // The Python method `name` of the collector on `v`, for the cases kept in Python.
+  py::object python(PyObject* name, py::handle v) {
+    store_scalars();
+    py::object out = col.attr(name)(v);
+    load_scalars();
+    return out;
+  }
+};
+
+py::object int_tuple(c10::IntArrayRef values) {
+  py::tuple out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyTuple_SET_ITEM(out.ptr(), i, PyLong_FromLongLong(values[i]));
+  }
+  return out;
+}
+
+py::object tuple_of(std::initializer_list<py::handle> items) {
+  py::tuple out(items.size());
+  size_t i = 0;
+  for (py::handle h : items) {
+    PyTuple_SET_ITEM(out.ptr(), i++, h.inc_ref().ptr());
+  }
+  return out;
+}
+
+py::object tensor_spec(State& st, py::handle v) {
+  const at::Tensor& t = THPVariable_Unpack(v.ptr());
+  const c10::Device dev = t.device();
+  if (dev.type() != c10::DeviceType::PrivateUse1 || t.is_conj() || t.is_neg()) {
+    return st.python(s_tensor, v);  // a host scalar, a device mismatch error, a lazy view
+  }
+  const long idx = dev.has_index() ? dev.index() : 0;
+  if (st.device >= 0 && st.device != idx) {
+    return st.python(s_tensor, v);  // raises PyTorch's two-devices error
+  }
+  st.device = idx;
+  const at::ScalarType type = t.scalar_type();
+  if (type == at::kDouble || type == at::kComplexDouble) {
+    st.has_f64 = true;
+  }
+  py::handle dtype(reinterpret_cast<PyObject*>(torch::getTHPDtype(type)));
+  const c10::Storage& storage = t.storage();
+  py::object sid = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(storage.unsafeGetStorageImpl()));
+  PyObject* found = PyDict_GetItemWithError(st.storage_index.ptr(), sid.ptr());
+  py::object slot;
+  if (found != nullptr) {
+    slot = py::reinterpret_borrow<py::object>(found);
+  } else {
+    if (PyErr_Occurred()) throw py::error_already_set();
+    slot = py::int_(PyList_GET_SIZE(st.storages.ptr()));
+    if (PyDict_SetItem(st.storage_index.ptr(), sid.ptr(), slot.ptr()) != 0) throw py::error_already_set();
+    py::object s = py::reinterpret_steal<py::object>(THPStorage_Wrap(storage));
+    if (!s) throw py::error_already_set();
+    if (PyList_Append(st.storages.ptr(), s.ptr()) != 0) throw py::error_already_set();
+    const int64_t nbytes = static_cast<int64_t>(storage.nbytes());
+    PyObject* raw_buf = nullptr;
+    // (the 3.11 spelling of PyObject_GetOptionalAttr: no AttributeError raised for a missing buffer)
+    if (_PyObject_LookupAttr(s.ptr(), g_buffer_attr, &raw_buf) < 0) throw py::error_already_set();
+    py::object buf = py::reinterpret_steal<py::object>(raw_buf);
+    py::object skey;
+    if (!buf || buf.is_none()) {
+      py::int_ numel(nbytes / static_cast<int64_t>(c10::elementSize(type)));
+      skey = tuple_of({k_U, numel, dtype});
+    } else {
+      py::object np_dtype = buf.attr(s_dtype);
+      PyObject* dt = PyDict_GetItemWithError(g_numpy_to_torch, np_dtype.ptr());
+      if (dt == nullptr) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, np_dtype.ptr());
+        throw py::error_already_set();
+      }
+      const auto buf_type = reinterpret_cast<THPDtype*>(dt)->scalar_type;
+      py::int_ numel(nbytes / static_cast<int64_t>(c10::elementSize(buf_type)));
+      py::object shape = buf.attr(s_shape);
+      skey = tuple_of({k_B, shape, py::handle(dt), numel});
+    }
+    if (PyList_Append(st.skeys.ptr(), skey.ptr()) != 0) throw py::error_already_set();
+    py::object input = tuple_of({k_storage, slot});
+    if (PyList_Append(st.inputs.ptr(), input.ptr()) != 0) throw py::error_already_set();
+  }
+  py::object shape = int_tuple(t.sizes());
+  py::object stride = int_tuple(t.strides());
+  py::int_ offset(t.storage_offset());
+  return tuple_of({k_T, slot, dtype, shape, stride, offset});
+}
+
+py::object scalar_spec(State& st, py::handle v) {
+  py::int_ slot(PyList_GET_SIZE(st.inputs.ptr()));
+  py::handle dtype, kind;
+  if (PyBool_Check(v.ptr())) {
+    dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(at::kBool));
+    kind = reinterpret_cast<PyObject*>(&PyBool_Type);
+  } else if (PyLong_Check(v.ptr())) {
+    dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(at::kLong));
+    kind = reinterpret_cast<PyObject*>(&PyLong_Type);
+  } else {  // a float: its dtype is decided by the op's other arguments (see has_f64)
+    dtype = Py_None;
+    kind = reinterpret_cast<PyObject*>(&PyFloat_Type);
+  }
+  py::object input = tuple_of({k_scalar, v, dtype});
+  if (PyList_Append(st.inputs.ptr(), input.ptr()) != 0) throw py::error_already_set();
+  return tuple_of({k_S, slot, kind});
+}
+
+py::object walk(State& st, py::handle v, bool runtime_scalar) {
+  PyObject* p = v.ptr();
+  if (THPVariable_Check(p)) {
+    return tensor_spec(st, v);
+  }
+  const bool is_list = PyList_Check(p);
+  if (is_list || PyTuple_Check(p)) {
+    const Py_ssize_t n = is_list ? PyList_GET_SIZE(p) : PyTuple_GET_SIZE(p);
+    PyObject* first = n > 0 ? (is_list ? PyList_GET_ITEM(p, 0) : PyTuple_GET_ITEM(p, 0)) : nullptr;
+    if (first != nullptr && (THPVariable_Check(first) || first == Py_None || runtime_scalar)) {
+      py::tuple items(n);
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        // re-read each time: a call into Python may not resize a list we hold, but be safe
+        py::handle x = is_list ? PyList_GET_ITEM(p, i) : PyTuple_GET_ITEM(p, i);
+        py::object spec = THPVariable_Check(x.ptr()) ? tensor_spec(st, x) : walk(st, x, runtime_scalar);
+        PyTuple_SET_ITEM(items.ptr(), i, spec.release().ptr());
+      }
+      return tuple_of({k_L, items});
+    }
+    py::object as_tuple = is_list ? py::reinterpret_steal<py::object>(PyList_AsTuple(p))
+                                  : py::reinterpret_borrow<py::object>(p);
+    return tuple_of({k_V, as_tuple});
+  }
+  if (runtime_scalar && (PyLong_Check(p) || PyFloat_Check(p))) {
+    return scalar_spec(st, v);
+  }
+  const int is_gen = PyObject_IsInstance(p, g_generator_type);
+  if (is_gen < 0) throw py::error_already_set();
+  if (is_gen) {
+    return st.python(s_generator, v);
+  }
+  return tuple_of({k_V, v});
+}
+
+}  // namespace
+
+void register_collect(py::module& m) {
+  m.def("_collect_setup", [](py::object numpy_to_torch, py::str buffer_attr, py::object generator_type) {
+    // Leaked on purpose, like the interned names: they live as long as the module.
+    g_numpy_to_torch = numpy_to_torch.release().ptr();
+    g_buffer_attr = buffer_attr.release().ptr();
+    g_generator_type = generator_type.release().ptr();
+    s_storages = intern("storages");
+    s_skeys = intern("skeys");
+    s_storage_index = intern("storage_index");
+    s_inputs = intern("inputs");
+    s_device = intern("device");
+    s_has_f64 = intern("has_f64");
+    s_tensor = intern("tensor");
+    s_generator = intern("generator");
+    s_dtype = intern("dtype");
+    s_shape = intern("shape");
+    k_T = intern("T");
+    k_L = intern("L");
+    k_V = intern("V");
+    k_S = intern("S");
+    k_U = intern("U");
+    k_B = intern("B");
+    k_storage = intern("storage");
+    k_scalar = intern("scalar");
+  });
+  m.def(
+      "_walk",
+      [](py::handle col, py::handle value, bool runtime_scalar) {
+        TORCH_CHECK(g_numpy_to_torch != nullptr, "torchtpu._C._collect_setup was not called");
+        State st(col);
+        py::object spec = walk(st, value, runtime_scalar);
+        st.store_scalars();
+        return spec;
+      },
+      "one argument's spec (see executor._Collector.walk)");
+  m.def(
+      "_walk_all",
+      [](py::handle col, py::list values, py::handle runtime_scalar) {
+        // -> (specs, has_generator): every schema argument of one call, in order
+        TORCH_CHECK(g_numpy_to_torch != nullptr, "torchtpu._C._collect_setup was not called");
+        State st(col);
+        const Py_ssize_t n = PyList_GET_SIZE(values.ptr());
+        py::list specs(n);
+        bool has_generator = false;
+        TORCH_CHECK_INDEX(PyList_Check(runtime_scalar.ptr()) && PyList_GET_SIZE(runtime_scalar.ptr()) >= n,
+                          "more argument values than schema arguments");
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          PyObject* flag = PyList_GET_ITEM(runtime_scalar.ptr(), i);
+          py::object spec = walk(st, PyList_GET_ITEM(values.ptr(), i), flag == Py_True);
+          PyObject* head = PyTuple_GET_ITEM(spec.ptr(), 0);
+          if (PyUnicode_Check(head) && PyUnicode_CompareWithASCIIString(head, "G") == 0) {
+            has_generator = true;
+          }
+          PyList_SET_ITEM(specs.ptr(), i, spec.release().ptr());
+        }
+        st.store_scalars();
+        return py::make_tuple(specs, has_generator);
+      },
+      "the specs of a call's schema values (see executor.run_plan)");
+}
+
+}  // namespace torchtpu

@@ -188,6 +188,9 @@ _NUMPY_TO_TORCH = st.NUMPY_TO_TORCH
 # The native walk (csrc/collect.cpp) does what _Collector.walk_python does, ~5x faster; it
 # calls back into _Collector.tensor / generator for the cases it leaves to Python.
 _C._collect_setup(_NUMPY_TO_TORCH, _BUFFER_ATTR, torch.Generator)
+# (shape, stride, dtype, device index, attr, data) -> (tensor, storage): a new output tensor
+# whose storage attribute ``attr`` is set to ``data`` (its buffer, or a recorded Pending)
+_new_tensor = _C._new_tensor
 _devices: dict[int, torch.device] = {}
 
 
@@ -685,7 +688,6 @@ def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry) -> list[torch.
             buffers.append(client.buffer_from_host(np.array([seed, 0], dtype=np.uint64), device))
     outs = launch(entry.executable, buffers, device, entry.donate)
     new_tensors = []
-    dev = _torch_device(device)
     bufs = iter(outs)
     for spec in entry.outputs:
         if spec[0] == "none":
@@ -693,9 +695,7 @@ def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry) -> list[torch.
             continue
         buf = next(bufs)
         if spec[0] == "new":
-            t = torch.empty_strided(spec[2], spec[3], dtype=spec[1], device=dev)
-            setattr(t.untyped_storage(), _BUFFER_ATTR, buf)
-            new_tensors.append(t)
+            new_tensors.append(_new_tensor(spec[2], spec[3], spec[1], device, _BUFFER_ATTR, buf)[0])
         else:
             st.set_storage_buffer(col.storages[spec[1]], buf)
     return new_tensors

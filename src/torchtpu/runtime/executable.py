@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 from collections.abc import Sequence
@@ -106,12 +107,12 @@ class Executable:
         self._execute_fn = p.fn("PJRT_LoadedExecutable_Execute")
         self._scratch = _ExecScratch(p, handle, self.num_outputs)
         self._lock = threading.Lock()
-        # Per-output (shape, dtype) handed to each output Buffer; None = ask PJRT.
+        # Per output: (index, shape, dtype, nbytes) handed to its Buffer; None = ask PJRT.
         if self.output_dtypes is not None and self.output_shapes is not None:
-            meta = list(zip(self.output_shapes, self.output_dtypes))
+            self._out_meta = [(j, shape, dtype, dtype.itemsize * math.prod(shape))
+                              for j, (shape, dtype) in enumerate(zip(self.output_shapes, self.output_dtypes))]
         else:
-            meta = [(None, None)] * self.num_outputs
-        self._out_meta = list(enumerate(meta))
+            self._out_meta = [(j, None, None, 0) for j in range(self.num_outputs)]
 
     # -- metadata ---------------------------------------------------------
     def _output_dtypes(self) -> list[np.dtype] | None:
@@ -255,7 +256,7 @@ class Executable:
         if err:
             raise self._plugin.take_error(err)
         out_list = s.out_list
-        outs = [Buffer(client, out_list[j], shape, dtype) for j, (shape, dtype) in self._out_meta]
+        outs = Buffer._outputs(client, out_list, self._out_meta)
         if with_event:
             return outs, Event(self._plugin, s.events[0], client)
         return outs, None

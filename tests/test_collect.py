@@ -52,6 +52,9 @@ def test_native_walk_matches_python(case: int) -> None:
     values, flags = _arguments()[case]
     native, python = _both(values, flags)
     assert native == python
+    # graph_runner passes its arguments as they come (a list, or a tuple)
+    specs, _ = _C._walk_all(executor._Collector(), tuple(values), flags)
+    assert specs == native[0]
 
 
 def test_native_walk_matches_python_on_recorded_values() -> None:

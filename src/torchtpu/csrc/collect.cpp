@@ -230,18 +230,20 @@ void register_collect(py::module& m) {
       "one argument's spec (see executor._Collector.walk)");
   m.def(
       "_walk_all",
-      [](py::handle col, py::list values, py::handle runtime_scalar) {
-        // -> (specs, has_generator): every schema argument of one call, in order
+      [](py::handle col, py::handle values_obj, py::handle runtime_scalar) {
+        // -> (specs, has_generator): every schema argument of one call (a list or tuple), in order
         TORCH_CHECK(g_numpy_to_torch != nullptr, "torchtpu._C._collect_setup was not called");
+        py::object values = py::reinterpret_steal<py::object>(PySequence_Fast(values_obj.ptr(), "values"));
+        if (!values) throw py::error_already_set();
         State st(col);
-        const Py_ssize_t n = PyList_GET_SIZE(values.ptr());
+        const Py_ssize_t n = PySequence_Fast_GET_SIZE(values.ptr());
         py::list specs(n);
         bool has_generator = false;
         TORCH_CHECK_INDEX(PyList_Check(runtime_scalar.ptr()) && PyList_GET_SIZE(runtime_scalar.ptr()) >= n,
                           "more argument values than schema arguments");
         for (Py_ssize_t i = 0; i < n; ++i) {
           PyObject* flag = PyList_GET_ITEM(runtime_scalar.ptr(), i);
-          py::object spec = walk(st, PyList_GET_ITEM(values.ptr(), i), flag == Py_True);
+          py::object spec = walk(st, PySequence_Fast_GET_ITEM(values.ptr(), i), flag == Py_True);
           PyObject* head = PyTuple_GET_ITEM(spec.ptr(), 0);
           if (PyUnicode_Check(head) && PyUnicode_CompareWithASCIIString(head, "G") == 0) {
             has_generator = true;

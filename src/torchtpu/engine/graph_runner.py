@@ -19,6 +19,7 @@ import sympy
 import torch
 import torch.fx
 
+from .. import _C
 from ..lowering import decompose
 from ..lowering.builder import Builder, Value
 from ..lowering.views import (
@@ -112,7 +113,7 @@ class GraphProgram:
 
     def _run(self, args: list[Any], bucket: tuple | None = None) -> Any:
         col = executor._Collector()
-        specs = [col.walk(a, False) for a in args]
+        specs, _ = _C._walk_all(col, args, [False] * len(args))
         if bucket is not None:
             specs.append(("B", len(col.inputs)))  # the actual sizes: a runtime input
             col.inputs.append(("host", bucket[1]))

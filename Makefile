@@ -5,7 +5,7 @@ STAMP := $(VENV)/.torchtpu-installed
 
 .PHONY: demo test bench lint
 
-$(STAMP): pyproject.toml setup.py src/torchtpu/csrc/shim.cpp src/torchtpu/csrc/cpu_kernels.cpp
+$(STAMP): pyproject.toml setup.py $(wildcard src/torchtpu/csrc/*.cpp)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first: the C++ shim builds against its headers (no build isolation).

@@ -5,12 +5,13 @@ STAMP := $(VENV)/.torchtpu-installed
 
 .PHONY: demo test bench lint
 
-$(STAMP): pyproject.toml setup.py $(wildcard src/torchtpu/csrc/*.cpp)
+$(STAMP): pyproject.toml setup.py $(wildcard src/torchtpu/csrc/*.cpp src/torchtpu/csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first: the C++ shim builds against its headers (no build isolation).
 	$(PY) -m pip install -q torch==2.13.0 setuptools wheel
-	$(PY) -m pip install -q --no-build-isolation -e '.[dev]'
+	# no backend autoload while building: an installed torchtpu with a stale _C would break it
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PY) -m pip install -q --no-build-isolation -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

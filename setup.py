@@ -13,7 +13,8 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 ext_modules = [
     CppExtension(
         "torchtpu._C",
-        ["src/torchtpu/csrc/shim.cpp", "src/torchtpu/csrc/collect.cpp"],
+        ["src/torchtpu/csrc/shim.cpp", "src/torchtpu/csrc/collect.cpp",
+         "src/torchtpu/csrc/record.cpp"],
         extra_compile_args=["-O2", "-std=c++17"],
     )
 ]

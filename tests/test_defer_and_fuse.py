@@ -320,3 +320,38 @@ def test_a_read_runs_everything_recorded(monkeypatch):
         assert d.cpu().tolist() == [9.0] * 4
         assert not deferred.has_pending()
         assert e.cpu().tolist() == [8.0] * 4
+
+
+def _recorded_program(native: bool, monkeypatch) -> tuple[list, list]:
+    """A graph exercising every kind of recorded input and output, and what it computes."""
+    monkeypatch.setattr(deferred, "_native_record", native)
+    torch.manual_seed(0)
+    a = torch.randn(4, 6, device="tpu")
+    b = torch.randn(6, dtype=torch.float64, device="tpu")
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        torch.tpu.synchronize()
+        c = a * 2.5 + a  # an argument read twice: one program argument; a float scalar
+        d = b * 0.5  # a float scalar next to an f64 tensor: an f64 scalar
+        e = torch.empty(4, 6, device="tpu")  # uninitialized storage
+        e.copy_(c)  # an in-place write: a written storage, not a new tensor
+        m, i = c.max(dim=1)  # two outputs of one node
+        f = c + torch.tensor(3.0)  # a host scalar
+        g = torch.nn.functional.dropout(c, 0.5, training=True)  # an RNG seed: the Python path
+        a.add_(1)  # an in-place write of an argument
+        h = a[1:, ::2] * m[1:, None]  # a view of an argument and a pending value
+        graph = deferred._graph
+        structure = [list(graph.wiring), [x[0] for x in graph.args], [[x[0] for x in n.inputs] for n in graph.nodes],
+                     len(graph.touched)]
+        values = [t.cpu() for t in (a, c, d, e, m, i, f, g, h)]
+    return structure, values
+
+
+def test_native_recording_matches_python(monkeypatch):
+    """_C._record_io records the same inputs, wires, arguments and outputs as the Python loop."""
+    native = _recorded_program(True, monkeypatch)
+    python = _recorded_program(False, monkeypatch)
+    assert native[0] == python[0]
+    assert {"seed", "scalar", "host", "buf"} <= set(native[0][1])
+    assert {"uninit", "pending"} <= {kind for node in native[0][2] for kind in node}
+    for x, y in zip(native[1], python[1]):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)

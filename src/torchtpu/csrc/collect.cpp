@@ -13,6 +13,8 @@
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include "py_helpers.h"
+
 namespace torchtpu {
 namespace {
 
@@ -24,10 +26,6 @@ PyObject* g_generator_type = nullptr;
 PyObject *s_storages, *s_skeys, *s_storage_index, *s_inputs, *s_device, *s_has_f64, *s_tensor, *s_generator,
     *s_dtype, *s_shape;
 PyObject *k_T, *k_L, *k_V, *k_S, *k_U, *k_B, *k_storage, *k_scalar;
-
-PyObject* intern(const char* s) {
-  return PyUnicode_InternFromString(s);
-}
 
 // A collector's state, read once per walk and written back before any call into
 // Python (which may change it) and at the end.
@@ -66,15 +64,6 @@ py::object int_tuple(c10::IntArrayRef values) {
   py::tuple out(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
     PyTuple_SET_ITEM(out.ptr(), i, PyLong_FromLongLong(values[i]));
-  }
-  return out;
-}
-
-py::object tuple_of(std::initializer_list<py::handle> items) {
-  py::tuple out(items.size());
-  size_t i = 0;
-  for (py::handle h : items) {
-    PyTuple_SET_ITEM(out.ptr(), i++, h.inc_ref().ptr());
   }
   return out;
 }
@@ -199,24 +188,11 @@ void register_collect(py::module& m) {
     g_numpy_to_torch = numpy_to_torch.release().ptr();
     g_buffer_attr = buffer_attr.release().ptr();
     g_generator_type = generator_type.release().ptr();
-    s_storages = intern("storages");
-    s_skeys = intern("skeys");
-    s_storage_index = intern("storage_index");
-    s_inputs = intern("inputs");
-    s_device = intern("device");
-    s_has_f64 = intern("has_f64");
-    s_tensor = intern("tensor");
-    s_generator = intern("generator");
-    s_dtype = intern("dtype");
-    s_shape = intern("shape");
-    k_T = intern("T");
-    k_L = intern("L");
-    k_V = intern("V");
-    k_S = intern("S");
-    k_U = intern("U");
-    k_B = intern("B");
-    k_storage = intern("storage");
-    k_scalar = intern("scalar");
+    intern_all({{&s_storages, "storages"}, {&s_skeys, "skeys"}, {&s_storage_index, "storage_index"}, {&s_inputs, "inputs"},
+                {&s_device, "device"}, {&s_has_f64, "has_f64"}, {&s_tensor, "tensor"}, {&s_generator, "generator"},
+                {&s_dtype, "dtype"}, {&s_shape, "shape"}, {&k_T, "T"}, {&k_L, "L"},
+                {&k_V, "V"}, {&k_S, "S"}, {&k_U, "U"}, {&k_B, "B"},
+                {&k_storage, "storage"}, {&k_scalar, "scalar"}});
   });
   m.def(
       "_walk",

@@ -540,6 +540,38 @@ at::Generator unwrap_generator(py::handle obj) {
 }
 
 void register_collect(py::module& m);  // collect.cpp
+void register_record(py::module& m);   // record.cpp
+
+// An op's new output: torch.empty_strided on tpu:index, plus its storage's device data set
+// as the storage attribute `attr`. One call instead of three from Python (argument parsing,
+// the dispatcher, untyped_storage()), for every op's every output. -> (tensor, storage)
+py::tuple new_tensor_with_data(py::handle size_obj, py::handle stride_obj, py::handle dtype, int index,
+                               py::handle attr, py::handle data) {
+  TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "expected a torch.dtype");
+  TORCH_CHECK_TYPE(PyTuple_Check(size_obj.ptr()) && PyTuple_Check(stride_obj.ptr()),
+                   "size and stride must be tuples");
+  const auto type = reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+  const auto ints = [](py::handle values) {
+    c10::SmallVector<int64_t, 8> out;
+    for (py::handle v : values) out.push_back(PyLong_AsLongLong(v.ptr()));
+    if (PyErr_Occurred()) throw py::error_already_set();
+    return out;
+  };
+  const auto size = ints(size_obj);
+  const auto stride = ints(stride_obj);
+  TORCH_CHECK(size.size() == stride.size(), "size and stride differ in length");
+  at::Tensor t;
+  {
+    DeviceScope scope(c10::Device(kTpu, static_cast<c10::DeviceIndex>(index)));
+    t = at::detail::empty_strided_generic(size, stride, &g_allocator, kTpuKeys, type);
+  }
+  py::object storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(t.storage()));
+  if (!storage || PyObject_SetAttr(storage.ptr(), attr.ptr(), data.ptr()) != 0) {
+    throw py::error_already_set();
+  }
+  py::object tensor = py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
+  return py::make_tuple(tensor, storage);
+}
 
 void install() {
   static std::once_flag flag;
@@ -589,35 +621,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_reset_peak_memory", [](int index) {
     g_allocator.resetPeakStats(static_cast<c10::DeviceIndex>(index));
   });
-  m.def(
-      "_new_tensor",
-      [](py::tuple size_obj, py::tuple stride_obj, py::handle dtype, int index, py::handle attr, py::handle data) {
-        // An op's new output: torch.empty_strided on tpu:index, plus its storage's device
-        // data set as the storage attribute `attr`. One call instead of three from Python
-        // (argument parsing, the dispatcher, untyped_storage()), for every op's every output.
-        TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "expected a torch.dtype");
-        const auto type = reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
-        const auto ints = [](const py::tuple& values) {
-          c10::SmallVector<int64_t, 8> out;
-          for (py::handle v : values) out.push_back(PyLong_AsLongLong(v.ptr()));
-          if (PyErr_Occurred()) throw py::error_already_set();
-          return out;
-        };
-        const auto size = ints(size_obj);
-        const auto stride = ints(stride_obj);
-        TORCH_CHECK(size.size() == stride.size(), "size and stride differ in length");
-        at::Tensor t;
-        {
-          DeviceScope scope(c10::Device(kTpu, static_cast<c10::DeviceIndex>(index)));
-          t = at::detail::empty_strided_generic(size, stride, &g_allocator, kTpuKeys, type);
-        }
-        py::object storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(t.storage()));
-        if (!storage || PyObject_SetAttr(storage.ptr(), attr.ptr(), data.ptr()) != 0) {
-          throw py::error_already_set();
-        }
-        py::object tensor = py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
-        return py::make_tuple(tensor, storage);
-      },
-      "(tensor, storage): a new tpu tensor whose storage attribute `attr` is `data`");
+  m.def("_new_tensor", &new_tensor_with_data,
+        "(tensor, storage): a new tpu tensor whose storage attribute `attr` is `data`");
   register_collect(m);
+  register_record(m);
 }

@@ -218,70 +218,13 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
         g = _graph
         node_index = len(g.nodes)
         device = col.device or 0
-        storages = col.storages
-        inputs: list[tuple] = []
-        wires: list[tuple] = []
-        args, arg_of = g.args, g.arg_of
-        # Each input and its wire (see _wire, inlined here: this loop runs ~700 times a step).
-        for inp in col.inputs:
-            kind = inp[0]
-            if kind == "storage":
-                s = storages[inp[1]]
-                buf = getattr(s, _ATTR, None)
-                if buf is None:
-                    inputs.append(_UNINIT)
-                    wires.append(_UNINIT_WIRE)
-                    continue
-                if buf.__class__ is Pending and buf.graph is g:
-                    inputs.append(("pending", buf))
-                    wires.append(("p", buf.node, buf.index))
-                    continue
-                if buf.__class__ is not Pending:
-                    a = ("buf", buf, weakref.ref(s))
-                elif buf.graph.in_flight:
-                    # a result of a cut graph still compiling: an argument, bound when it launches
-                    a = ("later", buf, weakref.ref(s))
-                    g.has_later = True
-                else:  # from an older graph: cannot happen after its flush
-                    raise AssertionError("stale pending storage")
-                inputs.append(a)
-                pos = arg_of.get(id(buf))  # a buffer read twice is one argument
-                if pos is None:
-                    pos = arg_of[id(buf)] = len(args)
-                    args.append(a)
-                wires.append(("a", pos))
-                continue
-            if kind == "scalar":
-                a = ("scalar", inp[1], inp[2] or (torch.float64 if col.has_f64 else torch.float32))
-            elif kind == "host":
-                a = ("host", inp[1])
-            else:  # seed
-                gen = inp[1] if inp[1] is not None else _C._default_generator(device)
-                a = ("seed", _C._next_seed(gen))
-            inputs.append(a)
-            wires.append(("a", len(args)))
-            args.append(a)
-        g.wiring.append((info.key_id, tuple(wires)))
+        layouts = None if plan.mutated else info.layouts
+        io = _record_io(g, col, layouts, info.written, node_index, device) if _native_record else None
+        if io is None:  # an RNG seed among the inputs (or the native path switched off)
+            io = _record_io_python(g, col, layouts, info.written, node_index, device)
+        inputs, wires, new_tensors = io
+        g.wiring.append((info.key_id, wires))
         g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
-        new_tensors: list[torch.Tensor | None] = []
-        k = 0
-        touched = g.touched
-        if not plan.mutated:
-            for layout in info.layouts:
-                if layout is None:
-                    new_tensors.append(None)
-                    continue
-                t, s = _new_tensor(layout[0], layout[1], layout[2], device, _ATTR,
-                                   Pending(g, node_index, k, layout[4], layout[2], layout[3]))
-                touched.append(weakref.ref(s))
-                new_tensors.append(t)
-                k += 1
-        else:
-            for slot, shape, dtype, np_dtype in info.written:
-                s = storages[slot]
-                setattr(s, _ATTR, Pending(g, node_index, k, shape, dtype, np_dtype))
-                touched.append(weakref.ref(s))
-                k += 1
         g.keys.append(info.key_id)
         global _since_sync
         _since_sync += 1
@@ -293,6 +236,76 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
             # (a graph still repeating the period is left to the period cut)
             flush(cut=True)
     return executor.op_result(plan, values, new_tensors)
+
+
+def _record_io_python(g: _Graph, col: Any, layouts: list | None, written: list, node_index: int,
+                      device: int) -> tuple[list[tuple], tuple, list[torch.Tensor | None]]:
+    """A recorded node's inputs and wires (adding its arguments to the graph), and its
+    outputs: new tensors (``layouts``; None for an in-place op) or the written storages,
+    each holding a Pending. ``_C._record_io`` does the same natively except for RNG seeds.
+    """
+    storages = col.storages
+    inputs: list[tuple] = []
+    wires: list[tuple] = []
+    args, arg_of = g.args, g.arg_of
+    for inp in col.inputs:
+        kind = inp[0]
+        if kind == "storage":
+            s = storages[inp[1]]
+            buf = getattr(s, _ATTR, None)
+            if buf is None:
+                inputs.append(_UNINIT)
+                wires.append(_UNINIT_WIRE)
+                continue
+            if buf.__class__ is Pending and buf.graph is g:
+                inputs.append(("pending", buf))
+                wires.append(("p", buf.node, buf.index))
+                continue
+            if buf.__class__ is not Pending:
+                a = ("buf", buf, weakref.ref(s))
+            elif buf.graph.in_flight:
+                # a result of a cut graph still compiling: an argument, bound when it launches
+                a = ("later", buf, weakref.ref(s))
+                g.has_later = True
+            else:  # from an older graph: cannot happen after its flush
+                raise AssertionError("stale pending storage")
+            inputs.append(a)
+            pos = arg_of.get(id(buf))  # a buffer read twice is one argument
+            if pos is None:
+                pos = arg_of[id(buf)] = len(args)
+                args.append(a)
+            wires.append(("a", pos))
+            continue
+        if kind == "scalar":
+            a = ("scalar", inp[1], inp[2] or (torch.float64 if col.has_f64 else torch.float32))
+        elif kind == "host":
+            a = ("host", inp[1])
+        else:  # seed
+            gen = inp[1] if inp[1] is not None else _C._default_generator(device)
+            a = ("seed", _C._next_seed(gen))
+        inputs.append(a)
+        wires.append(("a", len(args)))
+        args.append(a)
+    new_tensors: list[torch.Tensor | None] = []
+    k = 0
+    touched = g.touched
+    if layouts is not None:
+        for layout in layouts:
+            if layout is None:
+                new_tensors.append(None)
+                continue
+            t, s = _new_tensor(layout[0], layout[1], layout[2], device, _ATTR,
+                               Pending(g, node_index, k, layout[4], layout[2], layout[3]))
+            touched.append(weakref.ref(s))
+            new_tensors.append(t)
+            k += 1
+    else:
+        for slot, shape, dtype, np_dtype in written:
+            s = storages[slot]
+            setattr(s, _ATTR, Pending(g, node_index, k, shape, dtype, np_dtype))
+            touched.append(weakref.ref(s))
+            k += 1
+    return inputs, tuple(wires), new_tensors
 
 
 def _repeats(g: _Graph) -> bool:
@@ -471,6 +484,10 @@ def _rewire(g: _Graph) -> None:
 
 _UNINIT = ("uninit",)
 _UNINIT_WIRE = ("u",)
+# The native twin of _record_io_python (csrc/record.cpp); tests switch it off to compare.
+_C._record_setup(Pending, _ATTR, _UNINIT, _UNINIT_WIRE, torch.float32, torch.float64)
+_record_io = _C._record_io
+_native_record = True
 
 
 def _arg_buffer(a: tuple, device: int) -> Any:

@@ -179,6 +179,35 @@ def test_donation_keeps_peak_memory_at_or_below_strict():
         assert abs(a - b) <= 1e-3 * abs(a)
 
 
+def test_donation_aliases_each_input_with_the_value_that_replaced_it(monkeypatch):
+    # An optimizer step over same-shaped tensors: each dead input (a weight, a moment) must be
+    # aliased with its own update, not with another same-shaped result (XLA then copies inputs).
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(16, 8, device="tpu")) for _ in range(2)]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    launched = []
+    launch = deferred._launch
+
+    def spy(fused, args, device, bindings):
+        launched.append([(args[i][2](), {id(s) for s, _ in bindings[fused.live[j]]}) for i, j in fused.aliases])
+        return launch(fused, args, device, bindings)
+
+    monkeypatch.setattr(deferred, "_launch", spy)
+    with torch.tpu.defer_and_fuse():
+        for step in range(3):
+            for p in params:
+                p.grad = torch.randn(16, 8, device="tpu")
+            torch.tpu.synchronize()
+            launched.clear()
+            opt.step()
+            torch.tpu.synchronize()
+            pairs = [pair for launch_pairs in launched for pair in launch_pairs]
+            # the two weights, and from the second step on their two moments each: all updated in place
+            assert len(pairs) == (2 if step == 0 else 6), pairs
+            for storage, bound in pairs:
+                assert id(storage) in bound
+
+
 def test_recorded_ops_remember_the_users_line():
     import inspect
 

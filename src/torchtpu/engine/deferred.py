@@ -123,6 +123,7 @@ class _Fused:
     executable: Any
     live: list[tuple[int, int]]
     donate: list[int] = field(default_factory=list)  # argument positions whose buffers XLA may reuse
+    aliases: list[tuple[int, int]] = field(default_factory=list)  # (argument, index into live) per donation
 
 
 _ATTR = st._ATTR
@@ -414,23 +415,19 @@ def flush(cut: bool = False) -> None:
         if g.has_later:
             _rewire(g)  # the cut graphs it reads from have launched above
         args, wiring = g.args, g.wiring
-        # Inputs dead after this graph (their storage was overwritten or freed)
-        # may be donated: an optimizer step then updates parameters in place.
-        dead = tuple(i for i, a in enumerate(args)
-                     if a[0] == "buf" and getattr(a[2](), _ATTR, None) is not a[1])  # freed or overwritten
-        key = (tuple(wiring), tuple(live), dead)
+        key = (tuple(wiring), tuple(live), _dead_arguments(g, args, live))
         fused = _cache.get(key)
         if fused is None and cut:
-            text, donate = _emit(g, args, live, key)
-            future = _background().submit(_compile_fused, text, live, donate)
+            text, aliases = _emit(g, args, live, key)
+            future = _background().submit(_compile_fused, text, live, aliases)
             g.in_flight = True
             _in_flight.append(_InFlight(future, key, args, g.nodes[0].device, holders))
             stats["background_compiles"] += 1
             _release(g)
             return
         if fused is None:
-            text, donate = _emit(g, args, live, key)
-            fused = _compile_fused(text, live, donate)
+            text, aliases = _emit(g, args, live, key)
+            fused = _compile_fused(text, live, aliases)
             _cache[key] = fused
         else:
             stats["hits"] += 1
@@ -520,20 +517,20 @@ def _background() -> ThreadPoolExecutor:
     return _compiler
 
 
-def _compile_fused(text: str, live: list[tuple[int, int]], donate: list[int]) -> _Fused:
+def _compile_fused(text: str, live: list[tuple[int, int]], aliases: list[tuple[int, int]]) -> _Fused:
     start = time.perf_counter()
     exe = compile_cache.compile(text)
     stats["compiles"] += 1
     executor.stats.misses += 1
     executor.stats.compile_seconds += time.perf_counter() - start
-    return _Fused(exe, live, donate)
+    return _Fused(exe, live, [i for i, _ in aliases], aliases)
 
 
-def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple) -> tuple[str, list[int]]:
-    """The fused module's text and the argument positions it donates."""
+def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]],
+          key: tuple) -> tuple[str, list[tuple[int, int]]]:
+    """The fused module's text and its (argument, result) donation pairs."""
     b = Builder()
     arg_values = [_arg_value(b, a) for a in args]
-    dead = key[2]
     produced: dict[tuple[int, int], Value] = {}
     for ni, (node, (_, wires)) in enumerate(zip(g.nodes, key[0])):
         info = node.info
@@ -561,20 +558,65 @@ def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]], key: tuple)
         for k, v in enumerate(out_values):
             produced[(ni, k)] = v
     results = [produced[k] for k in live]
-    donate = []
-    free = list(range(len(results)))
-    for i in dead:
-        v = arg_values[i]
-        match = next((j for j in free if results[j].shape == v.shape and results[j].dtype == v.dtype), None)
-        if match is not None:
-            free.remove(match)
-            b.arg_attrs[i] = f"tf.aliasing_output = {match} : i32"
-            donate.append(i)
-    stats["donated"] = stats.get("donated", 0) + len(donate)
+    aliases = _pair_donations(arg_values, results, key[2])
+    for i, j in aliases:
+        b.arg_attrs[i] = f"tf.aliasing_output = {j} : i32"
+    stats["donated"] = stats.get("donated", 0) + len(aliases)
     text = b.module(results, name="fused")
     for node in g.nodes:
         node.info.emitted = True
-    return text, donate
+    return text, aliases
+
+
+def _dead_arguments(g: _Graph, args: list[tuple], live: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """(argument position, index into ``live`` or -1) per buffer argument dead after the graph.
+
+    An argument is dead when its storage was freed or overwritten; such inputs may be
+    donated, so an optimizer step updates parameters in place. Where the storage now
+    holds one of this graph's results (an in-place update), that result's index comes
+    along: aliasing the two lets XLA write the update over its own input. Pairing by
+    shape alone can cross two same-shaped updates (a weight's and its moment's), and
+    XLA then copies both inputs first to keep them readable.
+    """
+    position = None
+    dead = []
+    for i, a in enumerate(args):
+        if a[0] != "buf":
+            continue
+        s = a[2]()
+        v = getattr(s, _ATTR, None) if s is not None else None
+        if v is a[1]:
+            continue
+        j = -1
+        if v.__class__ is Pending and v.graph is g:
+            if position is None:
+                position = {k: n for n, k in enumerate(live)}
+            j = position.get((v.node, v.index), -1)
+        dead.append((i, j))
+    return tuple(dead)
+
+
+def _pair_donations(arg_values: list[Value], results: list[Value],
+                    dead: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """(argument, result) pairs XLA may alias: each dead argument with the result that replaced
+    it in its storage, then the remaining dead arguments with any free result of the same type."""
+    free = set(range(len(results)))
+    pairs: dict[int, int] = {}
+
+    def fits(i: int, j: int) -> bool:
+        return results[j].shape == arg_values[i].shape and results[j].dtype == arg_values[i].dtype
+
+    for i, j in dead:
+        if j >= 0 and j in free and fits(i, j):
+            pairs[i] = j
+            free.discard(j)
+    for i, _ in dead:
+        if i not in pairs:
+            match = next((j for j in sorted(free) if fits(i, j)), None)
+            if match is not None:
+                pairs[i] = match
+                free.discard(match)
+    return sorted(pairs.items())
 
 
 def _collected_kinds(node: _Node) -> list[int | None]:

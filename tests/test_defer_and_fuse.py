@@ -369,8 +369,11 @@ def _recorded_program(native: bool, monkeypatch) -> tuple[list, list]:
         a.add_(1)  # an in-place write of an argument
         h = a[1:, ::2] * m[1:, None]  # a view of an argument and a pending value
         graph = deferred._graph
+        pendings = [getattr(ref(), deferred._ATTR) for ref in graph.touched if ref() is not None]
         structure = [list(graph.wiring), [x[0] for x in graph.args], [[x[0] for x in n.inputs] for n in graph.nodes],
-                     len(graph.touched)]
+                     len(graph.touched),
+                     [(type(p).__name__, p.graph is graph, p.node, p.index, p.shape, p.torch_dtype, p.dtype, p.resolved)
+                      for p in pendings]]
         values = [t.cpu() for t in (a, c, d, e, m, i, f, g, h)]
     return structure, values
 

@@ -24,7 +24,7 @@ PyObject* g_numpy_to_torch = nullptr;
 PyObject* g_buffer_attr = nullptr;
 PyObject* g_generator_type = nullptr;
 PyObject *s_storages, *s_skeys, *s_storage_index, *s_inputs, *s_device, *s_has_f64, *s_tensor, *s_generator,
-    *s_dtype, *s_shape;
+    *s_dtype, *s_shape, *s_dtype_slot, *s_shape_slot;
 PyObject *k_T, *k_L, *k_V, *k_S, *k_U, *k_B, *k_storage, *k_scalar;
 
 // A collector's state, read once per walk and written back before any call into
@@ -59,6 +59,17 @@ struct State {
     return out;
   }
 };
+
+// A buffer's shape or dtype. A Buffer keeps them in slots (set by whoever made it; None
+// until PJRT is asked through the property): reading the slot skips a Python frame per
+// tensor. A Pending has plain shape and dtype attributes.
+py::object buffer_field(py::handle buf, PyObject* slot_name, PyObject* property_name) {
+  PyObject* raw = nullptr;
+  if (_PyObject_LookupAttr(buf.ptr(), slot_name, &raw) < 0) throw py::error_already_set();
+  if (raw != nullptr && raw != Py_None) return py::reinterpret_steal<py::object>(raw);
+  Py_XDECREF(raw);
+  return buf.attr(property_name);
+}
 
 py::object int_tuple(c10::IntArrayRef values) {
   py::tuple out(values.size());
@@ -107,7 +118,7 @@ py::object tensor_spec(State& st, py::handle v) {
       py::int_ numel(nbytes / static_cast<int64_t>(c10::elementSize(type)));
       skey = tuple_of({k_U, numel, dtype});
     } else {
-      py::object np_dtype = buf.attr(s_dtype);
+      py::object np_dtype = buffer_field(buf, s_dtype_slot, s_dtype);
       PyObject* dt = PyDict_GetItemWithError(g_numpy_to_torch, np_dtype.ptr());
       if (dt == nullptr) {
         if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, np_dtype.ptr());
@@ -115,7 +126,7 @@ py::object tensor_spec(State& st, py::handle v) {
       }
       const auto buf_type = reinterpret_cast<THPDtype*>(dt)->scalar_type;
       py::int_ numel(nbytes / static_cast<int64_t>(c10::elementSize(buf_type)));
-      py::object shape = buf.attr(s_shape);
+      py::object shape = buffer_field(buf, s_shape_slot, s_shape);
       skey = tuple_of({k_B, shape, py::handle(dt), numel});
     }
     if (PyList_Append(st.skeys.ptr(), skey.ptr()) != 0) throw py::error_already_set();
@@ -172,9 +183,9 @@ py::object walk(State& st, py::handle v, bool runtime_scalar) {
   if (runtime_scalar && (PyLong_Check(p) || PyFloat_Check(p))) {
     return scalar_spec(st, v);
   }
-  const int is_gen = PyObject_IsInstance(p, g_generator_type);
-  if (is_gen < 0) throw py::error_already_set();
-  if (is_gen) {
+  // A C-level subtype check: torch.Generator's metaclass has a Python __instancecheck__,
+  // and PyObject_IsInstance would run it for every int, None or dtype argument.
+  if (PyObject_TypeCheck(p, reinterpret_cast<PyTypeObject*>(g_generator_type))) {
     return st.python(s_generator, v);
   }
   return tuple_of({k_V, v});
@@ -190,7 +201,8 @@ void register_collect(py::module& m) {
     g_generator_type = generator_type.release().ptr();
     intern_all({{&s_storages, "storages"}, {&s_skeys, "skeys"}, {&s_storage_index, "storage_index"}, {&s_inputs, "inputs"},
                 {&s_device, "device"}, {&s_has_f64, "has_f64"}, {&s_tensor, "tensor"}, {&s_generator, "generator"},
-                {&s_dtype, "dtype"}, {&s_shape, "shape"}, {&k_T, "T"}, {&k_L, "L"},
+                {&s_dtype, "dtype"}, {&s_shape, "shape"},
+                {&s_dtype_slot, "_dtype"}, {&s_shape_slot, "_shape"}, {&k_T, "T"}, {&k_L, "L"},
                 {&k_V, "V"}, {&k_S, "S"}, {&k_U, "U"}, {&k_B, "B"},
                 {&k_storage, "storage"}, {&k_scalar, "scalar"}});
   });

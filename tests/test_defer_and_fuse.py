@@ -208,6 +208,34 @@ def test_donation_aliases_each_input_with_the_value_that_replaced_it(monkeypatch
                 assert id(storage) in bound
 
 
+def test_runtime_scalars_travel_packed_per_dtype(monkeypatch):
+    # Scalars of four dtypes in one graph: one vector parameter each, every value in its place.
+    launched = []
+    launch = deferred._launch
+
+    def spy(fused, args, device, bindings):
+        launched.append(fused.layout)
+        return launch(fused, args, device, bindings)
+
+    monkeypatch.setattr(deferred, "_launch", spy)
+    torch.manual_seed(0)
+    x = torch.randn(5)
+    d = torch.randn(5, dtype=torch.float64)
+    n = torch.arange(5)
+    m = torch.tensor([True, False, True, False, False])
+    with torch.tpu.defer_and_fuse():
+        torch.tpu.synchronize()
+        xt, dt, nt, mt = x.to("tpu"), d.to("tpu"), n.to("tpu"), m.to("tpu")
+        outs = [xt * 1.5 + 0.25, dt * 0.1, nt + 7, nt * -3, mt.masked_fill(~mt, True), xt.clamp(-0.5, 0.5)]
+        got = [t.cpu() for t in outs]
+    expected = [x * 1.5 + 0.25, d * 0.1, n + 7, n * -3, m.masked_fill(~m, True), x.clamp(-0.5, 0.5)]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    layout = launched[-1]
+    assert {dtype for dtype, _ in layout.packed} == {torch.float32, torch.float64, torch.int64, torch.bool}
+    assert sum(len(members) for _, members in layout.packed) >= 8
+
+
 def test_recorded_ops_remember_the_users_line():
     import inspect
 

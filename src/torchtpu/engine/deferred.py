@@ -122,8 +122,36 @@ class _InFlight:
 class _Fused:
     executable: Any
     live: list[tuple[int, int]]
-    donate: list[int] = field(default_factory=list)  # argument positions whose buffers XLA may reuse
+    layout: _ParamLayout
+    donate: list[int] = field(default_factory=list)  # parameter positions whose buffers XLA may reuse
     aliases: list[tuple[int, int]] = field(default_factory=list)  # (argument, index into live) per donation
+
+
+@dataclass
+class _ParamLayout:
+    """How a graph's arguments become its program's parameters.
+
+    Each non-scalar argument (a buffer, a host value, an RNG seed) is one parameter, in
+    argument order; the runtime scalars of each dtype travel packed in one vector
+    parameter after them. An optimizer step passes ~100 scalars (learning rates, bias
+    corrections that change every step): one host-to-device copy per dtype instead of
+    one device buffer per scalar.
+    """
+
+    own: list[int]  # argument positions passed as parameters of their own
+    packed: list[tuple[torch.dtype, list[int]]]  # per scalar dtype: the argument positions it packs
+    param_of: dict[int, int]  # argument position -> parameter position, for the own ones
+
+    @staticmethod
+    def of(args: list[tuple]) -> _ParamLayout:
+        own: list[int] = []
+        packed: dict[torch.dtype, list[int]] = {}
+        for i, a in enumerate(args):
+            if a[0] == "scalar":
+                packed.setdefault(a[2], []).append(i)
+            else:
+                own.append(i)
+        return _ParamLayout(own, list(packed.items()), {i: n for n, i in enumerate(own)})
 
 
 _ATTR = st._ATTR
@@ -366,7 +394,13 @@ def _launch_in_flight() -> None:
 def _launch(fused: _Fused, args: list[tuple], device: int,
             bindings: dict[tuple[int, int], list[tuple[torch.UntypedStorage, Pending]]]) -> None:
     """Run a fused program and bind each live output to the storages that await it."""
-    buffers = [a[1] if a[0] == "buf" else _arg_buffer(a, device) for a in args]
+    layout = fused.layout
+    buffers = [args[i][1] if args[i][0] == "buf" else _arg_buffer(args[i], device) for i in layout.own]
+    if layout.packed:
+        client = _device_state.client()
+        for dtype, members in layout.packed:
+            values = np.array([args[i][1] for i in members], dtype=st.TORCH_TO_NUMPY[dtype])
+            buffers.append(client.buffer_from_host(values, device))
     outs = executor.launch(fused.executable, buffers, device, fused.donate)
     del buffers
     for k, buf in zip(fused.live, outs):
@@ -418,16 +452,16 @@ def flush(cut: bool = False) -> None:
         key = (tuple(wiring), tuple(live), _dead_arguments(g, args, live))
         fused = _cache.get(key)
         if fused is None and cut:
-            text, aliases = _emit(g, args, live, key)
-            future = _background().submit(_compile_fused, text, live, aliases)
+            text, layout, aliases = _emit(g, args, live, key)
+            future = _background().submit(_compile_fused, text, live, layout, aliases)
             g.in_flight = True
             _in_flight.append(_InFlight(future, key, args, g.nodes[0].device, holders))
             stats["background_compiles"] += 1
             _release(g)
             return
         if fused is None:
-            text, aliases = _emit(g, args, live, key)
-            fused = _compile_fused(text, live, aliases)
+            text, layout, aliases = _emit(g, args, live, key)
+            fused = _compile_fused(text, live, layout, aliases)
             _cache[key] = fused
         else:
             stats["hits"] += 1
@@ -488,11 +522,10 @@ _native_record = True
 
 
 def _arg_buffer(a: tuple, device: int) -> Any:
+    """The buffer of a non-scalar argument (scalars are packed: see _ParamLayout)."""
     kind = a[0]
     if kind == "buf":
         return a[1]
-    if kind == "scalar":
-        return executor._scalar_buffer(a[1], a[2], device)
     client = _device_state.client()
     if kind == "host":
         return client.buffer_from_host(np.ascontiguousarray(a[1]), device)
@@ -503,8 +536,6 @@ def _arg_value(b: Builder, a: tuple) -> Value:
     kind = a[0]
     if kind == "buf":
         return b.arg(a[1].shape, st.NUMPY_TO_TORCH[a[1].dtype])
-    if kind == "scalar":
-        return b.arg((), a[2])
     if kind == "host":
         return b.arg((), st.NUMPY_TO_TORCH[a[1].dtype])
     return b.arg((2,), torch.uint64)
@@ -517,20 +548,28 @@ def _background() -> ThreadPoolExecutor:
     return _compiler
 
 
-def _compile_fused(text: str, live: list[tuple[int, int]], aliases: list[tuple[int, int]]) -> _Fused:
+def _compile_fused(text: str, live: list[tuple[int, int]], layout: _ParamLayout,
+                   aliases: list[tuple[int, int]]) -> _Fused:
     start = time.perf_counter()
     exe = compile_cache.compile(text)
     stats["compiles"] += 1
     executor.stats.misses += 1
     executor.stats.compile_seconds += time.perf_counter() - start
-    return _Fused(exe, live, [i for i, _ in aliases], aliases)
+    return _Fused(exe, live, layout, [layout.param_of[i] for i, _ in aliases], aliases)
 
 
 def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]],
-          key: tuple) -> tuple[str, list[tuple[int, int]]]:
-    """The fused module's text and its (argument, result) donation pairs."""
+          key: tuple) -> tuple[str, _ParamLayout, list[tuple[int, int]]]:
+    """The fused module's text, its parameter layout and its (argument, result) donation pairs."""
     b = Builder()
-    arg_values = [_arg_value(b, a) for a in args]
+    layout = _ParamLayout.of(args)
+    arg_values: list[Value] = [None] * len(args)  # type: ignore[list-item]
+    for i in layout.own:
+        arg_values[i] = _arg_value(b, args[i])
+    for dtype, members in layout.packed:
+        vector = b.arg((len(members),), dtype)
+        for k, i in enumerate(members):
+            arg_values[i] = b.reshape(b.slice(vector, [k], [k + 1]), ())
     produced: dict[tuple[int, int], Value] = {}
     for ni, (node, (_, wires)) in enumerate(zip(g.nodes, key[0])):
         info = node.info
@@ -560,12 +599,12 @@ def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]],
     results = [produced[k] for k in live]
     aliases = _pair_donations(arg_values, results, key[2])
     for i, j in aliases:
-        b.arg_attrs[i] = f"tf.aliasing_output = {j} : i32"
+        b.arg_attrs[layout.param_of[i]] = f"tf.aliasing_output = {j} : i32"
     stats["donated"] = stats.get("donated", 0) + len(aliases)
     text = b.module(results, name="fused")
     for node in g.nodes:
         node.info.emitted = True
-    return text, aliases
+    return text, layout, aliases
 
 
 def _dead_arguments(g: _Graph, args: list[tuple], live: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:

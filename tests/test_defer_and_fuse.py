@@ -401,16 +401,23 @@ def _recorded_program(native: bool, monkeypatch) -> tuple[list, list]:
         structure = [list(graph.wiring), [x[0] for x in graph.args], [[x[0] for x in n.inputs] for n in graph.nodes],
                      len(graph.touched),
                      [(type(p).__name__, p.graph is graph, p.node, p.index, p.shape, p.torch_dtype, p.dtype, p.resolved)
-                      for p in pendings]]
+                      for p in pendings],
+                     [(type(n).__name__, n.info.key_id, n.device, n.where) for n in graph.nodes], list(graph.keys)]
         values = [t.cpu() for t in (a, c, d, e, m, i, f, g, h)]
     return structure, values
 
 
 def test_native_recording_matches_python(monkeypatch):
-    """_C._record_io records the same inputs, wires, arguments and outputs as the Python loop."""
-    native = _recorded_program(True, monkeypatch)
+    """_C._record_io and _C._record_node record the same inputs, wires, arguments, nodes and outputs
+    as the Python code."""
+    first = _recorded_program(True, monkeypatch)  # op keys new to the process: _record_io
+    native = _recorded_program(True, monkeypatch)  # now emitted: _record_node
     python = _recorded_program(False, monkeypatch)
     assert native[0] == python[0]
+    # the first recording also names each op's source line: it was not emitted yet
+    assert first[0][:5] == native[0][:5] and first[0][6] == native[0][6]
+    assert all(where.endswith(".py:" + where.rpartition(":")[2]) for *_, where in first[0][5])
+    assert all(where == "" for *_, where in native[0][5])
     assert {"seed", "scalar", "host", "buf"} <= set(native[0][1])
     assert {"uninit", "pending"} <= {kind for node in native[0][2] for kind in node}
     for x, y in zip(native[1], python[1]):

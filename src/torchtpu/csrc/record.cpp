@@ -23,9 +23,9 @@ py::tuple new_tensor_with_data(py::handle size_obj, py::handle stride_obj, py::h
 namespace {
 
 // Set once by _record_setup (leaked on purpose: they live as long as the module).
-PyObject *g_pending_type, *g_attr, *g_uninit, *g_uninit_wire, *g_f32, *g_f64;
+PyObject *g_pending_type, *g_node_type, *g_attr, *g_uninit, *g_uninit_wire, *g_f32, *g_f64, *g_empty;
 PyObject *s_args, *s_arg_of, *s_touched, *s_has_later, *s_graph, *s_node, *s_index, *s_in_flight, *s_inputs,
-    *s_storages, *s_has_f64;
+    *s_storages, *s_has_f64, *s_written, *s_key_id, *s_wiring, *s_nodes, *s_keys;
 PyObject *k_storage, *k_scalar, *k_host, *k_buf, *k_pending, *k_later, *k_a, *k_p;
 
 py::object weakref(py::handle obj) {
@@ -36,21 +36,25 @@ bool is_kind(PyObject* kind, PyObject* interned) {
   return kind == interned || PyUnicode_Compare(kind, interned) == 0;
 }
 
-// Byte offsets of Pending's __slots__ in its instances, read from the slot descriptors once.
-// A GPT step makes ~370 Pendings; filling the slots here skips the class call and its
-// Python __init__ frame (half of each Pending's cost).
+// Byte offsets of the __slots__ of Pending and _Node in their instances, read from the slot
+// descriptors once. A GPT step makes ~370 Pendings and ~130 nodes; filling the slots here
+// skips the class call and its Python __init__ frame (half of each object's cost).
 struct PendingSlots {
   Py_ssize_t graph, node, index, shape, torch_dtype, dtype, resolved;
 } g_slots;
+struct NodeSlots {
+  Py_ssize_t info, inputs, device, where;
+} g_node_slots;
 
 Py_ssize_t slot_offset(PyObject* type, const char* name) {
   py::object descr = steal(PyObject_GetAttrString(type, name));
+  const std::string what = std::string(reinterpret_cast<PyTypeObject*>(type)->tp_name) + "." + name;
   if (Py_TYPE(descr.ptr()) != &PyMemberDescr_Type) {
-    throw std::runtime_error(std::string("Pending.") + name + " is not a __slots__ member");
+    throw std::runtime_error(what + " is not a __slots__ member");
   }
   const PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(descr.ptr())->d_member;
   if (member->type != T_OBJECT_EX) {
-    throw std::runtime_error(std::string("Pending.") + name + " is not an object slot");
+    throw std::runtime_error(what + " is not an object slot");
   }
   return member->offset;
 }
@@ -76,11 +80,129 @@ py::object new_pending(py::handle g, long node, long index, py::handle shape, py
   return p;
 }
 
+// A node's inputs, wires and new tensors: (inputs, wires, new tensors), or None when an input
+// is an RNG seed (deferred._record_io_python does those). Adds the node's arguments to the graph.
+py::object record_io(py::handle g, py::handle col, py::handle layouts, py::handle written, long node_index,
+               int device) {
+  TORCH_CHECK(g_pending_type != nullptr, "torchtpu._C._record_setup was not called");
+  py::object col_inputs = col.attr(s_inputs);
+  const Py_ssize_t n_in = PyList_GET_SIZE(col_inputs.ptr());
+  for (Py_ssize_t i = 0; i < n_in; ++i) {
+    PyObject* kind = PyTuple_GET_ITEM(PyList_GET_ITEM(col_inputs.ptr(), i), 0);
+    if (!is_kind(kind, k_storage) && !is_kind(kind, k_scalar) && !is_kind(kind, k_host)) {
+      return py::none();
+    }
+  }
+  py::object storages = col.attr(s_storages);
+  const bool has_f64 = PyObject_IsTrue(py::object(col.attr(s_has_f64)).ptr()) == 1;
+  py::object args = g.attr(s_args);
+  py::object arg_of = g.attr(s_arg_of);
+  py::object touched = g.attr(s_touched);
+  py::list inputs(0);
+  py::tuple wires(n_in);
+  const auto add_arg = [&](Py_ssize_t i, const py::object& a) {
+    check(PyList_Append(inputs.ptr(), a.ptr()));
+    py::object wire = tuple_of({k_a, py::int_(PyList_GET_SIZE(args.ptr()))});
+    PyTuple_SET_ITEM(wires.ptr(), i, wire.release().ptr());
+    check(PyList_Append(args.ptr(), a.ptr()));
+  };
+  for (Py_ssize_t i = 0; i < n_in; ++i) {
+    PyObject* inp = PyList_GET_ITEM(col_inputs.ptr(), i);
+    PyObject* kind = PyTuple_GET_ITEM(inp, 0);
+    if (!is_kind(kind, k_storage)) {
+      if (is_kind(kind, k_scalar)) {
+        PyObject* dtype = PyTuple_GET_ITEM(inp, 2);
+        if (dtype == Py_None) dtype = has_f64 ? g_f64 : g_f32;
+        add_arg(i, tuple_of({k_scalar, PyTuple_GET_ITEM(inp, 1), dtype}));
+      } else {  // host
+        add_arg(i, tuple_of({k_host, PyTuple_GET_ITEM(inp, 1)}));
+      }
+      continue;
+    }
+    py::handle s = PyList_GET_ITEM(storages.ptr(), PyLong_AsSsize_t(PyTuple_GET_ITEM(inp, 1)));
+    PyObject* raw = nullptr;
+    if (_PyObject_LookupAttr(s.ptr(), g_attr, &raw) < 0) throw py::error_already_set();
+    py::object buf = py::reinterpret_steal<py::object>(raw);
+    if (!buf || buf.is_none()) {
+      check(PyList_Append(inputs.ptr(), g_uninit));
+      PyTuple_SET_ITEM(wires.ptr(), i, py::handle(g_uninit_wire).inc_ref().ptr());
+      continue;
+    }
+    py::object a;
+    if (Py_TYPE(buf.ptr()) == reinterpret_cast<PyTypeObject*>(g_pending_type)) {
+      py::object graph = buf.attr(s_graph);
+      if (graph.is(g)) {
+        check(PyList_Append(inputs.ptr(), tuple_of({k_pending, buf}).ptr()));
+        py::object wire = tuple_of({k_p, py::object(buf.attr(s_node)), py::object(buf.attr(s_index))});
+        PyTuple_SET_ITEM(wires.ptr(), i, wire.release().ptr());
+        continue;
+      }
+      if (PyObject_IsTrue(py::object(graph.attr(s_in_flight)).ptr()) != 1) {
+        PyErr_SetString(PyExc_AssertionError, "stale pending storage");
+        throw py::error_already_set();
+      }
+      // a result of a cut graph still compiling: an argument, bound when it launches
+      a = tuple_of({k_later, buf, weakref(s)});
+      g.attr(s_has_later) = py::bool_(true);
+    } else {
+      a = tuple_of({k_buf, buf, weakref(s)});
+    }
+    check(PyList_Append(inputs.ptr(), a.ptr()));
+    // a buffer read twice is one argument (keyed by identity, as id() in Python)
+    py::object id = steal(PyLong_FromVoidPtr(buf.ptr()));
+    PyObject* pos = PyDict_GetItemWithError(arg_of.ptr(), id.ptr());
+    py::object position;
+    if (pos != nullptr) {
+      position = py::reinterpret_borrow<py::object>(pos);
+    } else {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      position = py::int_(PyList_GET_SIZE(args.ptr()));
+      check(PyDict_SetItem(arg_of.ptr(), id.ptr(), position.ptr()));
+      check(PyList_Append(args.ptr(), a.ptr()));
+    }
+    PyTuple_SET_ITEM(wires.ptr(), i, tuple_of({k_a, position}).release().ptr());
+  }
+  py::list new_tensors(0);
+  long k = 0;
+  if (!layouts.is_none()) {
+    // per new tensor: (shape, stride, dtype, numpy dtype, buffer shape), or None
+    for (py::handle layout : layouts) {
+      if (layout.is_none()) {
+        check(PyList_Append(new_tensors.ptr(), Py_None));
+        continue;
+      }
+      PyObject* l = layout.ptr();
+      py::object pending = new_pending(g, node_index, k, PyTuple_GET_ITEM(l, 4), PyTuple_GET_ITEM(l, 2),
+                                       PyTuple_GET_ITEM(l, 3));
+      py::tuple made = new_tensor_with_data(PyTuple_GET_ITEM(l, 0), PyTuple_GET_ITEM(l, 1),
+                                            PyTuple_GET_ITEM(l, 2), device, g_attr, pending);
+      check(PyList_Append(touched.ptr(), weakref(made[1]).ptr()));
+      check(PyList_Append(new_tensors.ptr(), made[0].ptr()));
+      ++k;
+    }
+  } else {
+    // per written storage: (slot, buffer shape, dtype, numpy dtype)
+    for (py::handle w : written) {
+      PyObject* t = w.ptr();
+      py::handle s = PyList_GET_ITEM(storages.ptr(), PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 0)));
+      py::object pending = new_pending(g, node_index, k, PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2),
+                                       PyTuple_GET_ITEM(t, 3));
+      check(PyObject_SetAttr(s.ptr(), g_attr, pending.ptr()));
+      check(PyList_Append(touched.ptr(), weakref(s).ptr()));
+      ++k;
+    }
+  }
+  return py::make_tuple(inputs, wires, new_tensors);
+}
+
 }  // namespace
 
 void register_record(py::module& m) {
-  m.def("_record_setup", [](py::object pending_type, py::str attr, py::object uninit, py::object uninit_wire,
-                            py::object f32, py::object f64) {
+  m.def("_record_setup", [](py::object pending_type, py::object node_type, py::str attr, py::object uninit,
+                            py::object uninit_wire, py::object f32, py::object f64) {
+    g_node_slots = {slot_offset(node_type.ptr(), "info"), slot_offset(node_type.ptr(), "inputs"),
+                    slot_offset(node_type.ptr(), "device"), slot_offset(node_type.ptr(), "where")};
+    g_node_type = node_type.release().ptr();
     g_slots = {slot_offset(pending_type.ptr(), "graph"), slot_offset(pending_type.ptr(), "node"),
                slot_offset(pending_type.ptr(), "index"), slot_offset(pending_type.ptr(), "shape"),
                slot_offset(pending_type.ptr(), "torch_dtype"), slot_offset(pending_type.ptr(), "dtype"),
@@ -95,124 +217,33 @@ void register_record(py::module& m) {
                 {&s_graph, "graph"}, {&s_node, "node"}, {&s_index, "index"}, {&s_in_flight, "in_flight"},
                 {&s_inputs, "inputs"}, {&s_storages, "storages"}, {&s_has_f64, "has_f64"}, {&k_storage, "storage"},
                 {&k_scalar, "scalar"}, {&k_host, "host"}, {&k_buf, "buf"}, {&k_pending, "pending"},
-                {&k_later, "later"}, {&k_a, "a"}, {&k_p, "p"}});
+                {&k_later, "later"}, {&k_a, "a"}, {&k_p, "p"}, {&g_empty, ""}, {&s_written, "written"},
+                {&s_key_id, "key_id"}, {&s_wiring, "wiring"}, {&s_nodes, "nodes"}, {&s_keys, "keys"}});
   });
+  m.def("_record_io", &record_io,
+        "DeferAndFuse record(): a node's inputs and wires, and its outputs' Pending storages");
   m.def(
-      "_record_io",
-      [](py::handle g, py::handle col, py::handle layouts, py::handle written, long node_index,
+      "_record_node",
+      [](py::handle g, py::handle info, py::handle col, py::handle layouts, long node_index,
          int device) -> py::object {
-        // -> (inputs, wires, new tensors), or None when an input is an RNG seed (Python does those)
-        TORCH_CHECK(g_pending_type != nullptr, "torchtpu._C._record_setup was not called");
-        py::object col_inputs = col.attr(s_inputs);
-        const Py_ssize_t n_in = PyList_GET_SIZE(col_inputs.ptr());
-        for (Py_ssize_t i = 0; i < n_in; ++i) {
-          PyObject* kind = PyTuple_GET_ITEM(PyList_GET_ITEM(col_inputs.ptr(), i), 0);
-          if (!is_kind(kind, k_storage) && !is_kind(kind, k_scalar) && !is_kind(kind, k_host)) {
-            return py::none();
-          }
-        }
-        py::object storages = col.attr(s_storages);
-        const bool has_f64 = PyObject_IsTrue(py::object(col.attr(s_has_f64)).ptr()) == 1;
-        py::object args = g.attr(s_args);
-        py::object arg_of = g.attr(s_arg_of);
-        py::object touched = g.attr(s_touched);
-        py::list inputs(0);
-        py::tuple wires(n_in);
-        const auto add_arg = [&](Py_ssize_t i, const py::object& a) {
-          check(PyList_Append(inputs.ptr(), a.ptr()));
-          py::object wire = tuple_of({k_a, py::int_(PyList_GET_SIZE(args.ptr()))});
-          PyTuple_SET_ITEM(wires.ptr(), i, wire.release().ptr());
-          check(PyList_Append(args.ptr(), a.ptr()));
-        };
-        for (Py_ssize_t i = 0; i < n_in; ++i) {
-          PyObject* inp = PyList_GET_ITEM(col_inputs.ptr(), i);
-          PyObject* kind = PyTuple_GET_ITEM(inp, 0);
-          if (!is_kind(kind, k_storage)) {
-            if (is_kind(kind, k_scalar)) {
-              PyObject* dtype = PyTuple_GET_ITEM(inp, 2);
-              if (dtype == Py_None) dtype = has_f64 ? g_f64 : g_f32;
-              add_arg(i, tuple_of({k_scalar, PyTuple_GET_ITEM(inp, 1), dtype}));
-            } else {  // host
-              add_arg(i, tuple_of({k_host, PyTuple_GET_ITEM(inp, 1)}));
-            }
-            continue;
-          }
-          py::handle s = PyList_GET_ITEM(storages.ptr(), PyLong_AsSsize_t(PyTuple_GET_ITEM(inp, 1)));
-          PyObject* raw = nullptr;
-          if (_PyObject_LookupAttr(s.ptr(), g_attr, &raw) < 0) throw py::error_already_set();
-          py::object buf = py::reinterpret_steal<py::object>(raw);
-          if (!buf || buf.is_none()) {
-            check(PyList_Append(inputs.ptr(), g_uninit));
-            PyTuple_SET_ITEM(wires.ptr(), i, py::handle(g_uninit_wire).inc_ref().ptr());
-            continue;
-          }
-          py::object a;
-          if (Py_TYPE(buf.ptr()) == reinterpret_cast<PyTypeObject*>(g_pending_type)) {
-            py::object graph = buf.attr(s_graph);
-            if (graph.is(g)) {
-              check(PyList_Append(inputs.ptr(), tuple_of({k_pending, buf}).ptr()));
-              py::object wire = tuple_of({k_p, py::object(buf.attr(s_node)), py::object(buf.attr(s_index))});
-              PyTuple_SET_ITEM(wires.ptr(), i, wire.release().ptr());
-              continue;
-            }
-            if (PyObject_IsTrue(py::object(graph.attr(s_in_flight)).ptr()) != 1) {
-              PyErr_SetString(PyExc_AssertionError, "stale pending storage");
-              throw py::error_already_set();
-            }
-            // a result of a cut graph still compiling: an argument, bound when it launches
-            a = tuple_of({k_later, buf, weakref(s)});
-            g.attr(s_has_later) = py::bool_(true);
-          } else {
-            a = tuple_of({k_buf, buf, weakref(s)});
-          }
-          check(PyList_Append(inputs.ptr(), a.ptr()));
-          // a buffer read twice is one argument (keyed by identity, as id() in Python)
-          py::object id = steal(PyLong_FromVoidPtr(buf.ptr()));
-          PyObject* pos = PyDict_GetItemWithError(arg_of.ptr(), id.ptr());
-          py::object position;
-          if (pos != nullptr) {
-            position = py::reinterpret_borrow<py::object>(pos);
-          } else {
-            if (PyErr_Occurred()) throw py::error_already_set();
-            position = py::int_(PyList_GET_SIZE(args.ptr()));
-            check(PyDict_SetItem(arg_of.ptr(), id.ptr(), position.ptr()));
-            check(PyList_Append(args.ptr(), a.ptr()));
-          }
-          PyTuple_SET_ITEM(wires.ptr(), i, tuple_of({k_a, position}).release().ptr());
-        }
-        py::list new_tensors(0);
-        long k = 0;
-        if (!layouts.is_none()) {
-          // per new tensor: (shape, stride, dtype, numpy dtype, buffer shape), or None
-          for (py::handle layout : layouts) {
-            if (layout.is_none()) {
-              check(PyList_Append(new_tensors.ptr(), Py_None));
-              continue;
-            }
-            PyObject* l = layout.ptr();
-            py::object pending = new_pending(g, node_index, k, PyTuple_GET_ITEM(l, 4), PyTuple_GET_ITEM(l, 2),
-                                             PyTuple_GET_ITEM(l, 3));
-            py::tuple made = new_tensor_with_data(PyTuple_GET_ITEM(l, 0), PyTuple_GET_ITEM(l, 1),
-                                                  PyTuple_GET_ITEM(l, 2), device, g_attr, pending);
-            check(PyList_Append(touched.ptr(), weakref(made[1]).ptr()));
-            check(PyList_Append(new_tensors.ptr(), made[0].ptr()));
-            ++k;
-          }
-        } else {
-          // per written storage: (slot, buffer shape, dtype, numpy dtype)
-          for (py::handle w : written) {
-            PyObject* t = w.ptr();
-            py::handle s = PyList_GET_ITEM(storages.ptr(), PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 0)));
-            py::object pending = new_pending(g, node_index, k, PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2),
-                                             PyTuple_GET_ITEM(t, 3));
-            check(PyObject_SetAttr(s.ptr(), g_attr, pending.ptr()));
-            check(PyList_Append(touched.ptr(), weakref(s).ptr()));
-            ++k;
-          }
-        }
-        return py::make_tuple(inputs, wires, new_tensors);
+        // record_io, then the node itself: its wiring, a _Node (without a source line: only an op
+        // key emitted before comes here) and its key id. None where record_io declines.
+        py::object io = record_io(g, col, layouts, py::object(info.attr(s_written)), node_index, device);
+        if (io.is_none()) return io;
+        py::object key_id = info.attr(s_key_id);
+        check(PyList_Append(py::object(g.attr(s_wiring)).ptr(), tuple_of({key_id, io[py::int_(1)]}).ptr()));
+        auto* type = reinterpret_cast<PyTypeObject*>(g_node_type);
+        py::object node = steal(type->tp_alloc(type, 0));
+        py::object device_obj = steal(PyLong_FromLong(device));
+        set_slot(node.ptr(), g_node_slots.info, info.ptr());
+        set_slot(node.ptr(), g_node_slots.inputs, py::object(io[py::int_(0)]).ptr());
+        set_slot(node.ptr(), g_node_slots.device, device_obj.ptr());
+        set_slot(node.ptr(), g_node_slots.where, g_empty);
+        check(PyList_Append(py::object(g.attr(s_nodes)).ptr(), node.ptr()));
+        check(PyList_Append(py::object(g.attr(s_keys)).ptr(), key_id.ptr()));
+        return io[py::int_(2)];
       },
-      "DeferAndFuse record(): a node's inputs and wires, and its outputs' Pending storages");
+      "deferred.record() for an op key emitted before: the node recorded, its new tensors returned");
 }
 
 }  // namespace torchtpu

@@ -248,13 +248,17 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
         node_index = len(g.nodes)
         device = col.device or 0
         layouts = None if plan.mutated else info.layouts
-        io = _record_io(g, col, layouts, info.written, node_index, device) if _native_record else None
-        if io is None:  # an RNG seed among the inputs (or the native path switched off)
-            io = _record_io_python(g, col, layouts, info.written, node_index, device)
-        inputs, wires, new_tensors = io
-        g.wiring.append((info.key_id, wires))
-        g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
-        g.keys.append(info.key_id)
+        # An op key emitted before is recorded natively, node included (it needs no source line).
+        new_tensors = _record_node(g, info, col, layouts, node_index, device) \
+            if _native_record and info.emitted else None
+        if new_tensors is None:
+            io = _record_io(g, col, layouts, info.written, node_index, device) if _native_record else None
+            if io is None:  # an RNG seed among the inputs (or the native path switched off)
+                io = _record_io_python(g, col, layouts, info.written, node_index, device)
+            inputs, wires, new_tensors = io
+            g.wiring.append((info.key_id, wires))
+            g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
+            g.keys.append(info.key_id)
         global _since_sync
         _since_sync += 1
         if _repeats(g):
@@ -515,9 +519,11 @@ def _rewire(g: _Graph) -> None:
 
 _UNINIT = ("uninit",)
 _UNINIT_WIRE = ("u",)
-# The native twin of _record_io_python (csrc/record.cpp); tests switch it off to compare.
-_C._record_setup(Pending, _ATTR, _UNINIT, _UNINIT_WIRE, torch.float32, torch.float64)
+# The native twins of _record_io_python and of the node bookkeeping in record() (csrc/record.cpp);
+# tests switch them off to compare.
+_C._record_setup(Pending, _Node, _ATTR, _UNINIT, _UNINIT_WIRE, torch.float32, torch.float64)
 _record_io = _C._record_io
+_record_node = _C._record_node
 _native_record = True
 
 

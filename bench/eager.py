@@ -1,6 +1,6 @@
 """tpu execution modes vs native PyTorch CPU, in one run, as ratios.
 
-    python bench/eager.py [--json out.json] [--steps N] [--skip-inductor]
+    python bench/eager.py [--json out.json] [--steps N] [--rounds N] [--skip-inductor]
 
 Measures, each as the best of several repetitions (machines are small and noisy):
 - per-op overhead: a chain of 1,000 tiny elementwise ops then one read;
@@ -95,12 +95,14 @@ def _gpt_loop(base: GPT, device: str, mode: str):
     return run, time.perf_counter() - t0
 
 
-def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: int = 5) -> dict[str, Any]:
+def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: int) -> dict[str, Any]:
     """Per mode: ms per training step, first-step seconds and peak device bytes.
 
     Peak memory is measured one mode at a time (only that mode's model alive). Step
     times are taken in interleaved rounds, best round per mode, so that a slow spell of
-    this noisy machine hits every mode alike instead of whichever ran during it.
+    this noisy machine hits every mode alike instead of whichever ran during it. Slow
+    spells here last seconds: many short rounds spread each mode's samples over the
+    whole run, so that every mode gets a round in a quiet stretch.
     """
     out: dict[str, Any] = {}
     for name, (device, mode) in modes.items():
@@ -216,6 +218,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json", default=None)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the GPT training step")
     p.add_argument("--skip-inductor", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(2)
@@ -230,7 +233,7 @@ def main() -> None:
                    "tpu_defer_and_fuse": ("tpu", "defer_and_fuse"), "tpu_compile": ("tpu", "compile")}
     if not args.skip_inductor:
         train_modes["cpu_inductor"] = ("cpu", "inductor")
-    train = gpt_train(base, train_modes, args.steps)
+    train = gpt_train(base, train_modes, args.steps, args.rounds)
     infer = {m: gpt_infer(base, "tpu", m) for m in ("strict", "defer_and_fuse", "compile")}
     infer["cpu_eager"] = gpt_infer(base, "cpu", "eager")
     if not args.skip_inductor:

@@ -10,6 +10,7 @@
 
 #include <structmember.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -80,17 +81,23 @@ py::object new_pending(py::handle g, long node, long index, py::handle shape, py
   return p;
 }
 
-// A node's inputs, wires and new tensors: (inputs, wires, new tensors), or None when an input
-// is an RNG seed (deferred._record_io_python does those). Adds the node's arguments to the graph.
-py::object record_io(py::handle g, py::handle col, py::handle layouts, py::handle written, long node_index,
-               int device) {
+struct NodeIO {
+  py::list inputs;
+  py::tuple wires;
+  py::list new_tensors;
+};
+
+// A node's inputs, wires and new tensors, or nothing when an input is an RNG seed
+// (deferred._record_io_python does those). Adds the node's arguments to the graph.
+std::optional<NodeIO> record_io(py::handle g, py::handle col, py::handle layouts, py::handle written,
+                                long node_index, int device) {
   TORCH_CHECK(g_pending_type != nullptr, "torchtpu._C._record_setup was not called");
   py::object col_inputs = col.attr(s_inputs);
   const Py_ssize_t n_in = PyList_GET_SIZE(col_inputs.ptr());
   for (Py_ssize_t i = 0; i < n_in; ++i) {
     PyObject* kind = PyTuple_GET_ITEM(PyList_GET_ITEM(col_inputs.ptr(), i), 0);
     if (!is_kind(kind, k_storage) && !is_kind(kind, k_scalar) && !is_kind(kind, k_host)) {
-      return py::none();
+      return std::nullopt;
     }
   }
   py::object storages = col.attr(s_storages);
@@ -192,7 +199,7 @@ py::object record_io(py::handle g, py::handle col, py::handle layouts, py::handl
       ++k;
     }
   }
-  return py::make_tuple(inputs, wires, new_tensors);
+  return NodeIO{std::move(inputs), std::move(wires), std::move(new_tensors)};
 }
 
 }  // namespace
@@ -220,28 +227,37 @@ void register_record(py::module& m) {
                 {&k_later, "later"}, {&k_a, "a"}, {&k_p, "p"}, {&g_empty, ""}, {&s_written, "written"},
                 {&s_key_id, "key_id"}, {&s_wiring, "wiring"}, {&s_nodes, "nodes"}, {&s_keys, "keys"}});
   });
-  m.def("_record_io", &record_io,
-        "DeferAndFuse record(): a node's inputs and wires, and its outputs' Pending storages");
+  m.def(
+      "_record_io",
+      [](py::handle g, py::handle col, py::handle layouts, py::handle written, long node_index,
+         int device) -> py::object {
+        // -> (inputs, wires, new tensors), or None when an input is an RNG seed
+        std::optional<NodeIO> io = record_io(g, col, layouts, written, node_index, device);
+        if (!io) return py::none();
+        return py::make_tuple(io->inputs, io->wires, io->new_tensors);
+      },
+      "DeferAndFuse record(): a node's inputs and wires, and its outputs' Pending storages");
   m.def(
       "_record_node",
       [](py::handle g, py::handle info, py::handle col, py::handle layouts, long node_index,
          int device) -> py::object {
         // record_io, then the node itself: its wiring, a _Node (without a source line: only an op
         // key emitted before comes here) and its key id. None where record_io declines.
-        py::object io = record_io(g, col, layouts, py::object(info.attr(s_written)), node_index, device);
-        if (io.is_none()) return io;
+        std::optional<NodeIO> io =
+            record_io(g, col, layouts, py::object(info.attr(s_written)), node_index, device);
+        if (!io) return py::none();
         py::object key_id = info.attr(s_key_id);
-        check(PyList_Append(py::object(g.attr(s_wiring)).ptr(), tuple_of({key_id, io[py::int_(1)]}).ptr()));
+        check(PyList_Append(py::object(g.attr(s_wiring)).ptr(), tuple_of({key_id, io->wires}).ptr()));
         auto* type = reinterpret_cast<PyTypeObject*>(g_node_type);
         py::object node = steal(type->tp_alloc(type, 0));
         py::object device_obj = steal(PyLong_FromLong(device));
         set_slot(node.ptr(), g_node_slots.info, info.ptr());
-        set_slot(node.ptr(), g_node_slots.inputs, py::object(io[py::int_(0)]).ptr());
+        set_slot(node.ptr(), g_node_slots.inputs, io->inputs.ptr());
         set_slot(node.ptr(), g_node_slots.device, device_obj.ptr());
         set_slot(node.ptr(), g_node_slots.where, g_empty);
         check(PyList_Append(py::object(g.attr(s_nodes)).ptr(), node.ptr()));
         check(PyList_Append(py::object(g.attr(s_keys)).ptr(), key_id.ptr()));
-        return io[py::int_(2)];
+        return std::move(io->new_tensors);
       },
       "deferred.record() for an op key emitted before: the node recorded, its new tensors returned");
 }

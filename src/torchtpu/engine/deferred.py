@@ -248,11 +248,13 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
         node_index = len(g.nodes)
         device = col.device or 0
         layouts = None if plan.mutated else info.layouts
-        # An op key emitted before is recorded natively, node included (it needs no source line).
-        new_tensors = _record_node(g, info, col, layouts, node_index, device) \
-            if _native_record and info.emitted else None
+        new_tensors = None
+        if _native_record and info.emitted:
+            # recorded natively, node included (it needs no source line); None: an RNG seed
+            new_tensors = _record_node(g, info, col, layouts, node_index, device)
         if new_tensors is None:
-            io = _record_io(g, col, layouts, info.written, node_index, device) if _native_record else None
+            io = _record_io(g, col, layouts, info.written, node_index, device) \
+                if _native_record and not info.emitted else None
             if io is None:  # an RNG seed among the inputs (or the native path switched off)
                 io = _record_io_python(g, col, layouts, info.written, node_index, device)
             inputs, wires, new_tensors = io
@@ -279,22 +281,16 @@ def _record_io_python(g: _Graph, col: Any, layouts: list | None, written: list, 
     """
     storages = col.storages
     inputs: list[tuple] = []
-    wires: list[tuple] = []
-    args, arg_of = g.args, g.arg_of
     for inp in col.inputs:
         kind = inp[0]
         if kind == "storage":
             s = storages[inp[1]]
             buf = getattr(s, _ATTR, None)
             if buf is None:
-                inputs.append(_UNINIT)
-                wires.append(_UNINIT_WIRE)
-                continue
-            if buf.__class__ is Pending and buf.graph is g:
-                inputs.append(("pending", buf))
-                wires.append(("p", buf.node, buf.index))
-                continue
-            if buf.__class__ is not Pending:
+                a = _UNINIT
+            elif buf.__class__ is Pending and buf.graph is g:
+                a = ("pending", buf)
+            elif buf.__class__ is not Pending:
                 a = ("buf", buf, weakref.ref(s))
             elif buf.graph.in_flight:
                 # a result of a cut graph still compiling: an argument, bound when it launches
@@ -302,14 +298,7 @@ def _record_io_python(g: _Graph, col: Any, layouts: list | None, written: list, 
                 g.has_later = True
             else:  # from an older graph: cannot happen after its flush
                 raise AssertionError("stale pending storage")
-            inputs.append(a)
-            pos = arg_of.get(id(buf))  # a buffer read twice is one argument
-            if pos is None:
-                pos = arg_of[id(buf)] = len(args)
-                args.append(a)
-            wires.append(("a", pos))
-            continue
-        if kind == "scalar":
+        elif kind == "scalar":
             a = ("scalar", inp[1], inp[2] or (torch.float64 if col.has_f64 else torch.float32))
         elif kind == "host":
             a = ("host", inp[1])
@@ -317,8 +306,7 @@ def _record_io_python(g: _Graph, col: Any, layouts: list | None, written: list, 
             gen = inp[1] if inp[1] is not None else _C._default_generator(device)
             a = ("seed", _C._next_seed(gen))
         inputs.append(a)
-        wires.append(("a", len(args)))
-        args.append(a)
+    wires = tuple(_wire(g, a) for a in inputs)
     new_tensors: list[torch.Tensor | None] = []
     k = 0
     touched = g.touched
@@ -338,7 +326,7 @@ def _record_io_python(g: _Graph, col: Any, layouts: list | None, written: list, 
             setattr(s, _ATTR, Pending(g, node_index, k, shape, dtype, np_dtype))
             touched.append(weakref.ref(s))
             k += 1
-    return inputs, tuple(wires), new_tensors
+    return inputs, wires, new_tensors
 
 
 def _repeats(g: _Graph) -> bool:

@@ -1,0 +1,112 @@
+"""Where the CPU of a GPT training step goes, by thread, per tpu mode (not a test).
+
+    python bench/step_cpu.py [--rounds 10] [--steps 10] [--chunks 25,40,64]
+
+On the CPU-emulated device the host (the Python thread recording or launching ops)
+and the device (XLA:CPU's Eigen threads running the programs) share the same cores.
+A mode's step time then follows the CPU it spends in all threads together, not the
+host's alone. Per mode, in interleaved rounds, this prints:
+
+- wall ms per step (best and median round);
+- CPU ms per step, averaged over all timed rounds: the main thread's and the whole
+  process's (precise), and how the rest splits between XLA's ``tf_XLAEigen`` threads
+  and every other thread (PJRT workers, the background compiler), from ``/proc``
+  (in clock ticks, so only the sum over many rounds means anything);
+- for DeferAndFuse, the programs launched per step.
+
+``--chunks`` also times DeferAndFuse at other ``CHUNK_NODES`` values in the same
+process (each value's programs are compiled before timing starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from eager import _gpt_loop
+
+from torchtpu.engine import deferred
+from torchtpu.examples.gpt import GPT, GPTConfig
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds used so far by this process's threads, grouped: main, xla_eigen, other."""
+    out = {"main": 0.0, "xla_eigen": 0.0, "other": 0.0}
+    pid = os.getpid()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        seconds = (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
+        group = "main" if int(tid) == pid else "xla_eigen" if "XLAEigen" in name else "other"
+        out[group] += seconds
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--chunks", default="", help="comma-separated CHUNK_NODES values to time as well")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    base = GPT(GPTConfig())
+    loops: dict[str, tuple[Callable[[int], None], int | None]] = {}
+    for mode in ("strict", "defer_and_fuse", "compile"):
+        loops[mode] = (_gpt_loop(base, "tpu", mode)[0], None)
+    daf = loops["defer_and_fuse"][0]
+    for c in (int(c) for c in args.chunks.split(",") if c):
+        loops[f"defer_and_fuse chunk {c}"] = (daf, c)
+    default_chunk = deferred.CHUNK_NODES
+    flushes: dict[str, float] = {}
+    for name, (run, chunk) in loops.items():
+        deferred.CHUNK_NODES = default_chunk if chunk is None else chunk
+        run(4)  # compiles this configuration's programs
+        before = deferred.stats["flushes"]
+        run(args.steps)
+        flushes[name] = (deferred.stats["flushes"] - before) / args.steps
+    walls: dict[str, list[float]] = {name: [] for name in loops}
+    cpu: dict[str, dict[str, float]] = {name: dict.fromkeys(("main", "process", "xla_eigen", "other"), 0.0)
+                                        for name in loops}
+    for _ in range(args.rounds):
+        for name, (run, chunk) in loops.items():
+            deferred.CHUNK_NODES = default_chunk if chunk is None else chunk
+            run(2)  # untimed: the previous mode's threads go idle first
+            ticks0, main0, proc0 = thread_cpu(), time.thread_time(), time.process_time()
+            t0 = time.perf_counter()
+            run(args.steps)
+            walls[name].append(time.perf_counter() - t0)
+            ticks1, main1, proc1 = thread_cpu(), time.thread_time(), time.process_time()
+            acc = cpu[name]
+            acc["main"] += main1 - main0
+            acc["process"] += proc1 - proc0
+            for group in ("xla_eigen", "other"):
+                acc[group] += ticks1[group] - ticks0[group]
+    deferred.CHUNK_NODES = default_chunk
+    timed_steps = args.rounds * args.steps
+    print(f"{'mode':26s} {'wall ms/step: best':>18s} {'median':>7s} | CPU ms/step: "
+          f"{'main':>5s} {'process':>7s} {'(xla':>6s} {'other)':>6s} | programs/step")
+    for name, acc in cpu.items():
+        ms = {k: v / timed_steps * 1e3 for k, v in acc.items()}
+        programs = f"{flushes[name]:.1f}" if "defer" in name else "-"
+        print(f"{name:26s} {min(walls[name]) / args.steps * 1e3:18.2f} "
+              f"{statistics.median(walls[name]) / args.steps * 1e3:7.2f} | {'':12s} "
+              f"{ms['main']:5.2f} {ms['process']:7.2f} {ms['xla_eigen']:6.2f} {ms['other']:6.2f} | {programs}")
+
+
+if __name__ == "__main__":
+    main()

@@ -65,16 +65,17 @@ def main() -> None:
     args = p.parse_args()
     torch.manual_seed(0)
     base = GPT(GPTConfig())
-    loops: dict[str, tuple[Callable[[int], None], int | None]] = {}
+    default_chunk = deferred.CHUNK_NODES
+    # per row: the step loop and the CHUNK_NODES it runs under (only DeferAndFuse reads it)
+    loops: dict[str, tuple[Callable[[int], None], int]] = {}
     for mode in ("strict", "defer_and_fuse", "compile"):
-        loops[mode] = (_gpt_loop(base, "tpu", mode)[0], None)
+        loops[mode] = (_gpt_loop(base, "tpu", mode)[0], default_chunk)
     daf = loops["defer_and_fuse"][0]
     for c in (int(c) for c in args.chunks.split(",") if c):
         loops[f"defer_and_fuse chunk {c}"] = (daf, c)
-    default_chunk = deferred.CHUNK_NODES
     flushes: dict[str, float] = {}
     for name, (run, chunk) in loops.items():
-        deferred.CHUNK_NODES = default_chunk if chunk is None else chunk
+        deferred.CHUNK_NODES = chunk
         run(4)  # compiles this configuration's programs
         before = deferred.stats["flushes"]
         run(args.steps)
@@ -84,7 +85,7 @@ def main() -> None:
                                         for name in loops}
     for _ in range(args.rounds):
         for name, (run, chunk) in loops.items():
-            deferred.CHUNK_NODES = default_chunk if chunk is None else chunk
+            deferred.CHUNK_NODES = chunk
             run(2)  # untimed: the previous mode's threads go idle first
             ticks0, main0, proc0 = thread_cpu(), time.thread_time(), time.process_time()
             t0 = time.perf_counter()

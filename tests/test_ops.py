@@ -61,6 +61,13 @@ def test_division_modes_and_remainder():
     both(torch.remainder, ai, bi)
 
 
+def test_floor_division_by_zero_is_the_ieee_quotient():
+    a = torch.tensor([0.0, 1.0, -1.0, 5.0, -5.0, float("inf")])
+    for divisor in (0.0, -0.0):
+        both(lambda x, d=divisor: torch.floor_divide(x, d), a)
+        both(lambda x, d=divisor: torch.div(x, torch.full_like(x, d), rounding_mode="floor"), a)
+
+
 def test_scalars_and_type_promotion():
     x = torch.randn(5)
     both(lambda t: t * 2.5 + 1, x)

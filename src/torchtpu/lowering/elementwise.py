@@ -256,7 +256,9 @@ def _floor_div_float(b: Builder, x: Value, y: Value) -> Value:
     floored = b.select(b.compare(b.sub(div, floored), half, "GT"), b.add(floored, b.constant(1.0, x.dtype, x.shape)),
                        floored)
     plain = b.div(x, y)
-    return b.select(b.compare(div, zero, "EQ"), b.mul(zero, plain), floored)
+    # a zero quotient keeps the sign of x / y; a zero divisor gives the IEEE quotient (±inf, nan)
+    floored = b.select(b.compare(div, zero, "EQ"), b.mul(zero, plain), floored)
+    return b.select(b.compare(y, zero, "EQ"), plain, floored)
 
 
 @register(aten.fmod.Tensor, aten.fmod.Scalar)

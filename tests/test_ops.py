@@ -68,6 +68,39 @@ def test_floor_division_by_zero_is_the_ieee_quotient():
         both(lambda x, d=divisor: torch.div(x, torch.full_like(x, d), rounding_mode="floor"), a)
 
 
+def _same_bits(tpu: torch.Tensor, cpu: torch.Tensor) -> None:
+    assert tpu.dtype == cpu.dtype
+    got = tpu.cpu()
+    assert torch.equal(got.isnan(), cpu.isnan())
+    ok = ~cpu.isnan()
+    assert torch.equal(got[ok], cpu[ok]) and torch.equal(got[ok].signbit(), cpu[ok].signbit())
+
+
+# Calls that differ only in a Python value that == conflates (2 == 2.0 == True, 0.0 == -0.0): each
+# must get its own program. They shared one when keys were Python tuples (int64 floor_divide by 2.0,
+# posinf=-0.0 writing +0.0), and the device copy of a runtime scalar was shared (x / -0.0 = +inf).
+CONFLATED = [
+    (lambda x, s: torch.floor_divide(x, s), (2, 2.0)),
+    (lambda x, s: torch.remainder(x, s), (3, 3.0)),
+    (lambda x, s: torch.nan_to_num(x.float() / 0, posinf=s), (0.0, -0.0)),
+    (lambda x, s: x.float() / s, (0.0, -0.0)),
+    (lambda x, s: torch.where(x > 2, x.float(), s), (0.0, -0.0)),
+    (lambda x, s: x.float() * s, (0.0, -0.0)),
+    (lambda x, s: torch.clamp(x, min=s), (1, 1.0)),
+    (lambda x, s: torch.mul(x, s), (1, True)),
+]
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("case", range(len(CONFLATED)))
+def test_values_equal_in_python_keep_their_own_program(mode, case):
+    fn, values = CONFLATED[case]
+    x = torch.arange(6).reshape(2, 3)
+    with torch.tpu.eager_mode(mode):
+        for s in values + values[::-1]:
+            _same_bits(fn(x.to("tpu"), s), fn(x, s))
+
+
 def test_scalars_and_type_promotion():
     x = torch.randn(5)
     both(lambda t: t * 2.5 + 1, x)

@@ -541,6 +541,7 @@ at::Generator unwrap_generator(py::handle obj) {
 
 void register_collect(py::module& m);  // collect.cpp
 void register_record(py::module& m);   // record.cpp
+void register_op_key(py::module& m);   // op_key.cpp
 
 // An op's new output: torch.empty_strided on tpu:index, plus its storage's device data set
 // as the storage attribute `attr`. One call instead of three from Python (argument parsing,
@@ -625,4 +626,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(tensor, storage): a new tpu tensor whose storage attribute `attr` is `data`");
   register_collect(m);
   register_record(m);
+  register_op_key(m);
 }

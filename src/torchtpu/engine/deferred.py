@@ -111,7 +111,7 @@ class _InFlight:
     """A cut graph waiting for its program: launched by the next flush."""
 
     future: Future
-    key: tuple
+    key: Any  # the graph's OpKey
     args: list[tuple]
     device: int
     # per live output: the (storage, Pending) pairs it must be bound to
@@ -160,7 +160,7 @@ _lock = threading.RLock()
 _graph = _Graph()
 _in_flight: deque[_InFlight] = deque()
 _compiler: ThreadPoolExecutor | None = None
-_cache: dict[tuple, _Fused] = {}
+_cache: dict[Any, _Fused] = {}  # graph key (an OpKey) -> its fused program
 _period: list[int] | None = None
 _since_sync = 0  # ops recorded since the last read or period cut (see CHUNK_NODES)
 stats = {"flushes": 0, "nodes": 0, "compiles": 0, "hits": 0, "period_cuts": 0, "background_compiles": 0}
@@ -441,7 +441,8 @@ def flush(cut: bool = False) -> None:
         if g.has_later:
             _rewire(g)  # the cut graphs it reads from have launched above
         args, wiring = g.args, g.wiring
-        key = (tuple(wiring), tuple(live), _dead_arguments(g, args, live))
+        # exact and fast to compare: a step's graph has thousands of wires (see csrc/op_key.cpp)
+        key = _C._op_key((tuple(wiring), tuple(live), _dead_arguments(g, args, live)))
         fused = _cache.get(key)
         if fused is None and cut:
             text, layout, aliases = _emit(g, args, live, key)

@@ -1,8 +1,9 @@
 """Strict and Debug eager execution: one ATen call -> one cached XLA executable.
 
 For each call the engine
-1. walks the arguments (by schema) into a hashable *key* plus the list of
-   runtime inputs: whole storage buffers, runtime scalars, RNG seeds;
+1. walks the arguments (by schema) into an exact *key* (``_C.OpKey``: typed, so
+   2 and 2.0 or 0.0 and -0.0 never share a program) plus the list of runtime
+   inputs: whole storage buffers, runtime scalars, RNG seeds;
 2. on a cache miss, infers output metadata with PyTorch's meta kernels (which
    also raise PyTorch's own errors for bad input), builds the StableHLO program
    (view prologues, the lowering, write-backs) and compiles it;
@@ -191,6 +192,7 @@ _C._collect_setup(_NUMPY_TO_TORCH, _BUFFER_ATTR, torch.Generator)
 # (shape, stride, dtype, device index, attr, data) -> (tensor, storage): a new output tensor
 # whose storage attribute ``attr`` is set to ``data`` (its buffer, or a recorded Pending)
 _new_tensor = _C._new_tensor
+_op_key = _C._op_key
 _devices: dict[int, torch.device] = {}
 
 
@@ -230,8 +232,9 @@ def run_plan(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
     if col.device is None:
         col.device = _device_from_args(values)
     skeys = tuple(col.skeys)
-    # the plan stands for the op: it hashes by identity, an OpOverload's __hash__ is Python code
-    key = (plan, precision_mod.current(), col.has_f64, tuple(specs), skeys)
+    # The plan stands for the op (by identity: an OpOverload's __hash__ is Python code). The key
+    # is exact, 2 != 2.0 and 0.0 != -0.0, and hashes and compares fast (csrc/op_key.cpp).
+    key = _op_key((plan, precision_mod.current(), col.has_f64, tuple(specs), skeys))
     if config.defer_and_fuse and not config.launch_blocking:
         try:
             return _deferred().record(plan, values, specs, skeys, col, key)
@@ -611,6 +614,9 @@ _scalar_buffers: dict[tuple, Any] = {}
 
 def _scalar_buffer(value: Any, dtype: torch.dtype, device: int) -> Any:
     k = (value, type(value), dtype, device)
+    if value == 0 and type(value) is float:
+        # -0.0 == 0.0 as a dict key, but x / -0.0 is -inf: key zeros by their sign too
+        k = (value, math.copysign(1.0, value), dtype, device)
     buf = _scalar_buffers.get(k)
     if buf is None:
         if len(_scalar_buffers) > 4096:

@@ -122,7 +122,7 @@ class GraphProgram:
         if col.device is None:
             col.device = 0
         skeys = tuple(col.skeys)
-        key = (precision_mod.current(), tuple(specs), skeys)
+        key = _C._op_key((precision_mod.current(), tuple(specs), skeys))  # exact: 2 != 2.0, 0.0 != -0.0
         entry = self.cache.get(key)
         if entry is None:
             entry = self._compile(specs, skeys, col, key, bucket[0] if bucket is not None else None)

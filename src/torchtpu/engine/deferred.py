@@ -235,7 +235,7 @@ class _OpInfo:
             self.written.append((slot, executor.store_shape(sk, views), sk[2], st.TORCH_TO_NUMPY[sk[2]]))
 
 
-_op_info: dict[tuple, _OpInfo] = {}
+_op_info: dict[Any, _OpInfo] = {}  # op key (an OpKey) -> what recording needs about it
 
 
 def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, key: tuple) -> Any:

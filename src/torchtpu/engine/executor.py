@@ -76,7 +76,7 @@ class Entry:
     donate: tuple[int, ...] = ()
 
 
-_cache: dict[tuple, Entry] = {}
+_cache: dict[Any, Entry] = {}  # op key (an OpKey) -> its program
 _cache_lock = threading.Lock()
 _pending: deque = deque()
 _MAX_PENDING = 256
@@ -657,7 +657,7 @@ def op_result(plan: OpPlan, values: list[Any], new_tensors: list[Any]) -> Any:
     return rets[0] if len(rets) == 1 else tuple(rets)
 
 
-_meta_cache: dict[tuple, tuple[list[Any], list[Any]]] = {}
+_meta_cache: dict[Any, tuple[list[Any], list[Any]]] = {}
 
 
 def meta_for(plan: OpPlan, values: list[Any], specs: list, key: tuple) -> tuple[list[Any], list[Any]]:

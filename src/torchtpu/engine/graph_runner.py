@@ -63,7 +63,7 @@ class GraphProgram:
         self.out_nodes = list(outs) if self.out_is_tuple else [outs]
         self.random = any(n.op == "call_function" and (n.target in _RANDOM_TARGETS or "generator" in n.kwargs)
                           for n in self.graph.nodes)
-        self.cache: dict[tuple, executor.Entry] = {}
+        self.cache: dict[Any, executor.Entry] = {}  # OpKey -> program
         self.compiles = 0
         # Traced with symbolic shapes (dynamic=True / mark_dynamic): each program
         # variant is specialized to the concrete sizes of its inputs.

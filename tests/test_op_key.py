@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +14,10 @@ from torchtpu import _C
 
 def key(*items: object) -> _C.OpKey:
     return _C._op_key(items)
+
+
+class _Color(enum.IntEnum):
+    RED = 1
 
 
 class _ByIdentity:
@@ -33,6 +39,7 @@ SAME = [
     (1, "medium", False, (("T", 0, torch.float32, (384, 128), (128, 1), 0),)),
     (None, True, 2.5, float("nan"), 1 + 2j, -(2**40), 2**70, "a longer string than six", "é"),
     (torch.channels_last, torch.strided, torch.device("tpu", 1), int, ["list"], torch.Size([2, 3])),
+    (np.float64(-0.0), np.float32(1.5), np.int64(3), _Color.RED),
 ]
 
 DIFFERENT = [
@@ -40,6 +47,8 @@ DIFFERENT = [
     (2**30 - 1, 2**30), (2**70, 2**70 + 1), (torch.float32, torch.bfloat16),
     (torch.device("tpu", 0), torch.device("tpu", 1)), (torch.device("tpu", 0), torch.device("cpu", 0)),
     (torch.contiguous_format, torch.channels_last), (int, float), (None, ()),
+    (np.float64(0.0), np.float64(-0.0)), (np.float64(2.0), 2.0), (np.float32(2.0), np.float64(2.0)),
+    (_Color.RED, 1),
 ]
 
 

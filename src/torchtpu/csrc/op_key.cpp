@@ -30,7 +30,7 @@ namespace {
 
 enum Tag : uint64_t {
   kNone = 1, kFalse, kTrue, kInt, kFloat, kComplex, kStr, kTuple, kList, kDtype, kLayout, kMemoryFormat,
-  kDevice, kIdentity, kOther, kSmallInt, kShortStr,
+  kDevice, kIdentity, kOther, kSmallInt, kShortStr, kNumberSubclass,
 };
 
 struct OpKeyObject {
@@ -145,6 +145,22 @@ struct Encoder {
       return add(im);
     }
     PyTypeObject* type = Py_TYPE(v);
+    if (PyFloat_Check(v) || PyLong_Check(v)) {
+      // a subclass (numpy.float64, an IntEnum): its value exactly, and its type, which the
+      // value keeps alive (as Python equality would, 0.0 == -0.0 and 2 == 2.0 otherwise)
+      add(kNumberSubclass);
+      add(reinterpret_cast<uint64_t>(type));
+      if (PyFloat_Check(v)) {
+        const double x = PyFloat_AS_DOUBLE(v);
+        uint64_t bits;
+        std::memcpy(&bits, &x, sizeof bits);
+        return add(bits);
+      }
+      int overflow = 0;
+      const long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+      if (overflow != 0) return other(v);
+      return add(static_cast<uint64_t>(x));
+    }
     if (PyType_Check(v) || (type->tp_richcompare == PyBaseObject_Type.tp_richcompare &&
                             type->tp_hash == PyBaseObject_Type.tp_hash)) {
       // identity equality (an op plan, a Python type): the address says it all, and the

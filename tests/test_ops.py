@@ -101,6 +101,37 @@ def test_values_equal_in_python_keep_their_own_program(mode, case):
             _same_bits(fn(x.to("tpu"), s), fn(x, s))
 
 
+def test_sign_of_signed_zero_and_nan_is_plus_zero():
+    x = torch.tensor([-0.0, 0.0, float("nan"), 2.0, -3.0, float("-inf")])
+    for dtype in (torch.float32, torch.bfloat16):
+        for fn in (torch.sign, torch.sgn):
+            _same_bits(fn(x.to(dtype).to("tpu")), fn(x.to(dtype)))
+
+
+# XLA:CPU's maximum/minimum return the first operand when the second is NaN; PyTorch (and a TPU)
+# propagate it. Each case puts a NaN where that mattered.
+NAN_SECOND = {
+    "maximum": lambda x, y: torch.maximum(x, y),
+    "minimum": lambda x, y: torch.minimum(x, y),
+    "fmax": lambda x, y: torch.fmax(x, y),
+    "hypot": lambda x, y: torch.hypot(x, y),
+    "logcumsumexp": lambda x, y: torch.stack([x, y]).logcumsumexp(0),
+    "scatter_amax": lambda x, y: torch.zeros_like(x).scatter_reduce(0, torch.zeros_like(x, dtype=torch.long)
+                                                                     .to(x.device), y, "amax"),
+    "scatter_amin": lambda x, y: torch.zeros_like(x).scatter_reduce(0, torch.zeros_like(x, dtype=torch.long)
+                                                                     .to(x.device), y, "amin"),
+}
+
+
+@pytest.mark.parametrize("name", NAN_SECOND)
+def test_nan_in_either_operand_of_max_and_min(name):
+    fn = NAN_SECOND[name]
+    x = torch.tensor([1.0, float("nan"), float("inf"), -2.0, float("nan")])
+    y = torch.tensor([float("nan"), 1.0, float("nan"), 3.0, float("nan")])
+    _same_bits(fn(x.to("tpu"), y.to("tpu")), fn(x, y))
+    _same_bits(fn(y.to("tpu"), x.to("tpu")), fn(y, x))
+
+
 def test_scalars_and_type_promotion():
     x = torch.randn(5)
     both(lambda t: t * 2.5 + 1, x)

@@ -274,10 +274,18 @@ class Builder:
         return self.binary("divide", a, b)
 
     def maximum(self, a: Value, b: Value) -> Value:
-        return self.binary("maximum", a, b)
+        return self._nan_wins(a, b, self.binary("maximum", a, b))
 
     def minimum(self, a: Value, b: Value) -> Value:
-        return self.binary("minimum", a, b)
+        return self._nan_wins(a, b, self.binary("minimum", a, b))
+
+    def _nan_wins(self, a: Value, b: Value, r: Value) -> Value:
+        # stablehlo.maximum/minimum propagate NaN (as a TPU does), but XLA:CPU's drop a NaN
+        # second operand: max(1, nan) == 1 there. Make it explicit for floating types.
+        if not r.dtype.is_floating_point:
+            return r
+        nan = self.binary("or", self.compare(a, a, "NE"), self.compare(b, b, "NE"))
+        return self.select(nan, self.add(a, b), r)
 
     def neg(self, v: Value) -> Value:
         return self.unary("negate", v)

@@ -108,7 +108,12 @@ def _abs(ctx: LoweringContext, x: Value) -> Value:
 def _sign(ctx: LoweringContext, x: Value) -> Value:
     if x.dtype == torch.bool:
         return x
-    return ctx.b.unary("sign", x)
+    if not x.dtype.is_floating_point:
+        return ctx.b.unary("sign", x)
+    # PyTorch computes (0 < x) - (x < 0): +0 for -0 and for nan, where stablehlo.sign keeps them
+    b = ctx.b
+    zero = b.constant(0.0, x.dtype, x.shape)
+    return b.sub(b.convert(b.compare(x, zero, "GT"), x.dtype), b.convert(b.compare(x, zero, "LT"), x.dtype))
 
 
 @register(aten.trunc.default, aten.fix.default)
@@ -294,13 +299,8 @@ def _max_min(ctx: LoweringContext, a: Any, c: Any) -> Value:
     b = ctx.b
     is_max = ctx.op.overloadpacket in (aten.maximum, aten.fmax)
     r = b.maximum(x, y) if is_max else b.minimum(x, y)
-    if out.is_floating_point:
-        if ctx.op.overloadpacket in (aten.maximum, aten.minimum):
-            # propagate NaN from either side
-            nan = b.binary("or", b.compare(x, x, "NE"), b.compare(y, y, "NE"))
-            r = b.select(nan, b.add(x, y), r)
-        else:
-            r = b.select(b.compare(x, x, "NE"), y, b.select(b.compare(y, y, "NE"), x, r))
+    if out.is_floating_point and ctx.op.overloadpacket in (aten.fmax, aten.fmin):  # NaN loses (b.maximum: wins)
+        r = b.select(b.compare(x, x, "NE"), y, b.select(b.compare(y, y, "NE"), x, r))
     return b.convert(r, out)
 
 
@@ -631,6 +631,7 @@ def _hypot(ctx: LoweringContext, a: Any, c: Any) -> Value:
     safe = b.select(b.compare(hi, zero, "EQ"), b.constant(1.0, x.dtype, x.shape), hi)
     q = b.div(lo, safe)
     r = b.mul(hi, b.unary("sqrt", b.add(b.constant(1.0, x.dtype, x.shape), b.mul(q, q))))
+    # (a nan operand makes hi nan, hence r) unless the other is inf, as in IEEE hypot
     inf = b.constant(math.inf, x.dtype, x.shape)
     r = b.select(b.binary("or", b.compare(ax, inf, "EQ"), b.compare(ay, inf, "EQ")), inf, r)
     return b.convert(r, out)

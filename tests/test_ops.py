@@ -132,6 +132,25 @@ def test_nan_in_either_operand_of_max_and_min(name):
     _same_bits(fn(y.to("tpu"), x.to("tpu")), fn(y, x))
 
 
+def test_erf_reaches_one_and_gelu_tail_is_zero():
+    x = torch.tensor([-1e30, -100.0, -10.0, -4.0, -0.5, -0.0, 0.0, 0.5, 4.0, 10.0, float("inf"), float("-inf")])
+    _same_bits(torch.erf(x.to("tpu")), torch.erf(x))  # chlo.erf alone stopped at +-0.99999982
+    g = F.gelu(x[:3].to("tpu")).cpu()
+    assert torch.equal(g, torch.zeros(3)) and bool(g.signbit().all())  # -0.0, not -8.9e22 at -1e30
+    xs = torch.linspace(-8, 8, 4001)
+    assert (torch.erf(xs.to("tpu")).cpu() - torch.erf(xs)).abs().max() <= 2.5e-7
+
+
+def test_softmax_of_a_row_with_inf_and_vector_norm_of_nan_match_cpu():
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[inf, 1.0, -inf, 2.0], [-inf] * 4, [1.0, 2.0, 3.0, 4.0], [nan, 1.0, 2.0, 3.0]])
+    for fn in (lambda t: t.softmax(1), lambda t: t.log_softmax(1), lambda t: t.logsumexp(1),
+               lambda t: t.norm(p=inf, dim=1), lambda t: torch.linalg.vector_norm(t, -inf, dim=1)):
+        want = fn(x)
+        got = fn(x.to("tpu")).cpu()
+        assert torch.allclose(got, want, equal_nan=True), (got, want)
+
+
 def test_scalars_and_type_promotion():
     x = torch.randn(5)
     both(lambda t: t * 2.5 + 1, x)

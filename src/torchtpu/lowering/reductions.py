@@ -43,8 +43,20 @@ def _init_max(dtype: torch.dtype, is_max: bool) -> float | int | bool:
 
 
 def reduce_max(b: Builder, v: Value, dims: Sequence[int], is_max: bool = True) -> Value:
+    """Max (or min) over ``dims``. XLA:CPU may drop NaN: use ``reduce_max_nan`` where it must win."""
     init = b.constant(_init_max(v.dtype, is_max), v.dtype)
     return b.reduce(v, dims, init, "stablehlo.maximum" if is_max else "stablehlo.minimum")
+
+
+def reduce_max_nan(b: Builder, v: Value, dims: Sequence[int], is_max: bool = True) -> Value:
+    """``reduce_max`` where a NaN in the reduced elements gives NaN, as in PyTorch."""
+    r = reduce_max(b, v, dims, is_max)
+    if not v.dtype.is_floating_point:
+        return r
+    isnan = b.convert(b.compare(v, v, "NE"), torch.int32)
+    anynan = b.reduce(isnan, dims, b.constant(0, torch.int32), "stablehlo.maximum")
+    return b.select(b.compare(anynan, b.constant(0, torch.int32, anynan.shape), "NE"),
+                    b.constant(math.nan, v.dtype, r.shape), r)
 
 
 @register(aten.sum.dim_IntList, aten.sum.default)
@@ -91,13 +103,7 @@ def _amax(ctx: LoweringContext, x: Value, dims: Any = (), keepdim: bool = False)
     b = ctx.b
     d = norm_dims(dims, x.rank)
     is_max = ctx.op.overloadpacket is aten.amax
-    r = reduce_max(b, x, d, is_max)
-    if x.dtype.is_floating_point:
-        # NaN propagates through max/min in PyTorch
-        isnan = b.convert(b.compare(x, x, "NE"), torch.int32)
-        anynan = b.reduce(isnan, d, b.constant(0, torch.int32), "stablehlo.maximum")
-        r = b.select(b.compare(anynan, b.constant(0, torch.int32, anynan.shape), "NE"),
-                     b.constant(math.nan, x.dtype, r.shape), r)
+    r = reduce_max_nan(b, x, d, is_max)  # NaN propagates through max/min in PyTorch
     return _keep(b, r, x.shape, d, keepdim)
 
 
@@ -211,7 +217,9 @@ def _logsumexp(ctx: LoweringContext, x: Value, dim: Any, keepdim: bool = False) 
 def softmax(b: Builder, v: Value, dim: int, log: bool) -> Value:
     m = reduce_max(b, v, [dim])
     keep = [1 if i == dim else s for i, s in enumerate(v.shape)]
-    m = b.select(b.op1("stablehlo.is_finite", [m], m.shape, torch.bool), m, b.constant(0.0, v.dtype, m.shape))
+    # A row of -inf shifts by 0 (its result is NaN either way, as on CPU); a row with +inf keeps
+    # its max, so that inf - inf makes the row NaN, as on CPU.
+    m = b.select(b.compare(m, b.constant(-math.inf, v.dtype, m.shape), "EQ"), b.constant(0.0, v.dtype, m.shape), m)
     shifted = b.sub(v, b.broadcast_to(b.reshape(m, keep), v.shape))
     e = b.unary("exponential", shifted)
     s = b.broadcast_to(b.reshape(reduce_sum(b, e, [dim]), keep), v.shape)
@@ -324,9 +332,9 @@ def _vector_norm(ctx: LoweringContext, x: Value, ord: Any = 2, dim: Any = None, 
     d = norm_dims(dim, x.rank)
     o = float(ord)
     if o == math.inf:
-        r = reduce_max(b, v, d)
+        r = reduce_max_nan(b, v, d)
     elif o == -math.inf:
-        r = reduce_max(b, v, d, is_max=False)
+        r = reduce_max_nan(b, v, d, is_max=False)
     elif o == 0:
         r = reduce_sum(b, b.convert(b.compare(v, b.constant(0.0, acc, v.shape), "NE"), acc), d)
     elif o == 1:

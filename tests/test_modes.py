@@ -55,6 +55,19 @@ def test_launch_blocking_context_manager():
         torch.randn(5, 2, device="tpu").index_select(0, torch.tensor([7], device="tpu"))
 
 
+def test_debug_mode_raises_on_integer_division_by_zero_like_cpu():
+    x = torch.tensor([1, 2], device="tpu")
+    zero = torch.zeros_like(x)
+    with torch.tpu.launch_blocking():
+        for fn in (lambda: x // 0, lambda: torch.remainder(x, zero), lambda: torch.fmod(x, 0),
+                   lambda: torch.div(x, zero, rounding_mode="trunc"), lambda: x.clone().floor_divide_(zero)):
+            with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+                fn()
+        # float division and a non-zero divisor are fine
+        assert torch.div(x, zero).cpu().isinf().all()
+        assert (x // 2).cpu().tolist() == [0, 1]
+
+
 def test_exception_in_backward_does_not_crash():
     r = run_python("""
         import torch

@@ -411,6 +411,10 @@ def test_bad_input_raises_cpu_exception_type():
         torch.arange(4, device="tpu").add_(0.5)  # float result into an int tensor
     with pytest.raises(IndexError):
         torch.randn(3, device="tpu").max(5)
+    # PyTorch's meta kernel raises IndexError here; CPU raises RuntimeError (a torchtpu meta check)
+    for mode in ("strict", "defer_and_fuse"):
+        with torch.tpu.eager_mode(mode), pytest.raises(RuntimeError, match="zero-dimensional tensor"):
+            torch.cat([torch.randn(2, device="tpu"), torch.tensor(1.0, device="tpu")])
 
 
 def test_foreach_ops_one_program_per_call():

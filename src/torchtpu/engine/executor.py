@@ -216,6 +216,8 @@ def run_plan(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
     if plan.functional is None or (plan.lowering is None and not _decomposable(plan.functional)):
         return unsupported(op, args, kwargs)
     values = normalize_args(plan, args, kwargs)
+    if plan.argument_check is not None:
+        plan.argument_check(*[values[i] for i in plan.func_arg_positions])
     if config.debug_checks:
         check = registry.debug_check(plan.functional)
         if check is not None:
@@ -363,10 +365,13 @@ def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], l
     if plan.rejects_internal_overlap:
         for t in _flat_mutated(plan, meta_args):
             check_no_internal_overlap(t)
+    func_args = [meta_args[i] for i in plan.func_arg_positions]
+    check = registry.meta_check(plan.functional)
+    if check is not None:
+        check(*func_args)
     try:
         if plan.mutated:
             call_op(plan.op, _args_for(plan.op, meta_args))
-        func_args = [meta_args[i] for i in plan.func_arg_positions]
         meta_out = call_op(plan.functional, func_args)
     except NotImplementedError as e:
         if "meta" in str(e).lower():

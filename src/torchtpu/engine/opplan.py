@@ -7,6 +7,7 @@ overload carries the lowering, and how the op's returns map to arguments.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,8 @@ class OpPlan:
     # CPU's TensorIterator rejects a written tensor whose elements share memory
     # (an expanded view) for these ops; fill_, index_fill_ and friends allow it.
     rejects_internal_overlap: bool = False
+    # registry.argument_check of the functional op: run on every call (see executor.run_plan)
+    argument_check: Callable[..., None] | None = None
 
     @property
     def is_functional(self) -> bool:
@@ -138,14 +141,17 @@ def plan_for(op: torch._ops.OpOverload) -> OpPlan:
             func_arg_positions.append(names.index(fa.name))
     random = "generator" in names or op in _RANDOM_WITHOUT_GENERATOR or functional in _RANDOM_WITHOUT_GENERATOR
     rejects_overlap = bool(mutated) and (torch.Tag.pointwise in op.tags or op.name() in _OVERLAP_CHECKED)
+    check = registry.argument_check(functional) if functional is not None else None
     return OpPlan(op, names, defaults, [a.kwarg_only for a in args], runtime_scalar, mutated, functional,
-                  lowering, returns, returns_list, func_arg_positions, random, rejects_overlap)
+                  lowering, returns, returns_list, func_arg_positions, random, rejects_overlap, check)
 
 
 # Writing ops outside the pointwise tag whose CPU kernels check internal overlap.
 _OVERLAP_CHECKED = frozenset({
     "aten::copy_", "aten::normal_", "aten::uniform_", "aten::bernoulli_", "aten::exponential_",
     "aten::random_", "aten::cauchy_", "aten::log_normal_", "aten::geometric_", "aten::where",
+    # their out= variants
+    "aten::cat.out", "aten::index_select.out", "aten::take.out", "aten::bernoulli.out",
 })
 
 

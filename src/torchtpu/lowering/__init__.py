@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     interpolate,
     linalg,
     matmul,
+    meta_checks,
     normalization,
     prims,
     random_ops,

@@ -13,7 +13,7 @@ import torch
 
 from .builder import Builder, Value
 from .elementwise import opmath
-from .registry import LoweringContext, register
+from .registry import LoweringContext, register, register_argument_check
 
 aten = torch.ops.aten
 
@@ -102,6 +102,38 @@ def _dropout_backward(ctx: LoweringContext, grad: Value, mask: Value, scale: Any
     g = b.convert(grad, acc)
     m = b.convert(mask, acc)
     return b.convert(b.mul(b.mul(g, m), ctx.scalar(scale, acc, g.shape)), ctx.out_dtype())
+
+
+# The parameter checks of CPU's distribution kernels (DistributionTemplates.h), same messages. The
+# parameters are runtime scalars, so these run on every call (registry.register_argument_check).
+@register_argument_check(aten.exponential.default)
+def _check_exponential(x: Any, lambd: Any = 1.0, generator: Any = None) -> None:
+    if not lambd > 0.0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
+
+
+@register_argument_check(aten.cauchy.default)
+def _check_cauchy(x: Any, median: Any = 0.0, sigma: Any = 1.0, generator: Any = None) -> None:
+    if not sigma > 0.0:
+        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma:g}")
+
+
+@register_argument_check(aten.log_normal.default)
+def _check_log_normal(x: Any, mean: Any = 1.0, std: Any = 2.0, generator: Any = None) -> None:
+    if not std > 0.0:
+        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std:g}")
+
+
+@register_argument_check(aten.geometric.default)
+def _check_geometric(x: Any, p: Any, generator: Any = None) -> None:
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p:g}")
+
+
+@register_argument_check(aten.uniform.default)
+def _check_uniform(x: Any, low: Any = 0.0, high: Any = 1.0, generator: Any = None) -> None:
+    if low > high:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={low:g} > to={high:g}")
 
 
 @register(aten.exponential.default)

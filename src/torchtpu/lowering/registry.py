@@ -26,6 +26,12 @@ Lowering = Callable[..., Any]
 _LOWERINGS: dict[Any, Lowering] = {}
 # Host-side argument checks run in Debug mode (e.g. index bounds).
 _DEBUG_CHECKS: dict[Any, Callable[..., None]] = {}
+# Metadata checks that PyTorch's meta kernel misses (it raises the wrong error), run on the meta
+# arguments before the meta kernel, i.e. whenever an op call's key is not cached yet.
+_META_CHECKS: dict[Any, Callable[..., None]] = {}
+# Checks of argument values that CPU kernels make and meta kernels cannot (a distribution's
+# parameters, which travel as runtime scalars): run on every call of the op.
+_ARGUMENT_CHECKS: dict[Any, Callable[..., None]] = {}
 
 
 def register(*ops: Any) -> Callable[[Lowering], Lowering]:
@@ -82,6 +88,32 @@ def register_debug_check(*ops: Any) -> Callable[[Callable[..., None]], Callable[
         return fn
 
     return deco
+
+
+def register_meta_check(*ops: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def deco(fn: Callable[..., None]) -> Callable[..., None]:
+        for op in ops:
+            _META_CHECKS[op] = fn
+        return fn
+
+    return deco
+
+
+def meta_check(op: torch._ops.OpOverload) -> Callable[..., None] | None:
+    return _META_CHECKS.get(op)
+
+
+def register_argument_check(*ops: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def deco(fn: Callable[..., None]) -> Callable[..., None]:
+        for op in ops:
+            _ARGUMENT_CHECKS[op] = fn
+        return fn
+
+    return deco
+
+
+def argument_check(op: torch._ops.OpOverload) -> Callable[..., None] | None:
+    return _ARGUMENT_CHECKS.get(op)
 
 
 def lookup(op: torch._ops.OpOverload) -> Lowering | None:

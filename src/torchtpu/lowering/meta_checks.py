@@ -1,0 +1,75 @@
+"""Argument errors CPU raises that PyTorch 2.13's meta kernels miss or raise with another type.
+
+The engine runs these on the meta arguments before the meta kernel, whenever an op call's key
+is not cached yet (registry.register_meta_check). They depend only on what the key fixes
+(shapes, dtypes, static values), so a cached key has passed them. Messages are CPU's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .registry import register_meta_check
+
+aten = torch.ops.aten
+
+_SCALAR_TYPE_NAMES = {
+    torch.float16: "Half", torch.float32: "Float", torch.float64: "Double", torch.bfloat16: "BFloat16",
+    torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble", torch.bool: "Bool", torch.uint8: "Byte",
+    torch.int8: "Char", torch.int16: "Short", torch.int32: "Int", torch.int64: "Long",
+}
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """c10's name of a dtype, as CPU error messages print it (Float, Long...)."""
+    return _SCALAR_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+@register_meta_check(aten.cat.default)
+def _cat(tensors: Any, dim: int = 0) -> None:
+    for i, t in enumerate(tensors):  # the meta kernel raises IndexError
+        if t.dim() == 0:
+            raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
+
+
+@register_meta_check(aten.complex.default)
+def _complex(real: torch.Tensor, imag: torch.Tensor) -> None:
+    floating = (torch.float16, torch.float32, torch.float64)
+    if real.dtype not in floating or imag.dtype not in floating:  # the meta kernel asserts
+        raise RuntimeError(f"Expected both inputs to be Half, Float or Double tensors but got "
+                           f"{scalar_type_name(real.dtype)} and {scalar_type_name(imag.dtype)}")
+    if real.dtype != imag.dtype:  # the meta kernel promotes
+        raise RuntimeError(f"Expected object of scalar type {scalar_type_name(real.dtype)} but got scalar type "
+                           f"{scalar_type_name(imag.dtype)} for second argument")
+
+
+@register_meta_check(aten.embedding.default)
+def _embedding(weight: torch.Tensor, indices: torch.Tensor, *rest: Any) -> None:
+    if weight.dim() != 2:  # the meta kernel asserts
+        raise RuntimeError("'weight' must be 2-D")
+
+
+@register_meta_check(aten.masked_scatter.default)
+def _masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> None:
+    if mask.dtype != torch.bool:  # the meta kernel accepts a uint8 mask
+        raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype "
+                           f"{scalar_type_name(mask.dtype)}")
+
+
+@register_meta_check(aten.index_add.default)
+def _index_add(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, alpha: Any = 1) -> None:
+    # the meta kernel lets these through to XLA, which rejects the program
+    if index.dim() > 1:
+        raise IndexError(f"index_add_(): Index is supposed to be a vector, but got dim: {index.dim()} with type: "
+                         f"{scalar_type_name(index.dtype)} and size: {list(index.shape)}")
+    d = dim % max(x.dim(), 1)
+    if x.dim() > 0 and source.dim() > 0 and (
+            source.dim() != x.dim() or any(a != b for i, (a, b) in enumerate(zip(x.shape, source.shape)) if i != d)):
+        raise RuntimeError(f"source tensor shape must match self tensor shape, excluding the specified dimension. "
+                           f"Got self.shape = {list(x.shape)} source.shape = {list(source.shape)}")
+    n = index.numel()
+    if source.dim() > 0 and n != source.shape[d]:
+        raise RuntimeError(f"index_add_(): Number of indices ({n}) should be equal to source.size(dim): "
+                           f"({source.shape[d]}), for dim: {dim}")

@@ -411,6 +411,14 @@ def test_bad_input_raises_cpu_exception_type():
         torch.arange(4, device="tpu").add_(0.5)  # float result into an int tensor
     with pytest.raises(IndexError):
         torch.randn(3, device="tpu").max(5)
+    # out= sharing memory with an input: CPU's assert_no_overlap (decided from the op key's specs)
+    x, idx = torch.arange(6.0, device="tpu"), torch.tensor([0, 1, 2], device="tpu")
+    for fn in (lambda: torch.take(x, idx, out=x[:3]), lambda: torch.index_select(x, 0, idx, out=x[3:]),
+               lambda: torch.gather(x, 0, idx, out=x[2:5]),
+               lambda: torch.kthvalue(x, 2, out=(x[0], torch.empty((), dtype=torch.long, device="tpu")))):
+        with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to tensor"):
+            fn()
+    assert torch.take(x, idx, out=torch.empty(3, device="tpu")).cpu().tolist() == [0.0, 1.0, 2.0]
     # PyTorch's meta kernel raises IndexError here; CPU raises RuntimeError (a torchtpu meta check)
     for mode in ("strict", "defer_and_fuse"):
         with torch.tpu.eager_mode(mode), pytest.raises(RuntimeError, match="zero-dimensional tensor"):

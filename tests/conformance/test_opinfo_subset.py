@@ -80,9 +80,10 @@ def test_opinfo_families(name):
 
 
 # Ops whose error inputs PyTorch's meta kernels miss or mistype: torchtpu's own argument and
-# meta checks (lowering/meta_checks.py, the distribution checks of lowering/random_ops.py).
+# meta checks (lowering/meta_checks.py, the distribution checks of lowering/random_ops.py, the
+# engine's out= overlap checks).
 ERROR_CHECKED = ["cauchy", "exponential", "geometric", "log_normal", "uniform", "bernoulli", "masked_scatter",
-                 "index_add", "nn.functional.embedding", "cat", "index_select"]
+                 "index_add", "nn.functional.embedding", "cat", "index_select", "take"]
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])

@@ -356,6 +356,36 @@ def check_no_internal_overlap(t: torch.Tensor) -> None:
             "location. Please clone() the tensor before performing the operation.")
 
 
+def _tensor_specs(spec: Any) -> list[tuple]:
+    if spec[0] == "T":
+        return [spec]
+    if spec[0] == "L":
+        return [s for s in spec[1] if s[0] == "T"]
+    return []
+
+
+def check_no_input_overlap(plan: OpPlan, specs: list) -> None:
+    """PyTorch's assert_no_overlap for out= tensors: an out tensor may not share memory with an input.
+
+    Decided from the specs (storage slot, shape, stride, offset: all in the op's key), for dense
+    tensors only, as PyTorch's overlap test, which gives up on other layouts.
+    """
+    outs = [t for i in plan.mutated for t in _tensor_specs(specs[i])]
+    mutated = set(plan.mutated)
+    ins = [t for i, s in enumerate(specs) if i not in mutated for t in _tensor_specs(s)]
+    for o in outs:
+        for t in ins:
+            if o[1] != t[1] or not (is_dense_permutation(o[3], o[4]) and is_dense_permutation(t[3], t[4])):
+                continue
+            o_lo, t_lo = o[5] * o[2].itemsize, t[5] * t[2].itemsize
+            o_hi = o_lo + math.prod(o[3]) * o[2].itemsize
+            t_hi = t_lo + math.prod(t[3]) * t[2].itemsize
+            if o_lo < t_hi and t_lo < o_hi:
+                raise RuntimeError(
+                    "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                    "single memory location. Please clone() the tensor before performing the operation.")
+
+
 def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], list[Any]]:
     """Output metadata (and PyTorch's own argument errors) from meta kernels.
 
@@ -365,6 +395,8 @@ def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], l
     if plan.rejects_internal_overlap:
         for t in _flat_mutated(plan, meta_args):
             check_no_internal_overlap(t)
+    if plan.rejects_input_overlap:
+        check_no_input_overlap(plan, specs)
     func_args = [meta_args[i] for i in plan.func_arg_positions]
     check = registry.meta_check(plan.functional)
     if check is not None:

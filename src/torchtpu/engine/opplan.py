@@ -38,6 +38,8 @@ class OpPlan:
     # CPU's TensorIterator rejects a written tensor whose elements share memory
     # (an expanded view) for these ops; fill_, index_fill_ and friends allow it.
     rejects_internal_overlap: bool = False
+    # CPU's kernel refuses an out= tensor sharing memory with an input (assert_no_overlap)
+    rejects_input_overlap: bool = False
     # registry.argument_check of the functional op: run on every call (see executor.run_plan)
     argument_check: Callable[..., None] | None = None
 
@@ -143,7 +145,8 @@ def plan_for(op: torch._ops.OpOverload) -> OpPlan:
     rejects_overlap = bool(mutated) and (torch.Tag.pointwise in op.tags or op.name() in _OVERLAP_CHECKED)
     check = registry.argument_check(functional) if functional is not None else None
     return OpPlan(op, names, defaults, [a.kwarg_only for a in args], runtime_scalar, mutated, functional,
-                  lowering, returns, returns_list, func_arg_positions, random, rejects_overlap, check)
+                  lowering, returns, returns_list, func_arg_positions, random, rejects_overlap,
+                  op.name() in _INPUT_OVERLAP_CHECKED, check)
 
 
 # Writing ops outside the pointwise tag whose CPU kernels check internal overlap.
@@ -153,6 +156,11 @@ _OVERLAP_CHECKED = frozenset({
     # their out= variants
     "aten::cat.out", "aten::index_select.out", "aten::take.out", "aten::bernoulli.out",
 })
+
+
+# out= ops whose CPU kernels refuse an out tensor that shares memory with an input.
+_INPUT_OVERLAP_CHECKED = frozenset({"aten::take.out", "aten::masked_select.out", "aten::kthvalue.values",
+                                    "aten::index_select.out", "aten::gather.out"})
 
 
 def normalize_args(plan: OpPlan, args: tuple, kwargs: dict) -> list[Any]:

@@ -68,48 +68,32 @@ def register_graph_only(*ops: Any) -> Callable[[Lowering], Lowering]:
 _HOST_KERNELS: dict[Any, Callable[..., Any]] = {}
 
 
-def register_host_kernel(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for op in ops:
-            _HOST_KERNELS[op] = fn
-        return fn
+def _registrar(table: dict[Any, Callable[..., Any]]) -> Callable[..., Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """``register_x(*ops)``: a decorator that files a function under each op in ``table``."""
 
-    return deco
+    def register_for(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            for op in ops:
+                table[op] = fn
+            return fn
+
+        return deco
+
+    return register_for
+
+
+register_host_kernel = _registrar(_HOST_KERNELS)
+register_debug_check = _registrar(_DEBUG_CHECKS)
+register_meta_check = _registrar(_META_CHECKS)
+register_argument_check = _registrar(_ARGUMENT_CHECKS)
 
 
 def host_kernel(op: torch._ops.OpOverload) -> Callable[..., Any] | None:
     return _HOST_KERNELS.get(op)
 
 
-def register_debug_check(*ops: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    def deco(fn: Callable[..., None]) -> Callable[..., None]:
-        for op in ops:
-            _DEBUG_CHECKS[op] = fn
-        return fn
-
-    return deco
-
-
-def register_meta_check(*ops: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    def deco(fn: Callable[..., None]) -> Callable[..., None]:
-        for op in ops:
-            _META_CHECKS[op] = fn
-        return fn
-
-    return deco
-
-
 def meta_check(op: torch._ops.OpOverload) -> Callable[..., None] | None:
     return _META_CHECKS.get(op)
-
-
-def register_argument_check(*ops: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    def deco(fn: Callable[..., None]) -> Callable[..., None]:
-        for op in ops:
-            _ARGUMENT_CHECKS[op] = fn
-        return fn
-
-    return deco
 
 
 def argument_check(op: torch._ops.OpOverload) -> Callable[..., None] | None:

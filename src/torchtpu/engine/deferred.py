@@ -111,7 +111,7 @@ class _InFlight:
     """A cut graph waiting for its program: launched by the next flush."""
 
     future: Future
-    key: Any  # the graph's OpKey
+    key: _C.OpKey  # the graph's key
     args: list[tuple]
     device: int
     # per live output: the (storage, Pending) pairs it must be bound to
@@ -160,7 +160,7 @@ _lock = threading.RLock()
 _graph = _Graph()
 _in_flight: deque[_InFlight] = deque()
 _compiler: ThreadPoolExecutor | None = None
-_cache: dict[Any, _Fused] = {}  # graph key (an OpKey) -> its fused program
+_cache: dict[_C.OpKey, _Fused] = {}  # graph key -> its fused program
 _period: list[int] | None = None
 _since_sync = 0  # ops recorded since the last read or period cut (see CHUNK_NODES)
 stats = {"flushes": 0, "nodes": 0, "compiles": 0, "hits": 0, "period_cuts": 0, "background_compiles": 0}
@@ -205,7 +205,7 @@ class _OpInfo:
     __slots__ = ("emitted", "func_args", "key", "key_id", "layouts", "metas", "plan", "skeys", "specs", "values",
                  "written")
 
-    def __init__(self, key_id: int, plan: Any, values: list[Any], specs: list, skeys: tuple, key: tuple) -> None:
+    def __init__(self, key_id: int, plan: Any, values: list[Any], specs: list, skeys: tuple, key: _C.OpKey) -> None:
         self.key_id = key_id
         self.plan = plan
         self.specs = specs
@@ -235,10 +235,10 @@ class _OpInfo:
             self.written.append((slot, executor.store_shape(sk, views), sk[2], st.TORCH_TO_NUMPY[sk[2]]))
 
 
-_op_info: dict[Any, _OpInfo] = {}  # op key (an OpKey) -> what recording needs about it
+_op_info: dict[_C.OpKey, _OpInfo] = {}  # op key -> what recording needs about it
 
 
-def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, key: tuple) -> Any:
+def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, key: _C.OpKey) -> Any:
     """Record one op; returns what the op returns, with pending storages."""
     with _lock:
         info = _op_info.get(key)
@@ -554,7 +554,7 @@ def _compile_fused(text: str, live: list[tuple[int, int]], layout: _ParamLayout,
 
 
 def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]],
-          key: tuple) -> tuple[str, _ParamLayout, list[tuple[int, int]]]:
+          key: _C.OpKey) -> tuple[str, _ParamLayout, list[tuple[int, int]]]:
     """The fused module's text, its parameter layout and its (argument, result) donation pairs."""
     b = Builder()
     layout = _ParamLayout.of(args)

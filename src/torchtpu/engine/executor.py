@@ -76,7 +76,7 @@ class Entry:
     donate: tuple[int, ...] = ()
 
 
-_cache: dict[Any, Entry] = {}  # op key (an OpKey) -> its program
+_cache: dict[_C.OpKey, Entry] = {}  # op key -> its program
 _cache_lock = threading.Lock()
 _pending: deque = deque()
 _MAX_PENDING = 256
@@ -547,7 +547,7 @@ def store_shape(sk: tuple, views: Sequence[ViewSpec]) -> tuple[int, ...]:
     return (numel,)
 
 
-def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _Collector, key: tuple) -> Entry:
+def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _Collector, key: _C.OpKey) -> Entry:
     start = time.perf_counter()
     metas, func_args = op_metas(plan, values, specs)
     stats.misses += 1
@@ -694,10 +694,10 @@ def op_result(plan: OpPlan, values: list[Any], new_tensors: list[Any]) -> Any:
     return rets[0] if len(rets) == 1 else tuple(rets)
 
 
-_meta_cache: dict[Any, tuple[list[Any], list[Any]]] = {}
+_meta_cache: dict[_C.OpKey, tuple[list[Any], list[Any]]] = {}
 
 
-def meta_for(plan: OpPlan, values: list[Any], specs: list, key: tuple) -> tuple[list[Any], list[Any]]:
+def meta_for(plan: OpPlan, values: list[Any], specs: list, key: _C.OpKey) -> tuple[list[Any], list[Any]]:
     """op_metas, cached by the op's cache key (used by DeferAndFuse recording)."""
     m = _meta_cache.get(key)
     if m is None:

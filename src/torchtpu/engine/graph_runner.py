@@ -63,7 +63,7 @@ class GraphProgram:
         self.out_nodes = list(outs) if self.out_is_tuple else [outs]
         self.random = any(n.op == "call_function" and (n.target in _RANDOM_TARGETS or "generator" in n.kwargs)
                           for n in self.graph.nodes)
-        self.cache: dict[Any, executor.Entry] = {}  # OpKey -> program
+        self.cache: dict[_C.OpKey, executor.Entry] = {}
         self.compiles = 0
         # Traced with symbolic shapes (dynamic=True / mark_dynamic): each program
         # variant is specialized to the concrete sizes of its inputs.
@@ -151,7 +151,7 @@ class GraphProgram:
         rec.run(*[_meta_input(s) for s in specs[: len(self.placeholders)]])
         return rec.values
 
-    def _compile(self, specs: list, skeys: tuple, col: Any, key: tuple,
+    def _compile(self, specs: list, skeys: tuple, col: Any, key: _C.OpKey,
                  plan: bucketing.Plan | None = None) -> executor.Entry:
         executor.stats.misses += 1
         executor.stats.graph_misses += 1

@@ -414,7 +414,7 @@ def test_bad_input_raises_cpu_exception_type():
     # out= sharing memory with an input: CPU's assert_no_overlap (decided from the op key's specs)
     x, idx = torch.arange(6.0, device="tpu"), torch.tensor([0, 1, 2], device="tpu")
     for fn in (lambda: torch.take(x, idx, out=x[:3]), lambda: torch.index_select(x, 0, idx, out=x[3:]),
-               lambda: torch.gather(x, 0, idx, out=x[2:5]),
+               lambda: torch.gather(x, 0, idx, out=x[2:5]), lambda: torch.masked_select(x, x > 2, out=x),
                lambda: torch.kthvalue(x, 2, out=(x[0], torch.empty((), dtype=torch.long, device="tpu")))):
         with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to tensor"):
             fn()

@@ -34,11 +34,13 @@ from ..lowering.builder import Builder, Value
 from ..lowering.views import (
     ViewSpec,
     contiguous_strides,
+    dense_bytes,
     dense_to_storage,
     fit,
     flat,
     is_contiguous,
     is_dense_permutation,
+    raise_if_overlapping,
     read_view,
     write_view,
 )
@@ -367,23 +369,15 @@ def _tensor_specs(spec: Any) -> list[tuple]:
 def check_no_input_overlap(plan: OpPlan, specs: list) -> None:
     """PyTorch's assert_no_overlap for out= tensors: an out tensor may not share memory with an input.
 
-    Decided from the specs (storage slot, shape, stride, offset: all in the op's key), for dense
-    tensors only, as PyTorch's overlap test, which gives up on other layouts.
+    Decided from the specs (storage slot, dtype, shape, stride, offset: all in the op's key).
     """
     outs = [t for i in plan.mutated for t in _tensor_specs(specs[i])]
     mutated = set(plan.mutated)
     ins = [t for i, s in enumerate(specs) if i not in mutated for t in _tensor_specs(s)]
     for o in outs:
         for t in ins:
-            if o[1] != t[1] or not (is_dense_permutation(o[3], o[4]) and is_dense_permutation(t[3], t[4])):
-                continue
-            o_lo, t_lo = o[5] * o[2].itemsize, t[5] * t[2].itemsize
-            o_hi = o_lo + math.prod(o[3]) * o[2].itemsize
-            t_hi = t_lo + math.prod(t[3]) * t[2].itemsize
-            if o_lo < t_hi and t_lo < o_hi:
-                raise RuntimeError(
-                    "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
-                    "single memory location. Please clone() the tensor before performing the operation.")
+            if o[1] == t[1]:
+                raise_if_overlapping(dense_bytes(*o[2:6]), dense_bytes(*t[2:6]))
 
 
 def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], list[Any]]:

@@ -22,6 +22,7 @@ import torch
 
 from .builder import Builder, Value
 from .registry import LoweringContext, register, register_host_kernel
+from .views import check_out_overlap
 
 aten = torch.ops.aten
 
@@ -305,6 +306,7 @@ def nonzero_out(x: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
 
 @register_host_kernel(aten.masked_select.out)
 def masked_select_out(x: torch.Tensor, mask: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    check_out_overlap(out, x, mask)
     return _into(out, masked_select(x, mask))
 
 

@@ -278,3 +278,28 @@ def flat(b: Builder, buffer: Value) -> Value:
 def is_dense_permutation(shape: Sequence[int], stride: Sequence[int]) -> bool:
     order = _memory_order(stride)
     return is_contiguous([shape[i] for i in order], [stride[i] for i in order])
+
+
+def dense_bytes(dtype: torch.dtype, shape: Sequence[int], stride: Sequence[int], offset: int) -> tuple[int, int] | None:
+    """The byte range a dense tensor covers in its storage; None for other layouts (PyTorch's
+    overlap test gives up on those too)."""
+    if not is_dense_permutation(shape, stride):
+        return None
+    lo = offset * dtype.itemsize
+    return lo, lo + math.prod(shape) * dtype.itemsize
+
+
+def raise_if_overlapping(a: tuple[int, int] | None, b: tuple[int, int] | None) -> None:
+    """PyTorch's assert_no_overlap on two byte ranges of one storage."""
+    if a is not None and b is not None and a[0] < b[1] and b[0] < a[1]:
+        raise RuntimeError(
+            "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+            "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def check_out_overlap(out: torch.Tensor, *inputs: torch.Tensor) -> None:
+    """assert_no_overlap between an out= tensor and inputs, for kernels that see the tensors (host kernels)."""
+    for t in inputs:
+        if out.untyped_storage()._cdata == t.untyped_storage()._cdata:
+            raise_if_overlapping(dense_bytes(out.dtype, out.shape, out.stride(), out.storage_offset()),
+                                 dense_bytes(t.dtype, t.shape, t.stride(), t.storage_offset()))

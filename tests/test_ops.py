@@ -1,5 +1,6 @@
 """Lowerings against the CPU result of the same op (Strict mode)."""
 
+import re
 import warnings
 
 import pytest
@@ -419,6 +420,18 @@ def test_bad_input_raises_cpu_exception_type():
         with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to tensor"):
             fn()
     assert torch.take(x, idx, out=torch.empty(3, device="tpu")).cpu().tolist() == [0.0, 1.0, 2.0]
+    # out= dtypes and sample counts CPU refuses (torchtpu meta checks: PyTorch's meta kernels let them pass)
+    f64 = torch.randn(2, dtype=torch.float64, device="tpu")
+    for fn, msg in ((lambda: torch.complex(f64, f64, out=torch.empty(2, dtype=torch.complex64, device="tpu")),
+                     "scalar type ComplexDouble but got scalar type ComplexFloat for argument 'out'"),
+                    (lambda: torch.aminmax(x.reshape(3, 2), dim=0, out=(torch.empty(2, device="tpu"), f64)),
+                     "Expected out tensor to have dtype float, but got double instead"),
+                    (lambda: torch.multinomial(f64.abs(), 2, out=torch.empty(2, dtype=torch.float64, device="tpu")),
+                     "multinomial expects Long tensor out, got: Double"),
+                    (lambda: torch.multinomial(f64.abs(), 0), "cannot sample n_sample <= 0 samples"),
+                    (lambda: torch.multinomial(f64.abs(), 3), "without replacement")):
+        with pytest.raises(RuntimeError, match=re.escape(msg)):
+            fn()
     # PyTorch's meta kernel raises IndexError here; CPU raises RuntimeError (a torchtpu meta check)
     for mode in ("strict", "defer_and_fuse"):
         with torch.tpu.eager_mode(mode), pytest.raises(RuntimeError, match="zero-dimensional tensor"):

@@ -391,6 +391,10 @@ def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], l
             check_no_internal_overlap(t)
     if plan.rejects_input_overlap:
         check_no_input_overlap(plan, specs)
+    if plan.op is not plan.functional:
+        check = registry.meta_check(plan.op)
+        if check is not None:  # an out= overload's own check (its out tensors' dtypes)
+            check(*meta_args)
     func_args = [meta_args[i] for i in plan.func_arg_positions]
     check = registry.meta_check(plan.functional)
     if check is not None:

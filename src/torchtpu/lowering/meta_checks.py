@@ -3,6 +3,8 @@
 The engine runs these on the meta arguments before the meta kernel, whenever an op call's key
 is not cached yet (registry.register_meta_check). They depend only on what the key fixes
 (shapes, dtypes, static values), so a cached key has passed them. Messages are CPU's.
+A check registered for the functional overload gets its arguments; one registered for an out=
+overload gets all of that overload's arguments, out tensors included.
 """
 
 from __future__ import annotations
@@ -25,6 +27,18 @@ _SCALAR_TYPE_NAMES = {
 def scalar_type_name(dtype: torch.dtype) -> str:
     """c10's name of a dtype, as CPU error messages print it (Float, Long...)."""
     return _SCALAR_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+_CPP_TYPE_NAMES = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",
+    torch.int64: "long int", torch.int32: "int", torch.int16: "short int", torch.int8: "signed char",
+    torch.uint8: "unsigned char", torch.bool: "bool",
+}
+
+
+def cpp_type_name(dtype: torch.dtype) -> str:
+    """The C++ type name of a dtype, as messages built from a TypeMeta print it (float, double...)."""
+    return _CPP_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 @register_meta_check(aten.cat.default)
@@ -73,3 +87,40 @@ def _index_add(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Ten
     if source.dim() > 0 and n != source.shape[d]:
         raise RuntimeError(f"index_add_(): Number of indices ({n}) should be equal to source.size(dim): "
                            f"({source.shape[d]}), for dim: {dim}")
+
+
+@register_meta_check(aten.complex.out)
+def _complex_out(real: torch.Tensor, imag: torch.Tensor, out: torch.Tensor) -> None:
+    _complex(real, imag)
+    want = torch.complex128 if real.dtype == torch.float64 else torch.complex64
+    if real.dtype == torch.float16:
+        want = torch.complex32
+    if out.dtype != want:  # complex writes no other dtype (no cast into out)
+        raise RuntimeError(f"Expected object of scalar type {scalar_type_name(want)} but got scalar type "
+                           f"{scalar_type_name(out.dtype)} for argument 'out'")
+
+
+@register_meta_check(aten.aminmax.out)
+def _aminmax_out(x: torch.Tensor, dim: Any, keepdim: bool, low: torch.Tensor, high: torch.Tensor) -> None:
+    for t in (low, high):
+        if t.dtype != x.dtype:
+            raise RuntimeError(f"Expected out tensor to have dtype {cpp_type_name(x.dtype)}, but got "
+                               f"{cpp_type_name(t.dtype)} instead")
+
+
+@register_meta_check(aten.multinomial.out)
+def _multinomial_out(x: torch.Tensor, num_samples: int, replacement: bool, generator: Any, out: torch.Tensor) -> None:
+    if out.dtype != torch.int64:
+        raise RuntimeError(f"multinomial expects Long tensor out, got: {scalar_type_name(out.dtype)}")
+
+
+@register_meta_check(aten.multinomial.default)
+def _multinomial(x: torch.Tensor, num_samples: int, replacement: bool = False, generator: Any = None) -> None:
+    # the meta kernel checks the input's rank and dtype, not these
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    n = x.shape[-1] if x.dim() else 1
+    if not replacement and num_samples > n:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    if n > 2**24:
+        raise RuntimeError("number of categories cannot exceed 2^24")

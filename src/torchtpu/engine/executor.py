@@ -371,7 +371,7 @@ def check_no_input_overlap(plan: OpPlan, specs: list) -> None:
 
     Decided from the specs (storage slot, dtype, shape, stride, offset: all in the op's key).
     """
-    outs = [t for i in plan.mutated for t in _tensor_specs(specs[i])]
+    outs = [t for t in mutated_specs(plan, specs) if t[0] == "T"]
     mutated = set(plan.mutated)
     ins = [t for i, s in enumerate(specs) if i not in mutated for t in _tensor_specs(s)]
     for o in outs:

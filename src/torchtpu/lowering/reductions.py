@@ -53,10 +53,8 @@ def reduce_max_nan(b: Builder, v: Value, dims: Sequence[int], is_max: bool = Tru
     r = reduce_max(b, v, dims, is_max)
     if not v.dtype.is_floating_point:
         return r
-    isnan = b.convert(b.compare(v, v, "NE"), torch.int32)
-    anynan = b.reduce(isnan, dims, b.constant(0, torch.int32), "stablehlo.maximum")
-    return b.select(b.compare(anynan, b.constant(0, torch.int32, anynan.shape), "NE"),
-                    b.constant(math.nan, v.dtype, r.shape), r)
+    anynan = b.reduce(b.compare(v, v, "NE"), dims, b.constant(False, torch.bool), "stablehlo.or")
+    return b.select(anynan, b.constant(math.nan, v.dtype, r.shape), r)
 
 
 @register(aten.sum.dim_IntList, aten.sum.default)

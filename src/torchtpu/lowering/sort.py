@@ -83,13 +83,9 @@ def _pick(b: Builder, v: Value, dim: int, pos: Value) -> Value:
     zero = b.constant(0, v.dtype, v.shape)
     if v.dtype.is_floating_point:
         # max of (selected, -inf elsewhere) keeps -0.0 and NaN exactly
-        from .reductions import reduce_max
+        from .reductions import reduce_max_nan
 
-        sel = b.select(mask, v, b.constant(float("-inf"), v.dtype, v.shape))
-        anynan = b.reduce(b.binary("and", mask, b.compare(v, v, "NE")), [dim], b.constant(False, torch.bool),
-                          "stablehlo.or")
-        r = reduce_max(b, sel, [dim])
-        return b.select(anynan, b.constant(float("nan"), v.dtype, r.shape), r)
+        return reduce_max_nan(b, b.select(mask, v, b.constant(float("-inf"), v.dtype, v.shape)), [dim])
     return b.reduce(b.select(mask, v, zero), [dim], b.constant(0, v.dtype), "stablehlo.add")
 
 

@@ -19,8 +19,8 @@
 #include <torch/csrc/Layout.h>
 #include <torch/csrc/MemoryFormat.h>
 
+#include <algorithm>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include "py_helpers.h"

@@ -422,3 +422,35 @@ def test_native_recording_matches_python(monkeypatch):
     assert {"uninit", "pending"} <= {kind for node in native[0][2] for kind in node}
     for x, y in zip(native[1], python[1]):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+def test_native_live_outputs_and_binding_match_python():
+    """_C._live_outputs and _C._bind_outputs find and bind the same live outputs as the Python code:
+    a storage touched twice counts once, an overwritten one and a dead one not at all."""
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        torch.tpu.synchronize()
+        a = torch.ones(4, device="tpu")
+        b = a * 2
+        c = b + 1
+        c.mul_(3)  # c's storage is touched twice: one live output (the mul_)
+        d = c - 1
+        d.copy_(b)  # d's first value is overwritten in place: not live
+        e = a * 5
+        del e  # dead: not live
+        view = c[1:]  # a second tensor on c's storage: no second entry
+        g = deferred._graph
+        native = deferred._C._live_outputs(g, g.touched)
+        python = deferred._live_outputs_python(g, g.touched)
+        assert native[0] == python[0] == [(0, 0), (1, 0), (3, 0), (5, 0)]  # a, b, c.mul_, d.copy_
+        assert native[1].keys() == python[1].keys()
+        for k in native[0]:
+            assert [(s, p) for s, p in native[1][k]] == [(s, p) for s, p in python[1][k]]
+        # binding: every Pending resolves; a storage still holding it takes the buffer
+        bufs = [object() for _ in native[0]]
+        deferred._C._bind_outputs(native[0], bufs, native[1])
+        for k, buf in zip(native[0], bufs):
+            for s, p in native[1][k]:
+                assert p.resolved is buf and getattr(s, deferred._ATTR) is buf
+                setattr(s, deferred._ATTR, p)  # restore, so the graph still flushes
+        assert view.cpu().tolist() == [9.0] * 3 and d.cpu().tolist() == [2.0] * 4 and b.cpu().tolist() == [2.0] * 4
+

@@ -10,9 +10,11 @@
 
 #include <structmember.h>
 
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 
 #include "py_helpers.h"
 
@@ -63,6 +65,19 @@ Py_ssize_t slot_offset(PyObject* type, const char* name) {
 void set_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {
   Py_INCREF(value);
   *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset) = value;  // empty after tp_alloc
+}
+
+PyObject* get_slot(PyObject* obj, Py_ssize_t offset) {  // borrowed; never empty for a made Pending
+  PyObject* v = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+  return v != nullptr ? v : Py_None;
+}
+
+void replace_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {
+  PyObject** field = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+  PyObject* old = *field;
+  Py_INCREF(value);
+  *field = value;
+  Py_XDECREF(old);
 }
 
 // The same object as Pending(g, node, index, shape, dtype, np_dtype) (see deferred.Pending).
@@ -202,6 +217,71 @@ std::optional<NodeIO> record_io(py::handle g, py::handle col, py::handle layouts
   return NodeIO{std::move(inputs), std::move(wires), std::move(new_tensors)};
 }
 
+
+// The live outputs of a graph being flushed: per (node, index) still held by a storage, in
+// first-touch order, and the (storage, Pending) pairs awaiting it. deferred.flush()'s loop
+// over the touched storages, which visits ~150 weakrefs per GPT step.
+py::tuple live_outputs(py::handle g, py::handle touched) {
+  py::list live(0);
+  py::dict holders;
+  std::unordered_set<PyObject*> seen;
+  const Py_ssize_t n = PyList_GET_SIZE(touched.ptr());
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* s = PyWeakref_GetObject(PyList_GET_ITEM(touched.ptr(), i));  // borrowed
+    if (s == nullptr) throw py::error_already_set();
+    if (s == Py_None || !seen.insert(s).second) continue;  // dead, or written by several nodes
+    PyObject* raw = nullptr;
+    if (_PyObject_LookupAttr(s, g_attr, &raw) < 0) throw py::error_already_set();
+    py::object v = py::reinterpret_steal<py::object>(raw);
+    if (!v || Py_TYPE(v.ptr()) != reinterpret_cast<PyTypeObject*>(g_pending_type) ||
+        get_slot(v.ptr(), g_slots.graph) != g.ptr()) {
+      continue;  // overwritten by a newer graph's value, or already a buffer
+    }
+    py::object key = tuple_of({get_slot(v.ptr(), g_slots.node), get_slot(v.ptr(), g_slots.index)});
+    PyObject* h = PyDict_GetItemWithError(holders.ptr(), key.ptr());  // borrowed
+    py::object held;
+    if (h == nullptr) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      held = steal(PyList_New(0));
+      check(PyDict_SetItem(holders.ptr(), key.ptr(), held.ptr()));
+      check(PyList_Append(live.ptr(), key.ptr()));
+      h = held.ptr();
+    }
+    check(PyList_Append(h, tuple_of({s, v}).ptr()));
+  }
+  return py::make_tuple(live, holders);
+}
+
+// After a launch: each Pending of a live output resolves to its buffer, and each storage still
+// holding that Pending (not overwritten by a newer graph) takes the buffer.
+void bind_outputs(py::handle live, py::handle outs, py::handle holders) {
+  for (py::handle seq : {live, outs}) {
+    if (!PyList_Check(seq.ptr()) && !PyTuple_Check(seq.ptr())) throw py::type_error("expected a list or tuple");
+  }
+  if (!PyDict_Check(holders.ptr())) throw py::type_error("holders must be a dict");
+  const Py_ssize_t n = std::min(PySequence_Fast_GET_SIZE(live.ptr()), PySequence_Fast_GET_SIZE(outs.ptr()));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* buf = PySequence_Fast_GET_ITEM(outs.ptr(), i);
+    PyObject* held = PyDict_GetItemWithError(holders.ptr(), PySequence_Fast_GET_ITEM(live.ptr(), i));
+    if (held == nullptr) {
+      if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, PySequence_Fast_GET_ITEM(live.ptr(), i));
+      throw py::error_already_set();
+    }
+    const Py_ssize_t m = PyList_GET_SIZE(held);
+    for (Py_ssize_t j = 0; j < m; ++j) {
+      PyObject* pair = PyList_GET_ITEM(held, j);
+      PyObject* storage = PyTuple_GET_ITEM(pair, 0);
+      PyObject* pending = PyTuple_GET_ITEM(pair, 1);
+      replace_slot(pending, g_slots.resolved, buf);
+      PyObject* raw = nullptr;
+      if (_PyObject_LookupAttr(storage, g_attr, &raw) < 0) throw py::error_already_set();
+      const bool current = raw == pending;
+      Py_XDECREF(raw);
+      if (current) check(PyObject_SetAttr(storage, g_attr, buf));
+    }
+  }
+}
+
 }  // namespace
 
 void register_record(py::module& m) {
@@ -260,6 +340,9 @@ void register_record(py::module& m) {
         return std::move(io->new_tensors);
       },
       "deferred.record() for an op key emitted before: the node recorded, its new tensors returned");
+  m.def("_live_outputs", &live_outputs,
+        "deferred.flush(): (live (node, index) keys, {key: [(storage, Pending)]}) of a graph's touched storages");
+  m.def("_bind_outputs", &bind_outputs, "deferred._launch(): resolve each live output's Pendings to its buffer");
 }
 
 }  // namespace torchtpu

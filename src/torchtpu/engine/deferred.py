@@ -29,6 +29,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -395,7 +396,35 @@ def _launch(fused: _Fused, args: list[tuple], device: int,
             buffers.append(client.buffer_from_host(values, device))
     outs = executor.launch(fused.executable, buffers, device, fused.donate)
     del buffers
-    for k, buf in zip(fused.live, outs):
+    (_bind_outputs if _native_record else _bind_outputs_python)(fused.live, outs, bindings)
+
+
+def _live_outputs_python(g: _Graph, touched: list) -> tuple[list[tuple[int, int]], dict]:
+    """The graph's live outputs, (node, index) in first-touch order, and per output the
+    (storage, Pending) pairs awaiting it. ``_C._live_outputs`` does the same natively."""
+    live: list[tuple[int, int]] = []
+    holders: dict[tuple[int, int], list[tuple[torch.UntypedStorage, Pending]]] = {}
+    seen: set[int] = set()  # a storage written by several nodes is touched more than once
+    for ref in touched:
+        s = ref()
+        if s is None or id(s) in seen:
+            continue
+        seen.add(id(s))
+        v = getattr(s, _ATTR, None)
+        if v.__class__ is Pending and v.graph is g:
+            k = (v.node, v.index)
+            h = holders.get(k)
+            if h is None:
+                h = holders[k] = []
+                live.append(k)
+            h.append((s, v))
+    return live, holders
+
+
+def _bind_outputs_python(live: Sequence[tuple[int, int]], outs: list,
+                         bindings: dict[tuple[int, int], list[tuple[torch.UntypedStorage, Pending]]]) -> None:
+    """Resolve each live output's Pendings to its buffer (``_C._bind_outputs`` natively)."""
+    for k, buf in zip(live, outs):
         for storage, pending in bindings[k]:
             pending.resolved = buf
             if getattr(storage, _ATTR, None) is pending:  # not overwritten by a newer graph
@@ -419,22 +448,7 @@ def flush(cut: bool = False) -> None:
         _graph = _Graph()
         stats["flushes"] += 1
         stats["nodes"] += len(g.nodes)
-        live: list[tuple[int, int]] = []
-        holders: dict[tuple[int, int], list[tuple[torch.UntypedStorage, Pending]]] = {}
-        seen: set[int] = set()  # a storage written by several nodes is touched more than once
-        for ref in g.touched:
-            s = ref()
-            if s is None or id(s) in seen:
-                continue
-            seen.add(id(s))
-            v = getattr(s, _ATTR, None)
-            if v.__class__ is Pending and v.graph is g:
-                k = (v.node, v.index)
-                h = holders.get(k)
-                if h is None:
-                    h = holders[k] = []
-                    live.append(k)
-                h.append((s, v))
+        live, holders = (_live_outputs if _native_record else _live_outputs_python)(g, g.touched)
         if not live:
             _release(g)
             return
@@ -513,6 +527,8 @@ _UNINIT_WIRE = ("u",)
 _C._record_setup(Pending, _Node, _ATTR, _UNINIT, _UNINIT_WIRE, torch.float32, torch.float64)
 _record_io = _C._record_io
 _record_node = _C._record_node
+_live_outputs = _C._live_outputs
+_bind_outputs = _C._bind_outputs
 _native_record = True
 
 

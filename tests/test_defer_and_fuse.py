@@ -454,3 +454,13 @@ def test_native_live_outputs_and_binding_match_python():
                 setattr(s, deferred._ATTR, p)  # restore, so the graph still flushes
         assert view.cpu().tolist() == [9.0] * 3 and d.cpu().tolist() == [2.0] * 4 and b.cpu().tolist() == [2.0] * 4
 
+
+def test_packed_scalars_follow_every_change_of_value():
+    """A fused program reuses its packed scalar vector only while the values are exactly the same:
+    a changed scalar, or 0.0 after -0.0, is copied again."""
+    x = torch.tensor([1.0, -2.0])
+    xt = x.to("tpu")
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        for s in (2.0, 2.0, 3.0, 0.0, -0.0, -0.0, 0.0, float("nan"), float("nan"), 2.0):
+            got = (1 / (xt * s) + 0.5).cpu()  # 1 / (x * +-0) shows the zero's sign
+            torch.testing.assert_close(got, 1 / (x * s) + 0.5, rtol=0, atol=0, equal_nan=True)

@@ -126,6 +126,10 @@ class _Fused:
     layout: _ParamLayout
     donate: list[int] = field(default_factory=list)  # parameter positions whose buffers XLA may reuse
     aliases: list[tuple[int, int]] = field(default_factory=list)  # (argument, index into live) per donation
+    # per packed scalar dtype: (values' exact key, device, device vector) of the last launch. A step
+    # passes the same values most of the time (eps, scales, alpha; not Adam's bias corrections),
+    # and a packed vector is never donated, so an unchanged one is reused instead of copied again.
+    packed_last: list[tuple[_C.OpKey, int, Any] | None] = field(default_factory=list)
 
 
 @dataclass
@@ -390,10 +394,18 @@ def _launch(fused: _Fused, args: list[tuple], device: int,
     layout = fused.layout
     buffers = [args[i][1] if args[i][0] == "buf" else _arg_buffer(args[i], device) for i in layout.own]
     if layout.packed:
-        client = _device_state.client()
-        for dtype, members in layout.packed:
-            values = np.array([args[i][1] for i in members], dtype=st.TORCH_TO_NUMPY[dtype])
-            buffers.append(client.buffer_from_host(values, device))
+        last = fused.packed_last
+        if not last:
+            last.extend([None] * len(layout.packed))
+        for n, (dtype, members) in enumerate(layout.packed):
+            values = [args[i][1] for i in members]
+            key = _C._op_key(tuple(values))  # exact: -0.0 is not 0.0, 1 is not 1.0
+            hit = last[n]
+            if hit is None or hit[1] != device or hit[0] != key:
+                vector = _device_state.client().buffer_from_host(
+                    np.array(values, dtype=st.TORCH_TO_NUMPY[dtype]), device)
+                hit = last[n] = (key, device, vector)
+            buffers.append(hit[2])
     outs = executor.launch(fused.executable, buffers, device, fused.donate)
     del buffers
     (_bind_outputs if _native_record else _bind_outputs_python)(fused.live, outs, bindings)

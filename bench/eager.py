@@ -8,6 +8,7 @@ Measures, each as the best of several repetitions (machines are small and noisy)
   ``torch.compile(backend="tpu")``, CPU eager and CPU ``torch.compile`` (inductor),
   timed in interleaved rounds (best round per mode; the DeferAndFuse / Strict and compiled /
   Strict ratios also as the median of per-round ratios, see ``paired_median_ratio``);
+- the same training step at batch 1 and 2, Strict vs DeferAndFuse (host overhead weighs more);
 - GPT inference at batch 1;
 - peak device memory (bytes of PJRT buffers held) of a training step, Strict vs DeferAndFuse;
 - first-step latency (compile included) per mode;
@@ -67,7 +68,7 @@ def _train_step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer):
     return step
 
 
-def _gpt_loop(base: GPT, device: str, mode: str):
+def _gpt_loop(base: GPT, device: str, mode: str, batch: int = 8):
     """A function running n training steps (reading the loss each step), and the first step's seconds."""
     cfg = base.cfg
     model = copy.deepcopy(base).to(device)
@@ -79,7 +80,7 @@ def _gpt_loop(base: GPT, device: str, mode: str):
     elif mode == "inductor":
         step = torch.compile(step)
     g = torch.Generator().manual_seed(0)
-    x, y = make_batch(cfg, 8, g)
+    x, y = make_batch(cfg, batch, g)
     x, y = x.to(device), y.to(device)
 
     def ctx() -> Any:
@@ -97,8 +98,10 @@ def _gpt_loop(base: GPT, device: str, mode: str):
     return run, time.perf_counter() - t0
 
 
-def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: int) -> dict[str, Any]:
-    """Per mode: ms per training step, first-step seconds and peak device bytes.
+def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: int, batch: int = 8,
+              memory: bool = True) -> dict[str, Any]:
+    """Per mode: ms per training step at ``batch``, and (``memory``) first-step seconds and
+    peak device bytes.
 
     Peak memory is measured one mode at a time (only that mode's model alive). Step
     times are taken in interleaved rounds, best round per mode, so that a slow spell of
@@ -106,9 +109,9 @@ def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: 
     spells here last seconds: many short rounds spread each mode's samples over the
     whole run, so that every mode gets a round in a quiet stretch.
     """
-    out: dict[str, Any] = {}
-    for name, (device, mode) in modes.items():
-        run, first = _gpt_loop(base, device, mode)
+    out: dict[str, Any] = {name: {} for name in modes}
+    for name, (device, mode) in modes.items() if memory else ():
+        run, first = _gpt_loop(base, device, mode, batch)
         run(2)
         peak = None
         if device == "tpu":
@@ -120,7 +123,7 @@ def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: 
         del run
     loops = {}
     for name, (device, mode) in modes.items():
-        loops[name], _ = _gpt_loop(base, device, mode)
+        loops[name], _ = _gpt_loop(base, device, mode, batch)
         loops[name](2)
     times: dict[str, list[float]] = {name: [] for name in modes}
     for _ in range(rounds):
@@ -253,6 +256,19 @@ def main() -> None:
     if not args.skip_inductor:
         infer["cpu_inductor"] = gpt_infer(base, "cpu", "inductor")
     res["gpt_train"] = train
+    # The same step at smaller batches: less device work per step, so host overhead (what
+    # DeferAndFuse removes) weighs more, as on a TPU, whose device work does not share the
+    # host's cores. At batch 8 this emulator spends more CPU in XLA than in the host.
+    small = {"tpu_strict": ("tpu", "strict"), "tpu_defer_and_fuse": ("tpu", "defer_and_fuse")}
+    res["gpt_train_small_batch"] = {}
+    for batch in (1, 2):
+        t = gpt_train(base, small, args.steps, args.rounds // 2, batch=batch, memory=False)
+        res["gpt_train_small_batch"][f"batch_{batch}"] = {
+            "step_ms": {k: v["step_ms"] for k, v in t.items()},
+            "defer_and_fuse_vs_strict": t["tpu_strict"]["step_ms"] / t["tpu_defer_and_fuse"]["step_ms"],
+            "defer_and_fuse_vs_strict_paired_median": paired_median_ratio(
+                t["tpu_strict"]["round_step_ms"], t["tpu_defer_and_fuse"]["round_step_ms"]),
+        }
     res["mlp_train_step_ms"] = {"cpu_eager": mlp_train("cpu", "eager", args.steps),
                                 **{f"tpu_{m}": mlp_train("tpu", m, args.steps)
                                    for m in ("strict", "defer_and_fuse", "compile")}}

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import run_python
 
-from torchtpu.engine import deferred
+from torchtpu.engine import deferred, executor
 from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
 
 
@@ -464,3 +464,45 @@ def test_packed_scalars_follow_every_change_of_value():
         for s in (2.0, 2.0, 3.0, 0.0, -0.0, -0.0, 0.0, float("nan"), float("nan"), 2.0):
             got = (1 / (xt * s) + 0.5).cpu()  # 1 / (x * +-0) shows the zero's sign
             torch.testing.assert_close(got, 1 / (x * s) + 0.5, rtol=0, atol=0, equal_nan=True)
+
+
+def test_native_fast_path_records_seen_ops_and_matches_cpu(monkeypatch):
+    """Calls of op keys recorded before skip executor.run_plan (csrc/defer.cpp records them) and
+    return what the Python path returns: kwargs and defaults, several returns, in-place and out=
+    ops, a list return; a new key, a random op and a factory op still take run_plan."""
+    calls = []
+    real = executor.run_plan
+    monkeypatch.setattr(executor, "run_plan", lambda plan, a, k: calls.append(str(plan.op)) or real(plan, a, k))
+    x_cpu = torch.randn(4, 6)
+    y_cpu = torch.randn(4, 6)
+
+    def program(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        a = torch.add(x, y, alpha=2.5)  # a kwarg-only argument
+        b = torch.sum(a, dim=1)  # defaults filled in (keepdim, dtype)
+        m, i = torch.max(a, dim=1)  # two returns
+        c = a.clone()
+        c.mul_(3)  # in-place: returns its argument
+        d = torch.empty(4, 6, device=x.device)
+        torch.sub(c, x, out=d)  # out=
+        e = torch._foreach_add([x, y], 1.0)  # a list return
+        f = torch.where(a > 0, a, y)
+        return [a, b, m, i, c, d, *e, f]
+
+    expected = program(x_cpu, y_cpu)
+    x, y = x_cpu.to("tpu"), y_cpu.to("tpu")
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        for attempt in range(3):
+            calls.clear()
+            got = program(x, y)
+            for g, e in zip(got, expected):
+                torch.testing.assert_close(g.cpu(), e)
+        assert calls == []
+        y64 = y.double()
+        calls.clear()
+        for attempt in range(2):
+            torch.nn.functional.dropout(x, 0.5, training=True)  # random: run_plan every call
+            torch.scalar_tensor(2.0, device="tpu")  # no tpu input: run_plan finds the device
+            torch.add(x, y64)  # a new key: run_plan until a flush has emitted it
+            torch.tpu.synchronize()
+        twice = ["aten.native_dropout.default", "aten.scalar_tensor.default", "aten.add.Tensor"] * 2
+        assert calls == twice[:5], calls

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _C
 from . import storage as st
 from .engine import deferred, executor
 from .engine.opplan import plan_for
@@ -21,6 +22,7 @@ from .lowering.views import is_contiguous
 from .runtime import Buffer
 
 _aten = torch.ops.aten
+_defer_record = _C._defer_record
 _libs: list[torch.library.Library] = []
 
 
@@ -224,6 +226,11 @@ def _make_kernel(op: torch._ops.OpOverload):
         nonlocal plan
         if plan is None:
             plan = plan_for(op)
+        # DeferAndFuse records an op key seen before natively; anything else returns
+        # NotImplemented having done nothing (csrc/defer.cpp).
+        result = _defer_record(plan, args, kwargs)
+        if result is not NotImplemented:
+            return result
         return executor.run_plan(plan, args, kwargs)
 
     return kernel

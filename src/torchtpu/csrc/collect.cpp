@@ -13,6 +13,7 @@
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include "engine_native.h"
 #include "py_helpers.h"
 
 namespace torchtpu {
@@ -193,6 +194,29 @@ py::object walk(State& st, py::handle v, bool runtime_scalar) {
 
 }  // namespace
 
+py::tuple walk_all(py::handle col, py::handle values_obj, py::handle runtime_scalar) {
+  TORCH_CHECK(g_numpy_to_torch != nullptr, "torchtpu._C._collect_setup was not called");
+  py::object values = py::reinterpret_steal<py::object>(PySequence_Fast(values_obj.ptr(), "values"));
+  if (!values) throw py::error_already_set();
+  State st(col);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(values.ptr());
+  py::list specs(n);
+  bool has_generator = false;
+  TORCH_CHECK_INDEX(PyList_Check(runtime_scalar.ptr()) && PyList_GET_SIZE(runtime_scalar.ptr()) >= n,
+                    "more argument values than schema arguments");
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* flag = PyList_GET_ITEM(runtime_scalar.ptr(), i);
+    py::object spec = walk(st, PySequence_Fast_GET_ITEM(values.ptr(), i), flag == Py_True);
+    PyObject* head = PyTuple_GET_ITEM(spec.ptr(), 0);
+    if (PyUnicode_Check(head) && PyUnicode_CompareWithASCIIString(head, "G") == 0) {
+      has_generator = true;
+    }
+    PyList_SET_ITEM(specs.ptr(), i, spec.release().ptr());
+  }
+  st.store_scalars();
+  return py::make_tuple(specs, has_generator);
+}
+
 void register_collect(py::module& m) {
   m.def("_collect_setup", [](py::object numpy_to_torch, py::str buffer_attr, py::object generator_type) {
     // Leaked on purpose, like the interned names: they live as long as the module.
@@ -216,32 +240,7 @@ void register_collect(py::module& m) {
         return spec;
       },
       "one argument's spec (see executor._Collector.walk)");
-  m.def(
-      "_walk_all",
-      [](py::handle col, py::handle values_obj, py::handle runtime_scalar) {
-        // -> (specs, has_generator): every schema argument of one call (a list or tuple), in order
-        TORCH_CHECK(g_numpy_to_torch != nullptr, "torchtpu._C._collect_setup was not called");
-        py::object values = py::reinterpret_steal<py::object>(PySequence_Fast(values_obj.ptr(), "values"));
-        if (!values) throw py::error_already_set();
-        State st(col);
-        const Py_ssize_t n = PySequence_Fast_GET_SIZE(values.ptr());
-        py::list specs(n);
-        bool has_generator = false;
-        TORCH_CHECK_INDEX(PyList_Check(runtime_scalar.ptr()) && PyList_GET_SIZE(runtime_scalar.ptr()) >= n,
-                          "more argument values than schema arguments");
-        for (Py_ssize_t i = 0; i < n; ++i) {
-          PyObject* flag = PyList_GET_ITEM(runtime_scalar.ptr(), i);
-          py::object spec = walk(st, PySequence_Fast_GET_ITEM(values.ptr(), i), flag == Py_True);
-          PyObject* head = PyTuple_GET_ITEM(spec.ptr(), 0);
-          if (PyUnicode_Check(head) && PyUnicode_CompareWithASCIIString(head, "G") == 0) {
-            has_generator = true;
-          }
-          PyList_SET_ITEM(specs.ptr(), i, spec.release().ptr());
-        }
-        st.store_scalars();
-        return py::make_tuple(specs, has_generator);
-      },
-      "the specs of a call's schema values (see executor.run_plan)");
+  m.def("_walk_all", &walk_all, "(specs, has_generator) of a call's schema values (see executor.run_plan)");
 }
 
 }  // namespace torchtpu

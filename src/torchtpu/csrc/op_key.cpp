@@ -23,6 +23,7 @@
 #include <cstring>
 #include <vector>
 
+#include "engine_native.h"
 #include "py_helpers.h"
 
 namespace torchtpu {
@@ -287,6 +288,10 @@ PyObject* make_op_key(PyObject* items) {
 
 }  // namespace
 
+py::object op_key_of(py::handle items) {
+  return steal(make_op_key(items.ptr()));
+}
+
 void register_op_key(py::module& m) {
   op_key_sequence.sq_length = op_key_length;
   op_key_sequence.sq_item = op_key_item;
@@ -303,7 +308,7 @@ void register_op_key(py::module& m) {
   Py_INCREF(&OpKeyType);
   m.add_object("OpKey", py::handle(reinterpret_cast<PyObject*>(&OpKeyType)));
   m.def(
-      "_op_key", [](py::handle items) { return steal(make_op_key(items.ptr())); },
+      "_op_key", &op_key_of,
       "the exact cache key of a tuple of key items (see csrc/op_key.cpp)");
 }
 

@@ -8,14 +8,11 @@
 // deferred._record_io_python, which stays as the reference (and handles RNG seeds).
 #include <torch/extension.h>
 
-#include <structmember.h>
-
 #include <algorithm>
 #include <optional>
-#include <stdexcept>
-#include <string>
 #include <unordered_set>
 
+#include "engine_native.h"
 #include "py_helpers.h"
 
 namespace torchtpu {
@@ -39,46 +36,14 @@ bool is_kind(PyObject* kind, PyObject* interned) {
   return kind == interned || PyUnicode_Compare(kind, interned) == 0;
 }
 
-// Byte offsets of the __slots__ of Pending and _Node in their instances, read from the slot
-// descriptors once. A GPT step makes ~370 Pendings and ~130 nodes; filling the slots here
-// skips the class call and its Python __init__ frame (half of each object's cost).
+// Byte offsets of the __slots__ of Pending and _Node in their instances (see slot_offset in
+// py_helpers.h). A GPT step makes ~370 Pendings and ~130 nodes.
 struct PendingSlots {
   Py_ssize_t graph, node, index, shape, torch_dtype, dtype, resolved;
 } g_slots;
 struct NodeSlots {
   Py_ssize_t info, inputs, device, where;
 } g_node_slots;
-
-Py_ssize_t slot_offset(PyObject* type, const char* name) {
-  py::object descr = steal(PyObject_GetAttrString(type, name));
-  const std::string what = std::string(reinterpret_cast<PyTypeObject*>(type)->tp_name) + "." + name;
-  if (Py_TYPE(descr.ptr()) != &PyMemberDescr_Type) {
-    throw std::runtime_error(what + " is not a __slots__ member");
-  }
-  const PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(descr.ptr())->d_member;
-  if (member->type != T_OBJECT_EX) {
-    throw std::runtime_error(what + " is not an object slot");
-  }
-  return member->offset;
-}
-
-void set_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {
-  Py_INCREF(value);
-  *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset) = value;  // empty after tp_alloc
-}
-
-PyObject* get_slot(PyObject* obj, Py_ssize_t offset) {  // borrowed; never empty for a made Pending
-  PyObject* v = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
-  return v != nullptr ? v : Py_None;
-}
-
-void replace_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {
-  PyObject** field = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
-  PyObject* old = *field;
-  Py_INCREF(value);
-  *field = value;
-  Py_XDECREF(old);
-}
 
 // The same object as Pending(g, node, index, shape, dtype, np_dtype) (see deferred.Pending).
 py::object new_pending(py::handle g, long node, long index, py::handle shape, py::handle dtype, py::handle np_dtype) {
@@ -284,6 +249,26 @@ void bind_outputs(py::handle live, py::handle outs, py::handle holders) {
 
 }  // namespace
 
+py::object record_node(py::handle g, py::handle info, py::handle col, py::handle layouts, long node_index,
+                       int device) {
+  // record_io, then the node itself: its wiring, a _Node (without a source line: only an op
+  // key emitted before comes here) and its key id. None where record_io declines.
+  std::optional<NodeIO> io = record_io(g, col, layouts, py::object(info.attr(s_written)), node_index, device);
+  if (!io) return py::none();
+  py::object key_id = info.attr(s_key_id);
+  check(PyList_Append(py::object(g.attr(s_wiring)).ptr(), tuple_of({key_id, io->wires}).ptr()));
+  auto* type = reinterpret_cast<PyTypeObject*>(g_node_type);
+  py::object node = steal(type->tp_alloc(type, 0));
+  py::object device_obj = steal(PyLong_FromLong(device));
+  set_slot(node.ptr(), g_node_slots.info, info.ptr());
+  set_slot(node.ptr(), g_node_slots.inputs, io->inputs.ptr());
+  set_slot(node.ptr(), g_node_slots.device, device_obj.ptr());
+  set_slot(node.ptr(), g_node_slots.where, g_empty);
+  check(PyList_Append(py::object(g.attr(s_nodes)).ptr(), node.ptr()));
+  check(PyList_Append(py::object(g.attr(s_keys)).ptr(), key_id.ptr()));
+  return std::move(io->new_tensors);
+}
+
 void register_record(py::module& m) {
   m.def("_record_setup", [](py::object pending_type, py::object node_type, py::str attr, py::object uninit,
                             py::object uninit_wire, py::object f32, py::object f64) {
@@ -317,29 +302,8 @@ void register_record(py::module& m) {
         return py::make_tuple(io->inputs, io->wires, io->new_tensors);
       },
       "DeferAndFuse record(): a node's inputs and wires, and its outputs' Pending storages");
-  m.def(
-      "_record_node",
-      [](py::handle g, py::handle info, py::handle col, py::handle layouts, long node_index,
-         int device) -> py::object {
-        // record_io, then the node itself: its wiring, a _Node (without a source line: only an op
-        // key emitted before comes here) and its key id. None where record_io declines.
-        std::optional<NodeIO> io =
-            record_io(g, col, layouts, py::object(info.attr(s_written)), node_index, device);
-        if (!io) return py::none();
-        py::object key_id = info.attr(s_key_id);
-        check(PyList_Append(py::object(g.attr(s_wiring)).ptr(), tuple_of({key_id, io->wires}).ptr()));
-        auto* type = reinterpret_cast<PyTypeObject*>(g_node_type);
-        py::object node = steal(type->tp_alloc(type, 0));
-        py::object device_obj = steal(PyLong_FromLong(device));
-        set_slot(node.ptr(), g_node_slots.info, info.ptr());
-        set_slot(node.ptr(), g_node_slots.inputs, io->inputs.ptr());
-        set_slot(node.ptr(), g_node_slots.device, device_obj.ptr());
-        set_slot(node.ptr(), g_node_slots.where, g_empty);
-        check(PyList_Append(py::object(g.attr(s_nodes)).ptr(), node.ptr()));
-        check(PyList_Append(py::object(g.attr(s_keys)).ptr(), key_id.ptr()));
-        return std::move(io->new_tensors);
-      },
-      "deferred.record() for an op key emitted before: the node recorded, its new tensors returned");
+  m.def("_record_node", &record_node,
+        "deferred.record() for an op key emitted before: the node recorded, its new tensors returned");
   m.def("_live_outputs", &live_outputs,
         "deferred.flush(): (live (node, index) keys, {key: [(storage, Pending)]}) of a graph's touched storages");
   m.def("_bind_outputs", &bind_outputs, "deferred._launch(): resolve each live output's Pendings to its buffer");

@@ -8,8 +8,9 @@
 // * the structural kernels that only touch tensor metadata (empty, views,
 //   resize_, set_), which are ~20x cheaper in C++ than through Python.
 //
-// Everything that computes is in Python. (collect.cpp, also in this module, walks
-// op arguments into cache keys: the one hot loop of the engine kept in C++.)
+// Everything that computes is in Python. The engine's hot loops are also in this module:
+// collect.cpp walks op arguments into cache keys, op_key.cpp makes those keys, record.cpp
+// and defer.cpp record DeferAndFuse ops.
 #include <torch/extension.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -542,6 +543,7 @@ at::Generator unwrap_generator(py::handle obj) {
 void register_collect(py::module& m);  // collect.cpp
 void register_record(py::module& m);   // record.cpp
 void register_op_key(py::module& m);   // op_key.cpp
+void register_defer(py::module& m);    // defer.cpp
 
 // An op's new output: torch.empty_strided on tpu:index, plus its storage's device data set
 // as the storage attribute `attr`. One call instead of three from Python (argument parsing,
@@ -627,4 +629,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_collect(m);
   register_record(m);
   register_op_key(m);
+  register_defer(m);
 }

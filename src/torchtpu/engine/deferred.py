@@ -39,9 +39,12 @@ import torch
 
 from .. import _C, _device_state
 from .. import storage as st
+from .._config import config
 from ..lowering.builder import Builder, Value
 from ..lowering.views import dense_buffer_shape
 from . import compile_cache, executor
+from . import precision as precision_mod
+from .opplan import _MISSING
 
 MAX_NODES = 4096
 # Repeated-ops heuristic: a graph whose recorded ops are two copies of the same
@@ -266,16 +269,22 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
             g.wiring.append((info.key_id, wires))
             g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
             g.keys.append(info.key_id)
-        global _since_sync
-        _since_sync += 1
-        if _repeats(g):
-            _since_sync = 0
-            flush(cut=True)
-        elif node_index + 1 >= MAX_NODES or (CHUNK_NODES and _since_sync % CHUNK_NODES == 0
-                                             and (_period is None or not g.on_period)):
-            # (a graph still repeating the period is left to the period cut)
-            flush(cut=True)
+        _after_record(g, node_index)
     return executor.op_result(plan, values, new_tensors)
+
+
+def _after_record(g: _Graph, node_index: int) -> None:
+    """Cut the graph after a recorded node where the repeated-ops heuristic or the chunk size
+    says so (called with ``_lock`` held, by record() and by ``_C._defer_record``)."""
+    global _since_sync
+    _since_sync += 1
+    if _repeats(g):
+        _since_sync = 0
+        flush(cut=True)
+    elif node_index + 1 >= MAX_NODES or (CHUNK_NODES and _since_sync % CHUNK_NODES == 0
+                                         and (_period is None or not g.on_period)):
+        # (a graph still repeating the period is left to the period cut)
+        flush(cut=True)
 
 
 def _record_io_python(g: _Graph, col: Any, layouts: list | None, written: list, node_index: int,
@@ -540,6 +549,10 @@ _C._record_setup(Pending, _Node, _ATTR, _UNINIT, _UNINIT_WIRE, torch.float32, to
 _record_io = _C._record_io
 _record_node = _C._record_node
 _live_outputs = _C._live_outputs
+# The per-op fast path of kernels in DeferAndFuse (csrc/defer.cpp): record() and the parts of
+# executor.run_plan before it, for op keys recorded before.
+_C._defer_setup(sys.modules[__name__], config, precision_mod.current, executor._Collector, _MISSING,
+                executor.defer_fast_eligible)
 _bind_outputs = _C._bind_outputs
 _native_record = True
 

@@ -257,6 +257,14 @@ def run_plan(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
     return _launch(plan, values, col, skeys, entry)
 
 
+def defer_fast_eligible(plan: OpPlan) -> bool:
+    """Whether ``_C._defer_record`` may record calls of ``plan`` (checked once per plan): a
+    supported op without per-call argument checks or random draws, which need run_plan."""
+    if plan.functional is None or (plan.lowering is None and not _decomposable(plan.functional)):
+        return False
+    return plan.argument_check is None and not plan.random
+
+
 _deferred_module: Any = None
 
 

@@ -506,3 +506,70 @@ def test_native_fast_path_records_seen_ops_and_matches_cpu(monkeypatch):
             torch.tpu.synchronize()
         twice = ["aten.native_dropout.default", "aten.scalar_tensor.default", "aten.add.Tensor"] * 2
         assert calls == twice[:5], calls
+
+
+def _reference_repeats(keys: list[int], state: dict) -> bool:
+    """The repeated-ops heuristic as first written in Python (deferred._repeats before it moved to
+    csrc/defer.cpp): the oracle of the test below."""
+    n = len(keys)
+    if state["period"] is not None:
+        if state["on_period"] and n <= len(state["period"]) and keys[-1] == state["period"][n - 1]:
+            return n == len(state["period"])
+        state["on_period"] = False
+        return False
+    earlier = state["occurrences"].get(keys[-1])
+    if earlier is None:
+        state["occurrences"][keys[-1]] = [n - 1]
+        return False
+    checked = 0
+    lowest = max(n // 2 - 1, 0)
+    for q in reversed(earlier):
+        if q > n - 1 - deferred.MIN_PERIOD:
+            continue
+        if q < lowest:
+            break
+        p = n - 1 - q
+        if keys[n - 2 * p:n - p] == keys[n - p:]:
+            state["period"] = keys[n - p:] * -(-deferred.MIN_CUT_NODES // p)
+            return True
+        checked += 1
+        if checked >= 8:
+            break
+    earlier.append(n - 1)
+    return False
+
+
+def test_native_repeat_detection_matches_the_python_heuristic(monkeypatch):
+    """_C._after_record cuts random key sequences (periodic ones with noise, and aperiodic ones)
+    exactly where the Python heuristic did, and sets the same period."""
+    import random
+
+    cuts: list[int] = []
+    monkeypatch.setattr(deferred, "flush", lambda cut=False: cuts.append(cut))
+    monkeypatch.setattr(deferred, "CHUNK_NODES", 0)
+    rng = random.Random(0)
+    total_cuts = 0
+    for trial in range(300):
+        period = [rng.randrange(400) for _ in range(rng.randrange(1, 30))]
+        seq = (period * 40)[:rng.randrange(2, 300)]
+        if trial % 3 == 0:  # noise: breaks some repeats
+            seq = [k if rng.random() > 0.05 else rng.randrange(400, 500) for k in seq]
+        if trial % 5 == 0:
+            seq = [rng.randrange(8) for _ in seq]  # many short coincidences
+        monkeypatch.setattr(deferred, "_period", None)
+        g, state = deferred._Graph(), {"period": None, "on_period": True, "occurrences": {}}
+        expected, got = [], []
+        for key in seq:
+            g.keys.append(key)
+            cut_ref = _reference_repeats(list(g.keys), state)
+            cuts.clear()
+            deferred._C._after_record(g, len(g.keys) - 1)
+            expected.append(cut_ref)
+            got.append(bool(cuts))
+            assert deferred._period == state["period"]
+            if cut_ref:  # a cut starts a new graph
+                g = deferred._Graph()
+                state["occurrences"], state["on_period"] = {}, True
+        assert got == expected, (trial, seq)
+        total_cuts += sum(expected)
+    assert total_cuts > 300  # periods were found (and then followed) many times

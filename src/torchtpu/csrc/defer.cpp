@@ -9,6 +9,7 @@
 // tensor inputs): executor.run_plan, which stays the reference, then handles the call.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "engine_native.h"
@@ -20,8 +21,10 @@ namespace {
 // Set once by _defer_setup (leaked on purpose: they live as long as the module).
 PyObject *g_deferred, *g_config, *g_precision_current, *g_collector_type, *g_missing, *g_eligible;
 PyObject *s_defer_and_fuse, *s_launch_blocking, *s_debug_checks_override, *s_op_info, *s_graph, *s_native_record,
-    *s_lock, *s_after_record, *s_emitted, *s_layouts, *s_nodes, *s_acquire, *s_release, *s_names, *s_defaults,
-    *s_runtime_scalar, *s_mutated, *s_returns, *s_returns_list, *s_arg;
+    *s_lock, *s_emitted, *s_layouts, *s_nodes, *s_acquire, *s_release, *s_names, *s_defaults,
+    *s_runtime_scalar, *s_mutated, *s_returns, *s_returns_list, *s_arg, *s_since_sync, *s_period, *s_stats,
+    *s_period_cuts, *s_chunk_nodes, *s_max_nodes, *s_min_period, *s_min_cut_nodes, *s_keys, *s_occurrences,
+    *s_on_period, *s_flush, *s_cut;
 
 struct CollectorSlots {
   Py_ssize_t device, has_f64, inputs, skeys, storage_index, storages;
@@ -142,6 +145,110 @@ class DeferredLock {
   PyObject* lock_;
 };
 
+long module_long(PyObject* name) {
+  py::object v = steal(PyObject_GetAttr(g_deferred, name));
+  const long out = PyLong_AsLong(v.ptr());
+  if (out == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return out;
+}
+
+void set_module_long(PyObject* name, long value) {
+  check(PyObject_SetAttr(g_deferred, name, steal(PyLong_FromLong(value)).ptr()));
+}
+
+long item_long(PyObject* list, Py_ssize_t i) {  // a key id of a graph's keys or of the period
+  return PyLong_AsLong(PyList_GET_ITEM(list, i));
+}
+
+void count_period_cut() {
+  py::object stats = steal(PyObject_GetAttr(g_deferred, s_stats));
+  PyObject* n = PyDict_GetItemWithError(stats.ptr(), s_period_cuts);
+  if (n == nullptr) throw py::key_error("period_cuts");
+  check(PyDict_SetItem(stats.ptr(), s_period_cuts, steal(PyNumber_Add(n, py::int_(1).ptr())).ptr()));
+}
+
+// The repeated-ops heuristic, after each recorded node: true when graph g should be cut at a
+// repeat boundary. Two copies of the same sequence of op keys (successive steps or blocks,
+// at least MIN_PERIOD ops) ending at the last node make it the period (repeated to hold
+// MIN_CUT_NODES ops: a flush and launch cost about as much as recording 10-20 ops); from
+// then on a graph is cut once it has recorded one period.
+bool repeats(py::handle g) {
+  py::object keys = g.attr(s_keys);
+  const Py_ssize_t n = PyList_GET_SIZE(keys.ptr());
+  py::object period = steal(PyObject_GetAttr(g_deferred, s_period));
+  if (!period.is_none()) {
+    const bool on = PyObject_IsTrue(py::object(g.attr(s_on_period)).ptr()) == 1;
+    if (on && n <= PyList_GET_SIZE(period.ptr()) && item_long(keys.ptr(), n - 1) == item_long(period.ptr(), n - 1)) {
+      if (n == PyList_GET_SIZE(period.ptr())) {
+        count_period_cut();
+        return true;
+      }
+      return false;
+    }
+    g.attr(s_on_period) = py::bool_(false);
+    return false;
+  }
+  PyObject* last = PyList_GET_ITEM(keys.ptr(), n - 1);
+  py::object occurrences = g.attr(s_occurrences);
+  PyObject* earlier = PyDict_GetItemWithError(occurrences.ptr(), last);  // borrowed
+  if (earlier == nullptr) {
+    if (PyErr_Occurred()) throw py::error_already_set();
+    check(PyDict_SetItem(occurrences.ptr(), last, steal(Py_BuildValue("[n]", n - 1)).ptr()));
+    return false;
+  }
+  py::object earlier_ref = py::reinterpret_borrow<py::object>(earlier);
+  const long min_period = module_long(s_min_period);
+  const Py_ssize_t lowest = std::max<Py_ssize_t>(n / 2 - 1, 0);
+  int checked = 0;
+  // Candidate periods: distances back to earlier occurrences of the last op.
+  for (Py_ssize_t j = PyList_GET_SIZE(earlier) - 1; j >= 0; --j) {
+    const Py_ssize_t q = PyLong_AsSsize_t(PyList_GET_ITEM(earlier, j));
+    if (q > n - 1 - min_period) continue;
+    if (q < lowest) break;
+    const Py_ssize_t p = n - 1 - q;
+    bool same = n - 2 * p >= 0;  // two whole copies fit
+    for (Py_ssize_t i = 0; i < p && same; ++i) {
+      same = item_long(keys.ptr(), n - 2 * p + i) == item_long(keys.ptr(), n - p + i);
+    }
+    if (same) {
+      const long min_cut = module_long(s_min_cut_nodes);
+      const Py_ssize_t copies = (min_cut + p - 1) / p;
+      py::object one = steal(PyList_GetSlice(keys.ptr(), n - p, n));
+      check(PyObject_SetAttr(g_deferred, s_period, steal(PySequence_Repeat(one.ptr(), copies)).ptr()));
+      count_period_cut();
+      return true;
+    }
+    if (++checked >= 8) break;
+  }
+  check(PyList_Append(earlier, steal(PyLong_FromSsize_t(n - 1)).ptr()));
+  return false;
+}
+
+// After a recorded node (deferred._lock held): cut the graph where the repeated-ops
+// heuristic or the chunk size says so.
+void after_record(py::handle g, long node_index) {
+  const long since = module_long(s_since_sync) + 1;
+  set_module_long(s_since_sync, since);
+  bool cut = repeats(g);
+  if (cut) {
+    set_module_long(s_since_sync, 0);
+  } else {
+    const long chunk = module_long(s_chunk_nodes);
+    cut = node_index + 1 >= module_long(s_max_nodes);
+    if (!cut && chunk != 0 && since % chunk == 0) {
+      // a graph still repeating the period is left to the period cut
+      py::object period = steal(PyObject_GetAttr(g_deferred, s_period));
+      cut = period.is_none() || PyObject_IsTrue(py::object(g.attr(s_on_period)).ptr()) != 1;
+    }
+  }
+  if (cut) {
+    py::object flush = steal(PyObject_GetAttr(g_deferred, s_flush));
+    py::dict kwargs;
+    kwargs[s_cut] = py::bool_(true);
+    steal(PyObject_Call(flush.ptr(), py::tuple().ptr(), kwargs.ptr()));
+  }
+}
+
 py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
   TORCH_CHECK(g_deferred != nullptr, "torchtpu._C._defer_setup was not called");
   const py::object fallback = py::reinterpret_borrow<py::object>(Py_NotImplemented);
@@ -183,8 +290,7 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
     py::object layouts = fp.mutated ? py::none() : py::object(info_ref.attr(s_layouts));
     new_tensors = record_node(g, info_ref, col, layouts, node_index, device);
     if (new_tensors.is_none()) return fallback;  // an RNG seed input: nothing was recorded
-    py::object after = steal(PyObject_GetAttr(g_deferred, s_after_record));
-    steal(PyObject_CallFunction(after.ptr(), "Ol", g.ptr(), node_index));
+    after_record(g, node_index);
   }
   return op_result(fp, values, new_tensors);
 }
@@ -206,11 +312,18 @@ void register_defer(py::module& m) {
     intern_all({{&s_defer_and_fuse, "defer_and_fuse"}, {&s_launch_blocking, "launch_blocking"},
                 {&s_debug_checks_override, "debug_checks_override"}, {&s_op_info, "_op_info"},
                 {&s_graph, "_graph"}, {&s_native_record, "_native_record"}, {&s_lock, "_lock"},
-                {&s_after_record, "_after_record"}, {&s_emitted, "emitted"}, {&s_layouts, "layouts"},
+                {&s_emitted, "emitted"}, {&s_layouts, "layouts"},
                 {&s_nodes, "nodes"}, {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_names, "names"},
                 {&s_defaults, "defaults"}, {&s_runtime_scalar, "runtime_scalar"}, {&s_mutated, "mutated"},
-                {&s_returns, "returns"}, {&s_returns_list, "returns_list"}, {&s_arg, "arg"}});
+                {&s_returns, "returns"}, {&s_returns_list, "returns_list"}, {&s_arg, "arg"},
+                {&s_since_sync, "_since_sync"}, {&s_period, "_period"}, {&s_stats, "stats"},
+                {&s_period_cuts, "period_cuts"}, {&s_chunk_nodes, "CHUNK_NODES"}, {&s_max_nodes, "MAX_NODES"},
+                {&s_min_period, "MIN_PERIOD"}, {&s_min_cut_nodes, "MIN_CUT_NODES"}, {&s_keys, "keys"},
+                {&s_occurrences, "occurrences"}, {&s_on_period, "on_period"}, {&s_flush, "flush"},
+                {&s_cut, "cut"}});
   });
+  m.def("_after_record", &after_record,
+        "DeferAndFuse, after a recorded node (deferred._lock held): cut the graph at a repeat or a chunk");
   m.def("_defer_record", &defer_record,
         "DeferAndFuse: record a call of an op key recorded before; NotImplemented for anything else");
 }

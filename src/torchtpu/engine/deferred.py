@@ -51,6 +51,8 @@ MAX_NODES = 4096
 # sequence (successive steps or blocks, at least MIN_PERIOD ops long) is cut,
 # and from then on every graph is cut when it has recorded one such period, so
 # each period compiles once and is reused, and graphs never grow unbounded.
+# (After each recorded node, in csrc/defer.cpp: _C._after_record reads the settings
+# below, and _since_sync and _period, from this module.)
 MIN_PERIOD = 8
 MIN_CUT_NODES = 24  # graphs cut at a shorter period hold this many ops at least (whole periods)
 # Early launch: a graph is also cut every CHUNK_NODES ops counted from the last
@@ -106,7 +108,7 @@ class _Graph:
     arg_of: dict[int, int] = field(default_factory=dict)
     wiring: list[tuple] = field(default_factory=list)
     has_later: bool = False  # reads results of a cut graph still compiling (see _rewire)
-    on_period: bool = True  # its ops so far are a prefix of the repeat period (see _repeats)
+    on_period: bool = True  # its ops so far are a prefix of the repeat period (see MIN_PERIOD)
     in_flight: bool = False  # cut, its program compiling in the background
 
 
@@ -269,22 +271,9 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
             g.wiring.append((info.key_id, wires))
             g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
             g.keys.append(info.key_id)
-        _after_record(g, node_index)
+        # the repeated-ops heuristic and chunk cuts (csrc/defer.cpp)
+        _C._after_record(g, node_index)
     return executor.op_result(plan, values, new_tensors)
-
-
-def _after_record(g: _Graph, node_index: int) -> None:
-    """Cut the graph after a recorded node where the repeated-ops heuristic or the chunk size
-    says so (called with ``_lock`` held, by record() and by ``_C._defer_record``)."""
-    global _since_sync
-    _since_sync += 1
-    if _repeats(g):
-        _since_sync = 0
-        flush(cut=True)
-    elif node_index + 1 >= MAX_NODES or (CHUNK_NODES and _since_sync % CHUNK_NODES == 0
-                                         and (_period is None or not g.on_period)):
-        # (a graph still repeating the period is left to the period cut)
-        flush(cut=True)
 
 
 def _record_io_python(g: _Graph, col: Any, layouts: list | None, written: list, node_index: int,
@@ -341,46 +330,6 @@ def _record_io_python(g: _Graph, col: Any, layouts: list | None, written: list, 
             touched.append(weakref.ref(s))
             k += 1
     return inputs, wires, new_tensors
-
-
-def _repeats(g: _Graph) -> bool:
-    """True when the graph should be cut at a repeat boundary (see MIN_PERIOD)."""
-    global _period
-    keys = g.keys
-    n = len(keys)
-    if _period is not None:
-        if g.on_period and n <= len(_period) and keys[-1] == _period[n - 1]:
-            if n == len(_period):
-                stats["period_cuts"] += 1
-                return True
-            return False
-        g.on_period = False
-        return False
-    last = keys[-1]
-    earlier = g.occurrences.get(last)
-    if earlier is None:
-        g.occurrences[last] = [n - 1]
-        return False
-    checked = 0
-    lowest = max(n // 2 - 1, 0)
-    # Candidate periods: distances back to earlier occurrences of the last op.
-    for q in reversed(earlier):
-        if q > n - 1 - MIN_PERIOD:
-            continue
-        if q < lowest:
-            break
-        p = n - 1 - q
-        if keys[n - 2 * p:n - p] == keys[n - p:]:
-            # A short period is cut every few repeats: each flush and launch costs about
-            # as much as recording 10-20 ops, so a graph should hold more than a few ops.
-            _period = keys[n - p:] * -(-MIN_CUT_NODES // p)
-            stats["period_cuts"] += 1
-            return True
-        checked += 1
-        if checked >= 8:
-            break
-    earlier.append(n - 1)
-    return False
 
 
 def has_pending() -> bool:

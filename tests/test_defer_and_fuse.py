@@ -573,3 +573,36 @@ def test_native_repeat_detection_matches_the_python_heuristic(monkeypatch):
         assert got == expected, (trial, seq)
         total_cuts += sum(expected)
     assert total_cuts > 300  # periods were found (and then followed) many times
+
+
+def test_threads_recording_at_once_get_their_own_results():
+    """Two threads recording the same ops (the native per-op path, under deferred._lock) into the
+    shared graph, with chunk cuts and reads interleaved, each read what it computed."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            g = torch.Generator().manual_seed(seed)
+            x_cpu = torch.randn(32, 16, generator=g)
+            w_cpu = torch.randn(16, 16, generator=g)
+            x, w = x_cpu.to("tpu"), w_cpu.to("tpu")
+            # f32-accurate products (the precision is per thread): a mix-up of values shows
+            with torch.tpu.precision("highest"):
+                for step in range(12):
+                    y, y_cpu = x, x_cpu
+                    for _ in range(3):
+                        y = torch.tanh(y @ w) * 0.5 + y
+                        y_cpu = torch.tanh(y_cpu @ w_cpu) * 0.5 + y_cpu
+                    torch.testing.assert_close(y.cpu(), y_cpu, rtol=1e-4, atol=1e-4)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (1, 2)]
+    with torch.tpu.eager_mode("defer_and_fuse"):  # process-wide: set once, around both threads
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors

@@ -29,6 +29,8 @@ class Config:
         # CPU plugin: keep freed host (= device) memory pooled (runtime.host_memory); on by default.
         self.host_memory_pool = os.environ.get("TORCH_TPU_HOST_MEMORY_POOL") is None or _flag(
             "TORCH_TPU_HOST_MEMORY_POOL")
+        # CPU plugin: nice value for XLA's compute threads (runtime.host_threads); 0 leaves them be.
+        self.xla_thread_nice = int(os.environ.get("TORCH_TPU_XLA_THREAD_NICE", "0") or 0)
         # Host-side bounds checks run in Debug mode unless explicitly disabled.
         checks = os.environ.get("TORCH_TPU_DEBUG_CHECKS")
         self.debug_checks_override = None if checks is None else _flag("TORCH_TPU_DEBUG_CHECKS")

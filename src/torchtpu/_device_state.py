@@ -11,7 +11,7 @@ import threading
 
 from . import runtime
 from ._config import config
-from .runtime import host_memory
+from .runtime import host_memory, host_threads
 
 _lock = threading.Lock()
 _client: runtime.Client | None = None
@@ -34,6 +34,8 @@ def client() -> runtime.Client:
             _client = runtime.Client(plugin, options)
             if _client.platform_name == "cpu" and config.host_memory_pool:  # device memory is malloc memory
                 host_memory.pool_freed_memory()
+            if _client.platform_name == "cpu" and config.xla_thread_nice > 0:
+                host_threads.lower_pool_priority(config.xla_thread_nice)
         return _client
 
 

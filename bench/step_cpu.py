@@ -35,6 +35,7 @@ from eager import _gpt_loop
 
 from torchtpu.engine import deferred
 from torchtpu.examples.gpt import GPT, GPTConfig
+from torchtpu.runtime import host_threads
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -43,16 +44,11 @@ def thread_cpu() -> dict[str, float]:
     """CPU seconds used so far by this process's threads, grouped: main, xla_eigen, other."""
     out = {"main": 0.0, "xla_eigen": 0.0, "other": 0.0}
     pid = os.getpid()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:  # the thread ended meanwhile
-            continue
+    for tid, stat in host_threads.thread_files("stat").items():
         name = stat[stat.index("(") + 1:stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2:].split()
         seconds = (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
-        group = "main" if int(tid) == pid else "xla_eigen" if "XLAEigen" in name else "other"
+        group = "main" if tid == pid else "xla_eigen" if host_threads.XLA_POOL_THREAD_NAME in name else "other"
         out[group] += seconds
     return out
 

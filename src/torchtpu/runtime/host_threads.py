@@ -19,18 +19,21 @@ import sys
 XLA_POOL_THREAD_NAME = "XLAEigen"
 
 
-def thread_ids_named(part: str) -> list[int]:
-    """This process's thread ids whose name (``/proc``'s comm) contains ``part``."""
-    ids = []
+def thread_files(name: str) -> dict[int, str]:
+    """Per live thread of this process, its ``/proc/self/task/<tid>/<name>`` file (Linux)."""
+    out = {}
     for tid in os.listdir("/proc/self/task"):
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read()
+            with open(f"/proc/self/task/{tid}/{name}") as f:
+                out[int(tid)] = f.read()
         except OSError:  # the thread ended meanwhile
             continue
-        if part in name:
-            ids.append(int(tid))
-    return ids
+    return out
+
+
+def thread_ids_named(part: str) -> list[int]:
+    """This process's thread ids whose name (``/proc``'s comm) contains ``part``."""
+    return [tid for tid, name in thread_files("comm").items() if part in name]
 
 
 def lower_pool_priority(nice: int) -> int:

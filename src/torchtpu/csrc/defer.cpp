@@ -109,10 +109,14 @@ py::object new_collector() {
 py::object op_result(const FastPlan& fp, py::handle values, py::handle new_tensors) {
   const auto pick = [&](const std::pair<bool, Py_ssize_t>& r) -> py::object {
     PyObject* seq = r.first ? values.ptr() : new_tensors.ptr();
+    if (r.second < 0 || r.second >= PyList_GET_SIZE(seq)) throw py::index_error("op return out of range");
     return py::reinterpret_borrow<py::object>(PyList_GET_ITEM(seq, r.second));
   };
   if (fp.returns_list) {
-    if (fp.mutated) return pick({true, fp.returns[0].second});
+    if (fp.mutated) {
+      if (fp.returns.empty()) throw py::index_error("a mutated list return without a position");
+      return pick({true, fp.returns[0].second});
+    }
     return py::reinterpret_borrow<py::object>(new_tensors);
   }
   if (fp.returns.empty()) return py::none();

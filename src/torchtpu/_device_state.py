@@ -32,10 +32,10 @@ def client() -> runtime.Client:
             plugin.initialize()
             options = runtime.default_client_options(_plugin_kind(_plugin_path), config.num_devices)
             _client = runtime.Client(plugin, options)
-            if _client.platform_name == "cpu" and config.host_memory_pool:  # device memory is malloc memory
-                host_memory.pool_freed_memory()
-            if _client.platform_name == "cpu" and config.xla_thread_nice > 0:
-                host_threads.lower_pool_priority(config.xla_thread_nice)
+            if _client.platform_name == "cpu":
+                if config.host_memory_pool:  # device memory is malloc memory
+                    host_memory.pool_freed_memory()
+                host_threads.lower_pool_priority(config.xla_thread_nice)  # 0: left as they are
         return _client
 
 

@@ -61,13 +61,14 @@ def device_to_host(t: torch.Tensor) -> torch.Tensor:
     if t.numel() == 0:
         return torch.empty(t.shape, dtype=t.dtype)
     src = t
-    if deferred.has_pending() or isinstance(st.storage_buffer(src.untyped_storage()), deferred.Pending):
+    buf = st.storage_buffer(src.untyped_storage())
+    if deferred.has_pending() or isinstance(buf, deferred.Pending):
         # A read is a materialization point: run everything recorded so far, not only what this
         # tensor needs, so the next graph starts at the same op every step and hits the cache.
         # (A Pending with nothing pending: another thread is flushing its graph; flush() waits
         # for that under the engine's lock.)
         deferred.flush()
-    buf = st.storage_buffer(src.untyped_storage())
+        buf = st.storage_buffer(src.untyped_storage())
     if not (_covers_storage(src) and buf is not None and st.buffer_dtype(buf) == src.dtype
             and buf.size == src.numel()):
         host_view = _strided_from_whole_buffer(t, buf)

@@ -134,7 +134,10 @@ class _Fused:
     # per packed scalar dtype: (values' exact key, device, device vector) of the last launch. A step
     # passes the same values most of the time (eps, scales, alpha; not Adam's bias corrections),
     # and a packed vector is never donated, so an unchanged one is reused instead of copied again.
-    packed_last: list[tuple[_C.OpKey, int, Any] | None] = field(default_factory=list)
+    packed_last: list[tuple[_C.OpKey, int, Any] | None] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.packed_last = [None] * len(self.layout.packed)
 
 
 @dataclass
@@ -353,8 +356,6 @@ def _launch(fused: _Fused, args: list[tuple], device: int,
     buffers = [args[i][1] if args[i][0] == "buf" else _arg_buffer(args[i], device) for i in layout.own]
     if layout.packed:
         last = fused.packed_last
-        if not last:
-            last.extend([None] * len(layout.packed))
         for n, (dtype, members) in enumerate(layout.packed):
             values = [args[i][1] for i in members]
             key = _C._op_key(tuple(values))  # exact: -0.0 is not 0.0, 1 is not 1.0

@@ -215,7 +215,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
 def run_plan(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
     """Run (or record) one call of ``plan.op``."""
     op = plan.op
-    if plan.functional is None or (plan.lowering is None and not _decomposable(plan.functional)):
+    if not _supported(plan):
         return unsupported(op, args, kwargs)
     values = normalize_args(plan, args, kwargs)
     if plan.argument_check is not None:
@@ -257,12 +257,15 @@ def run_plan(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
     return _launch(plan, values, col, skeys, entry)
 
 
+def _supported(plan: OpPlan) -> bool:
+    """Whether the op has a lowering, or a decomposition into ops that do."""
+    return plan.functional is not None and (plan.lowering is not None or _decomposable(plan.functional))
+
+
 def defer_fast_eligible(plan: OpPlan) -> bool:
     """Whether ``_C._defer_record`` may record calls of ``plan`` (checked once per plan): a
     supported op without per-call argument checks or random draws, which need run_plan."""
-    if plan.functional is None or (plan.lowering is None and not _decomposable(plan.functional)):
-        return False
-    return plan.argument_check is None and not plan.random
+    return _supported(plan) and plan.argument_check is None and not plan.random
 
 
 _deferred_module: Any = None

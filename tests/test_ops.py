@@ -164,6 +164,26 @@ def test_scalars_and_type_promotion():
     both(lambda t: t.masked_fill(t < 0, -1.0), x)
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "compile"])
+def test_pow_half_exponents_are_sqrt_and_rsqrt(mode):
+    # PyTorch computes x ** 0.5 as sqrt(x) and x ** -0.5 as rsqrt(x): at -0 and -inf those
+    # differ from pow (sqrt(-0) = -0, sqrt(-inf) = nan; pow gives +0 and +inf).
+    x = torch.tensor([float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, float("nan"), 3.0, 1e-3])
+
+    def fn(t):
+        return [t ** 0.5, t.pow(-0.5), *torch._foreach_pow([t, t * 2], 0.5), t.pow(1.5), t.to(torch.bfloat16) ** 0.5]
+
+    want = fn(x)
+    run = torch.compile(fn, backend="tpu") if mode == "compile" else fn
+    with torch.tpu.eager_mode("strict" if mode == "compile" else mode):
+        got = [g.cpu() for g in run(x.to("tpu"))]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=0, equal_nan=True)
+        number = ~w.isnan()
+        assert torch.equal(torch.signbit(g[number]), torch.signbit(w[number])), (g, w)  # -0.0 stays -0.0
+    both(lambda t: t ** 0.5, torch.arange(5))  # an integer base: a float result
+
+
 def test_runtime_scalars_do_not_recompile():
     t = torch.randn(8, device="tpu")
     t * 0.1

@@ -301,11 +301,22 @@ def _remainder(ctx: LoweringContext, a: Any, c: Any) -> Value:
 @register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def _pow(ctx: LoweringContext, a: Any, c: Any) -> Value:
     b = ctx.b
-    if isinstance(c, (int, float)) and c == 2:
-        x = operand(ctx, a, opmath(ctx.out_dtype()), _shape(ctx))
-        return b.convert(b.mul(x, x), ctx.out_dtype())
+    out = ctx.out_dtype()
+    # PyTorch's kernels (CPU and CUDA) compute x ** 0.5 as sqrt(x) and x ** -0.5 as rsqrt(x)
+    # for floating and complex results. That differs from pow at -0 and -inf: sqrt(-0) is
+    # -0 and sqrt(-inf) is nan, where pow gives +0 and +inf.
+    static = isinstance(c, (int, float)) and not isinstance(c, bool)
+    if static and (c == 2 or (c in (0.5, -0.5) and (out.is_floating_point or out.is_complex))):
+        x = operand(ctx, a, opmath(out), _shape(ctx))
+        r = b.mul(x, x) if c == 2 else b.unary("sqrt" if c > 0 else "rsqrt", x)
+        return b.convert(r, out)
     x, y, out = _binary_operands(ctx, a, c)
-    return b.convert(b.binary("power", x, y), out)
+    r = b.binary("power", x, y)
+    if ctx.op == aten.pow.Tensor_Scalar and isinstance(c, Value) and out.is_floating_point:
+        # an exponent passed at run time (eager mode): the same choice, made per launch
+        for e, name in ((0.5, "sqrt"), (-0.5, "rsqrt")):
+            r = b.select(b.compare(y, b.constant(e, y.dtype, y.shape), "EQ"), b.unary(name, x), r)
+    return b.convert(r, out)
 
 
 @register(aten.maximum.default, aten.minimum.default, aten.fmax.default, aten.fmin.default)

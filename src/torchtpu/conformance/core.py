@@ -120,25 +120,36 @@ def _on_alarm(signum: int, frame: Any) -> None:
 # ---------------------------------------------------------------------------
 # moving samples to tpu
 # ---------------------------------------------------------------------------
-def _copy_tensor(x: torch.Tensor) -> torch.Tensor:
+def _copy_tensor(x: torch.Tensor, shared: dict[tuple[int, torch.dtype], torch.Tensor] | None) -> torch.Tensor:
     """A tpu copy with the same view geometry: the whole storage, then the same strided view.
 
     Samples include views (offsets into a larger storage, non-contiguous strides);
     ops such as ``as_strided`` read outside the view, so the storage must come along.
+    Tensors of one sample that share a CPU storage share one tpu storage (``shared``, by
+    storage and dtype): error samples pass an ``out=`` tensor aliasing an input, which
+    the op must refuse as CPU does. Without ``shared`` (gradient checks, whose inputs must
+    stay separate leaves, as on CPU) each tensor gets its own storage.
     """
     x = x.detach()
     if x.layout != torch.strided or x.is_conj() or x.is_neg():
         return x.to("tpu")
-    n = x.untyped_storage().nbytes() // x.element_size() if x.element_size() else 0
-    if x.storage_offset() == 0 and x.is_contiguous() and n == x.numel():
-        return x.to("tpu")
-    base = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), 0, (n,), (1,))
-    return base.to("tpu").as_strided(x.shape, x.stride(), x.storage_offset())
+    storage = x.untyped_storage()
+    key = (storage.data_ptr(), x.dtype)
+    base = shared.get(key) if shared is not None and storage.nbytes() else None
+    if base is None:
+        n = storage.nbytes() // x.element_size() if x.element_size() else 0
+        whole = x.storage_offset() == 0 and x.is_contiguous() and n == x.numel()
+        base = x.to("tpu") if whole else torch.empty(0, dtype=x.dtype).set_(storage, 0, (n,), (1,)).to("tpu")
+        if shared is not None and storage.nbytes():
+            shared[key] = base
+        if whole:
+            return base
+    return base.as_strided(x.shape, x.stride(), x.storage_offset())
 
 
-def _to_tpu(x: Any, grad: bool) -> Any:
+def _to_tpu(x: Any, grad: bool, shared: dict[tuple[int, torch.dtype], torch.Tensor] | None) -> Any:
     if isinstance(x, torch.Tensor):
-        t = _copy_tensor(x)
+        t = _copy_tensor(x, shared)
         if grad and x.requires_grad:
             t.requires_grad_(True)
         return t
@@ -147,18 +158,21 @@ def _to_tpu(x: Any, grad: bool) -> Any:
     if isinstance(x, str) and x == "cpu":
         return "tpu"
     if isinstance(x, tuple) and not hasattr(x, "_fields"):
-        return tuple(_to_tpu(y, grad) for y in x)
+        return tuple(_to_tpu(y, grad, shared) for y in x)
     if isinstance(x, list):
-        return [_to_tpu(y, grad) for y in x]
+        return [_to_tpu(y, grad, shared) for y in x]
     if isinstance(x, dict):
-        return {k: _to_tpu(v, grad) for k, v in x.items()}
+        return {k: _to_tpu(v, grad, shared) for k, v in x.items()}
     return x
 
 
 def _sample_to_tpu(sample: Any, grad: bool, key: str = "") -> tuple[Any, tuple, dict]:
+    # storages shared within this sample (not for gradients: see _copy_tensor)
+    shared: dict[tuple[int, torch.dtype], torch.Tensor] | None = None if grad else {}
     if key in HOST_ARGS:
-        return _to_tpu(sample.input, grad), tuple(sample.args), dict(sample.kwargs)
-    return _to_tpu(sample.input, grad), _to_tpu(tuple(sample.args), grad), _to_tpu(dict(sample.kwargs), grad)
+        return _to_tpu(sample.input, grad, shared), tuple(sample.args), dict(sample.kwargs)
+    return (_to_tpu(sample.input, grad, shared), _to_tpu(tuple(sample.args), grad, shared),
+            _to_tpu(dict(sample.kwargs), grad, shared))
 
 
 def _leaves(x: Any) -> list[Any]:

@@ -142,6 +142,24 @@ _STRUCTURAL = {"empty", "empty_strided", "as_strided", "view", "_reshape_alias",
                "_copy_from", "_copy_from_and_resize", "_local_scalar_dense", "copy_", "_to_copy"}
 
 
+def _host_kernels_behind_composites(registered: set[str]) -> list[torch._ops.OpOverload]:
+    """Host kernels of ops that also have a CompositeExplicitAutograd kernel.
+
+    Other host kernels are reached through the boxed fallback; a composite kernel wins
+    over a backend fallback, so these must be registered for PrivateUse1 by name (unless
+    ``registered`` already names them, or PyTorch has a PrivateUse1 kernel of its own).
+    """
+    ops = []
+    for op in registry.host_kernel_ops():
+        name = op.name()
+        if name in registered or torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
+            continue
+        if any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in (
+                "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")):
+            ops.append(op)
+    return ops
+
+
 def _overloads_to_register() -> list[torch._ops.OpOverload]:
     ops: list[torch._ops.OpOverload] = []
     seen: set[str] = set()
@@ -196,7 +214,8 @@ def register_kernels() -> None:
     # other, as CPU and CUDA may; c10 lists no PrivateUse1 among dense backends.
     for key in ("PrivateUse1", "AutogradPrivateUse1"):
         lib.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type, key)
-    for op in _overloads_to_register():
+    ops = _overloads_to_register()
+    for op in ops + _host_kernels_behind_composites({op.name() for op in ops}):
         qual = op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else "")
         lib.impl(qual, _make_kernel(op), "PrivateUse1")
     fb = torch.library.Library("_", "IMPL")

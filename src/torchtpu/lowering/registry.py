@@ -92,6 +92,10 @@ def host_kernel(op: torch._ops.OpOverload) -> Callable[..., Any] | None:
     return _HOST_KERNELS.get(op)
 
 
+def host_kernel_ops() -> list[Any]:
+    return list(_HOST_KERNELS)
+
+
 def meta_check(op: torch._ops.OpOverload) -> Callable[..., None] | None:
     return _META_CHECKS.get(op)
 

@@ -9,9 +9,23 @@ import torch
 
 from . import target
 from .builder import Value
-from .registry import LoweringContext, register
+from .registry import LoweringContext, register, register_host_kernel
 
 aten = torch.ops.aten
+
+
+@register_host_kernel(aten.narrow_copy.default)
+def narrow_copy(x: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
+    """A contiguous copy of ``x.narrow(dim, start, length)``.
+
+    CPU's kernel checks a non-negative ``dim`` against the rank before wrapping it (a
+    RuntimeError), where ``narrow`` raises IndexError; the same input gets CPU's error.
+    """
+    if x.dim() > 0 and dim >= x.dim():
+        raise RuntimeError("Expected dim < static_cast<int64_t>(self_sizes.size()) to be true, but got false.  "
+                           "(Could this error message be improved?  If so, please report an enhancement request "
+                           "to PyTorch.)")
+    return x.narrow(dim, start, length).clone(memory_format=torch.contiguous_format)
 
 
 @register(aten.cat.default)

@@ -436,10 +436,17 @@ def test_bad_input_raises_cpu_exception_type():
     x, idx = torch.arange(6.0, device="tpu"), torch.tensor([0, 1, 2], device="tpu")
     for fn in (lambda: torch.take(x, idx, out=x[:3]), lambda: torch.index_select(x, 0, idx, out=x[3:]),
                lambda: torch.gather(x, 0, idx, out=x[2:5]), lambda: torch.masked_select(x, x > 2, out=x),
-               lambda: torch.kthvalue(x, 2, out=(x[0], torch.empty((), dtype=torch.long, device="tpu")))):
+               lambda: torch.kthvalue(x, 2, out=(x[0], torch.empty((), dtype=torch.long, device="tpu"))),
+               lambda: torch.cat([x[:2], x[4:]], out=x[1:5])):
         with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to tensor"):
             fn()
     assert torch.take(x, idx, out=torch.empty(3, device="tpu")).cpu().tolist() == [0.0, 1.0, 2.0]
+    assert torch.cat([x[:2], x[4:]], out=torch.empty(4, device="tpu")).cpu().tolist() == [0.0, 1.0, 4.0, 5.0]
+    with pytest.raises(RuntimeError, match="Expected dim < "):  # narrow_copy's CPU kernel, not narrow's IndexError
+        torch.narrow_copy(x.reshape(2, 3), 2, 0, 1)
+    with pytest.raises(IndexError):
+        torch.narrow_copy(x.reshape(2, 3), -3, 0, 1)
+    assert torch.narrow_copy(x.reshape(2, 3), 1, 1, 2).cpu().tolist() == [[1.0, 2.0], [4.0, 5.0]]
     # out= dtypes and sample counts CPU refuses (torchtpu meta checks: PyTorch's meta kernels let them pass)
     f64 = torch.randn(2, dtype=torch.float64, device="tpu")
     for fn, msg in ((lambda: torch.complex(f64, f64, out=torch.empty(2, dtype=torch.complex64, device="tpu")),

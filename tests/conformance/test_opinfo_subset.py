@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("expecttest")  # torch.testing._internal needs it (a dev dependency)
 
 from torchtpu.conformance import check_op, opinfo_by_key
+from torchtpu.conformance.core import SAMPLES_PER_OP
 
 # Common ops across the families: elementwise, reductions, matmul, convolution and
 # pooling, normalization, losses, indexing, sorting, shape and data-dependent ops.
@@ -28,13 +29,12 @@ SUBSET = [
 ]
 DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
 # Known, reported differences kept out of the fast gate (the full sweep still records them):
-# CPU's bf16 transposed convolution and group norm round intermediate sums to bf16;
-# masked_select's error inputs need an input/out partial-overlap check the engine lacks.
+# CPU's bf16 transposed convolution and group norm round intermediate sums to bf16.
 DTYPE_OVERRIDES = {
     "nn.functional.conv_transpose2d": (torch.float32, torch.int64),
     "nn.functional.group_norm": (torch.float32,),
 }
-NO_ERROR_INPUTS = {"masked_select"}
+NO_ERROR_INPUTS: set[str] = set()
 SAMPLES = 3
 
 
@@ -81,15 +81,17 @@ def test_opinfo_families(name):
 
 # Ops whose error inputs PyTorch's meta kernels miss or mistype: torchtpu's own argument and
 # meta checks (lowering/meta_checks.py, the distribution checks of lowering/random_ops.py, the
-# engine's out= overlap checks).
+# engine's out= overlap checks, where an out= tensor shares an input's storage; narrow_copy's
+# host kernel).
 ERROR_CHECKED = ["cauchy", "exponential", "geometric", "log_normal", "uniform", "bernoulli", "masked_scatter",
-                 "index_add", "nn.functional.embedding", "cat", "index_select", "take"]
+                 "index_add", "nn.functional.embedding", "cat", "index_select", "take", "kthvalue",
+                 "masked_select", "narrow_copy"]
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
 @pytest.mark.parametrize("name", ERROR_CHECKED)
 def test_error_inputs_raise_what_cpu_raises(name, mode):
     with torch.tpu.eager_mode(mode):
-        results = check_op(opinfo_by_key()[name], (torch.float32,), ("errors",), limit=1)
+        results = check_op(opinfo_by_key()[name], (torch.float32,), ("errors",), limit=SAMPLES_PER_OP)
     bad = [f"{r.kind}: {r.status}: {r.detail}" for r in results if r.status != "pass"]
     assert results and not bad, "\n".join(bad)

@@ -160,7 +160,7 @@ _OVERLAP_CHECKED = frozenset({
 
 # out= ops whose CPU kernels refuse an out tensor that shares memory with an input.
 _INPUT_OVERLAP_CHECKED = frozenset({"aten::take.out", "aten::masked_select.out", "aten::kthvalue.values",
-                                    "aten::index_select.out", "aten::gather.out"})
+                                    "aten::index_select.out", "aten::gather.out", "aten::cat.out"})
 
 
 def normalize_args(plan: OpPlan, args: tuple, kwargs: dict) -> list[Any]:

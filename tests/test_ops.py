@@ -184,6 +184,17 @@ def test_pow_half_exponents_are_sqrt_and_rsqrt(mode):
     both(lambda t: t ** 0.5, torch.arange(5))  # an integer base: a float result
 
 
+def test_empty_batched_matrices():
+    # a constant table of zero elements and rank > 1 (tril's mask of a 0x0 matrix) once
+    # emitted dense<[]>, which StableHLO parses only as rank 1: a compile error
+    x = torch.randn(2, 0, 0)
+    for fn in (torch.tril, torch.triu, lambda t: torch.tril(t, -1)):
+        both(fn, x)
+    t = x.to("tpu").requires_grad_()
+    torch.linalg.cholesky(t).sum().backward()
+    assert t.grad.shape == (2, 0, 0)
+
+
 def test_runtime_scalars_do_not_recompile():
     t = torch.randn(8, device="tpu")
     t * 0.1

@@ -221,17 +221,15 @@ class Builder:
     def dense_constant(self, array: np.ndarray, dtype: torch.dtype) -> Value:
         """An n-d constant from host data (small tables, e.g. index maps)."""
         flat = array.reshape(-1)
-        if flat.size == 0:
-            body = "[]"
-        else:
-            items = ", ".join(literal(x.item(), dtype) for x in flat)
-            body = f"[{items}]" if array.ndim else items
         shape = tuple(array.shape)
+        if flat.size == 0:  # dense<[]> only parses as a rank-1 literal: broadcast to the empty shape
+            return self.constant(0, dtype, shape)
+        items = ", ".join(literal(x.item(), dtype) for x in flat)
+        body = f"[{items}]" if array.ndim else items
         t = tensor_type(shape, dtype)
-        if array.ndim > 1 and flat.size:
+        if array.ndim > 1:
             c = self.op1("stablehlo.constant", [], (flat.size,), dtype,
-                         attrs=f"value = dense<[{', '.join(literal(x.item(), dtype) for x in flat)}]> : "
-                               f"{tensor_type((flat.size,), dtype)}")
+                         attrs=f"value = dense<[{items}]> : {tensor_type((flat.size,), dtype)}")
             return self.reshape(c, shape)
         return self.op1("stablehlo.constant", [], shape, dtype, attrs=f"value = dense<{body}> : {t}")
 

@@ -16,6 +16,12 @@ host's alone. Per mode, in interleaved rounds, this prints:
 
 ``--chunks`` also times DeferAndFuse at other ``CHUNK_NODES`` values in the same
 process (each value's programs are compiled before timing starts).
+
+``--tiny`` runs the same model structure (the same ops, in the same order) with tiny
+sizes at batch 1, so the device has almost nothing to compute: the main thread's CPU
+is then the host cost of each mode, what a real TPU, which computes elsewhere, would
+leave on the host. Compared with the default run it also shows how much slower the
+same host code runs while XLA's threads compute on the same cores.
 """
 
 from __future__ import annotations
@@ -58,14 +64,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--chunks", default="", help="comma-separated CHUNK_NODES values to time as well")
+    p.add_argument("--tiny", action="store_true", help="tiny sizes at batch 1: host cost only")
     args = p.parse_args()
     torch.manual_seed(0)
-    base = GPT(GPTConfig())
+    cfg = GPTConfig(vocab=16, seq=4, d_model=8, heads=2) if args.tiny else GPTConfig()
+    batch = 1 if args.tiny else 8
+    base = GPT(cfg)
     default_chunk = deferred.CHUNK_NODES
     # per row: the step loop and the CHUNK_NODES it runs under (only DeferAndFuse reads it)
     loops: dict[str, tuple[Callable[[int], None], int]] = {}
     for mode in ("strict", "defer_and_fuse", "compile"):
-        loops[mode] = (_gpt_loop(base, "tpu", mode)[0], default_chunk)
+        loops[mode] = (_gpt_loop(base, "tpu", mode, batch)[0], default_chunk)
     daf = loops["defer_and_fuse"][0]
     for c in (int(c) for c in args.chunks.split(",") if c):
         loops[f"defer_and_fuse chunk {c}"] = (daf, c)

@@ -136,12 +136,13 @@ def _copy_tensor(x: torch.Tensor, shared: dict[tuple[int, torch.dtype], torch.Te
         return x.to("tpu")
     storage = x.untyped_storage()
     key = (storage.data_ptr(), x.dtype)
-    base = shared.get(key) if shared is not None and storage.nbytes() else None
+    shareable = shared is not None and storage.nbytes() > 0  # empty storages all have address 0
+    base = shared.get(key) if shareable else None
     if base is None:
         n = storage.nbytes() // x.element_size() if x.element_size() else 0
         whole = x.storage_offset() == 0 and x.is_contiguous() and n == x.numel()
         base = x.to("tpu") if whole else torch.empty(0, dtype=x.dtype).set_(storage, 0, (n,), (1,)).to("tpu")
-        if shared is not None and storage.nbytes():
+        if shareable:
             shared[key] = base
         if whole:
             return base

@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     fft,
     foreach,
     grid_sample,
+    incomplete_gamma,
     indexing,
     interpolate,
     linalg,

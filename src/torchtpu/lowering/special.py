@@ -335,8 +335,12 @@ def _lgamma(ctx: LoweringContext, x: Value) -> Value:
     (lgamma(1) came out 4.8e-7). The series is within 2.3e-7 on (0, 16.5), and exact at
     the zeros; chlo's is within 3.5e-7 above; CPU's is within 1e-7 everywhere.
     """
-    b = ctx.b
-    v = b.convert(x, _acc(ctx))
+    v = ctx.b.convert(x, _acc(ctx))
+    return ctx.b.convert(lgamma_value(ctx.b, v), ctx.out_dtype())
+
+
+def lgamma_value(b: Builder, v: Value) -> Value:
+    """lgamma of an f32 or f64 value (see _lgamma)."""
     r = b.op1("chlo.lgamma", [v], v.shape, v.dtype)
     if v.dtype == torch.float32:  # chlo's f64 is within 4e-15 there
         zero, top = b.constant(0.0, v.dtype, v.shape), b.constant(_LGAMMA_SHIFTED_BELOW, v.dtype, v.shape)
@@ -344,7 +348,7 @@ def _lgamma(ctx: LoweringContext, x: Value) -> Value:
         # outside, the shifted series reads 1 (any finite value would do): no inf/nan work
         one = b.constant(1.0, v.dtype, v.shape)
         r = b.select(inside, _lgamma_shifted(b, b.select(inside, v, one)), r)
-    return b.convert(r, ctx.out_dtype())
+    return r
 
 
 @register(aten.digamma.default, aten.special_digamma.default)

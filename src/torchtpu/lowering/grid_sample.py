@@ -1,4 +1,5 @@
-"""grid_sampler_2d (bilinear and nearest; zeros, border and reflection padding) and its backward.
+"""grid_sampler_2d and _3d (bilinear/trilinear and nearest; zeros, border and reflection padding)
+and their backward.
 
 Source coordinates follow ATen's ``grid_sampler_compute_source_index`` (unnormalize,
 then clip or reflect); taps are gathered per batch item, and the backward scatters
@@ -6,6 +7,9 @@ the weighted output gradient back onto the taps.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
 
 import torch
 
@@ -65,91 +69,116 @@ def _source(b: Builder, coord: Value, size: int, padding: int, align: bool) -> t
 
 
 def _prep(ctx: LoweringContext, x: Value, grid: Value, padding: int, align: bool) -> tuple:
+    """(accumulation dtype, per grid coordinate k: source index along spatial dim -1 - k, and
+    d index / d coordinate). Coordinate 0 is x (width), 1 is y (height), 2 is z (depth)."""
     b = ctx.b
     acc = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
-    n, _, h, w = x.shape
-    ho, wo = grid.shape[1], grid.shape[2]
+    spatial = x.shape[2:]
+    out_shape = tuple(grid.shape[:-1])
     gd = b.convert(grid, acc)
-    gx = b.reshape(b.slice(gd, [0, 0, 0, 0], [n, ho, wo, 1]), (n, ho, wo))
-    gy = b.reshape(b.slice(gd, [0, 0, 0, 1], [n, ho, wo, 2]), (n, ho, wo))
-    ix, gix = _source(b, gx, w, padding, align)
-    iy, giy = _source(b, gy, h, padding, align)
-    return acc, ix, iy, gix, giy
+    index, d_index = [], []
+    for k in range(len(spatial)):
+        start = [0] * grid.rank
+        start[-1] = k
+        coord = b.reshape(b.slice(gd, start, [*out_shape, k + 1]), out_shape)
+        i, g = _source(b, coord, spatial[-1 - k], padding, align)
+        index.append(i)
+        d_index.append(g)
+    return acc, index, d_index
 
 
-def _taps(b: Builder, ix: Value, iy: Value, mode: int) -> list[tuple[Value, Value, Value]]:
-    """(x index, y index, weight) per tap, as float tensors of grid shape."""
+def _taps(b: Builder, index: list[Value], mode: int) -> list[tuple[list[Value], Value, list[bool]]]:
+    """Per tap: (index per coordinate, weight, which coordinates take the upper neighbour), as
+    float tensors of the grid's shape. Corners run x fastest, as ATen sums them."""
     if mode == _NEAREST:
-        return [(b.unary("round_nearest_even", ix), b.unary("round_nearest_even", iy), _c(b, 1.0, ix))]
-    x0, y0 = b.unary("floor", ix), b.unary("floor", iy)
-    x1, y1 = b.add(x0, _c(b, 1.0, ix)), b.add(y0, _c(b, 1.0, iy))
-    return [(x0, y0, b.mul(b.sub(x1, ix), b.sub(y1, iy))), (x1, y0, b.mul(b.sub(ix, x0), b.sub(y1, iy))),
-            (x0, y1, b.mul(b.sub(x1, ix), b.sub(iy, y0))), (x1, y1, b.mul(b.sub(ix, x0), b.sub(iy, y0)))]
+        return [([b.unary("round_nearest_even", i) for i in index], _c(b, 1.0, index[0]), [False] * len(index))]
+    lows = [b.unary("floor", i) for i in index]
+    taps = []
+    for corner in itertools.product((False, True), repeat=len(index)):
+        upper = list(reversed(corner))  # coordinate 0 (x) varies fastest
+        at, weight = [], None
+        for i, lo, up in zip(index, lows, upper):
+            hi = b.add(lo, _c(b, 1.0, i))
+            at.append(hi if up else lo)
+            w = b.sub(i, lo) if up else b.sub(hi, i)
+            weight = w if weight is None else b.mul(weight, w)
+        taps.append((at, weight, upper))
+    return taps
 
 
-def _flat_index(b: Builder, tx: Value, ty: Value, h: int, w: int) -> tuple[Value, Value]:
-    """(row-major plane index, clamped for gathering; in-bounds mask)."""
-    inb = b.binary("and", b.binary("and", b.compare(tx, _c(b, 0.0, tx), "GE"), b.compare(tx, _c(b, w - 1.0, tx), "LE")),
-                   b.binary("and", b.compare(ty, _c(b, 0.0, ty), "GE"), b.compare(ty, _c(b, h - 1.0, ty), "LE")))
-    xi = b.convert(b.minimum(b.maximum(tx, _c(b, 0.0, tx)), _c(b, w - 1.0, tx)), torch.int64)
-    yi = b.convert(b.minimum(b.maximum(ty, _c(b, 0.0, ty)), _c(b, h - 1.0, ty)), torch.int64)
-    flat = b.add(b.mul(yi, b.constant(w, torch.int64, yi.shape)), xi)
+def _flat_index(b: Builder, at: list[Value], spatial: tuple[int, ...]) -> tuple[Value, Value]:
+    """(row-major index into the spatial dims, clamped for gathering; in-bounds mask)."""
+    flat = inb = None
+    stride = 1
+    for k, t in enumerate(at):
+        size = spatial[-1 - k]
+        ok = b.binary("and", b.compare(t, _c(b, 0.0, t), "GE"), b.compare(t, _c(b, size - 1.0, t), "LE"))
+        inb = ok if inb is None else b.binary("and", inb, ok)
+        i = b.convert(b.minimum(b.maximum(t, _c(b, 0.0, t)), _c(b, size - 1.0, t)), torch.int64)
+        term = b.mul(i, b.constant(stride, torch.int64, i.shape)) if stride != 1 else i
+        flat = term if flat is None else b.add(flat, term)
+        stride *= size
     return flat, inb
 
 
 def _gather_plane(b: Builder, planes: Value, flat: Value) -> Value:
-    """planes (N, C, H*W), flat (N, Ho, Wo) -> (N, C, Ho, Wo)."""
+    """planes (N, C, P), flat (N, *out) -> (N, C, *out)."""
     n, c, _ = planes.shape
-    ho, wo = flat.shape[1], flat.shape[2]
-    shape = (n, c, ho, wo)
+    shape = (n, c, *flat.shape[1:])
+    rank = len(shape)
     idx_n = b.iota(shape, 0, torch.int64)
     idx_c = b.iota(shape, 1, torch.int64)
-    idx_p = b.broadcast_in_dim(flat, shape, [0, 2, 3])
-    coords = b.concatenate([b.reshape(v, (*shape, 1)) for v in (idx_n, idx_c, idx_p)], 4)
+    idx_p = b.broadcast_in_dim(flat, shape, [0, *range(2, rank)])
+    coords = b.concatenate([b.reshape(v, (*shape, 1)) for v in (idx_n, idx_c, idx_p)], rank)
     attrs = ("dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1, 2], start_index_map = [0, 1, 2], "
-             "index_vector_dim = 4>, slice_sizes = array<i64: 1, 1, 1>, indices_are_sorted = false")
+             f"index_vector_dim = {rank}>, slice_sizes = array<i64: 1, 1, 1>, indices_are_sorted = false")
     return b.op1("stablehlo.gather", [planes, coords], shape, planes.dtype, attrs=attrs)
 
 
-@register(aten.grid_sampler_2d.default)
-def _grid_sampler_2d(ctx: LoweringContext, x: Value, grid: Value, mode: int, padding: int, align: bool) -> Value:
+def _over_channels(b: Builder, v: Value, shape: tuple[int, ...]) -> Value:
+    """A (N, *out) value broadcast over the channels of (N, C, *out)."""
+    return b.broadcast_in_dim(v, shape, [0, *range(2, len(shape))])
+
+
+def _grid_sampler(ctx: LoweringContext, x: Value, grid: Value, mode: int, padding: int, align: bool) -> Value:
     if mode not in (_BILINEAR, _NEAREST):
-        raise NotImplementedError("torchtpu: grid_sampler_2d with bicubic interpolation is not implemented")
+        raise NotImplementedError("torchtpu: grid_sampler with bicubic interpolation is not implemented")
     b = ctx.b
-    acc, ix, iy, _, _ = _prep(ctx, x, grid, padding, align)
-    n, c, h, w = x.shape
-    planes = b.reshape(b.convert(x, acc), (n, c, h * w))
+    acc, index, _ = _prep(ctx, x, grid, padding, align)
+    n, c, *spatial = x.shape
+    planes = b.reshape(b.convert(x, acc), (n, c, math.prod(spatial)))
     out = None
-    for tx, ty, wt in _taps(b, ix, iy, mode):
-        flat, inb = _flat_index(b, tx, ty, h, w)
+    for at, wt, _ in _taps(b, index, mode):
+        flat, inb = _flat_index(b, at, tuple(spatial))
         vals = _gather_plane(b, planes, flat)
         wt = b.select(inb, wt, _c(b, 0.0, wt))
-        term = b.mul(vals, b.broadcast_in_dim(wt, vals.shape, [0, 2, 3]))
+        term = b.mul(vals, _over_channels(b, wt, vals.shape))
         out = term if out is None else b.add(out, term)
     return b.convert(out, ctx.out_dtype())
 
 
-@register(aten.grid_sampler_2d_backward.default)
-def _grid_sampler_2d_backward(ctx: LoweringContext, grad: Value, x: Value, grid: Value, mode: int, padding: int,
-                              align: bool, output_mask: list[bool]) -> tuple[Value | None, Value | None]:
+def _grid_sampler_backward(ctx: LoweringContext, grad: Value, x: Value, grid: Value, mode: int, padding: int,
+                           align: bool, output_mask: list[bool]) -> tuple[Value | None, Value | None]:
     if mode not in (_BILINEAR, _NEAREST):
-        raise NotImplementedError("torchtpu: grid_sampler_2d_backward with bicubic interpolation is not implemented")
+        raise NotImplementedError("torchtpu: grid_sampler backward with bicubic interpolation is not implemented")
     b = ctx.b
-    acc, ix, iy, gix, giy = _prep(ctx, x, grid, padding, align)
-    n, c, h, w = x.shape
-    ho, wo = grid.shape[1], grid.shape[2]
+    acc, index, d_index = _prep(ctx, x, grid, padding, align)
+    n, c, *spatial = x.shape
+    out_shape = tuple(grid.shape[:-1])
+    points = math.prod(out_shape[1:])
+    size = math.prod(spatial)
     g = b.convert(grad, acc)
-    planes = b.reshape(b.convert(x, acc), (n, c, h * w))
-    taps = _taps(b, ix, iy, mode)
+    planes = b.reshape(b.convert(x, acc), (n, c, size))
+    taps = _taps(b, index, mode)
     gin = None
     if output_mask[0]:
-        base = b.constant(0.0, acc, (n, c, h * w))
-        gflat = b.reshape(g, (n, c, ho * wo))
-        for tx, ty, wt in taps:
-            flat, inb = _flat_index(b, tx, ty, h, w)
-            tgt = b.select(inb, flat, b.constant(h * w, torch.int64, flat.shape))  # out of bounds: dropped
-            tgt = b.broadcast_in_dim(b.reshape(tgt, (n, ho * wo)), (n, c, ho * wo), [0, 2])
-            upd = b.mul(gflat, b.broadcast_in_dim(b.reshape(wt, (n, ho * wo)), (n, c, ho * wo), [0, 2]))
+        base = b.constant(0.0, acc, (n, c, size))
+        gflat = b.reshape(g, (n, c, points))
+        for at, wt, _ in taps:
+            flat, inb = _flat_index(b, at, tuple(spatial))
+            tgt = b.select(inb, flat, b.constant(size, torch.int64, flat.shape))  # out of bounds: dropped
+            tgt = b.broadcast_in_dim(b.reshape(tgt, (n, points)), (n, c, points), [0, 2])
+            upd = b.mul(gflat, b.broadcast_in_dim(b.reshape(wt, (n, points)), (n, c, points), [0, 2]))
             base = _scatter_elements(ctx, base, 2, tgt, upd, "add")
         gin = b.convert(b.reshape(base, x.shape), ctx.out_dtype(0))
     ggrid = None
@@ -157,21 +186,25 @@ def _grid_sampler_2d_backward(ctx: LoweringContext, grad: Value, x: Value, grid:
         if mode == _NEAREST:
             ggrid = b.constant(0, ctx.out_dtype(1), ctx.out_shape(1))
         else:
-            x0, y0 = b.unary("floor", ix), b.unary("floor", iy)
-            x1, y1 = b.add(x0, _c(b, 1.0, ix)), b.add(y0, _c(b, 1.0, iy))
-            # d weight / d ix and d iy for nw, ne, sw, se
-            dws = [(b.neg(b.sub(y1, iy)), b.neg(b.sub(x1, ix))), (b.sub(y1, iy), b.neg(b.sub(ix, x0))),
-                   (b.neg(b.sub(iy, y0)), b.sub(x1, ix)), (b.sub(iy, y0), b.sub(ix, x0))]
-            gx_sum = gy_sum = None
-            for (tx, ty, _), (dx, dy) in zip(taps, dws):
-                flat, inb = _flat_index(b, tx, ty, h, w)
+            lows = [b.unary("floor", i) for i in index]
+            sums: list[Value | None] = [None] * len(index)
+            for at, _, upper in taps:
+                flat, inb = _flat_index(b, at, tuple(spatial))
                 vals = b.mul(_gather_plane(b, planes, flat), g)
-                s = b.reduce(vals, [1], b.constant(0.0, acc), "stablehlo.add")  # (n, ho, wo)
+                s = b.reduce(vals, [1], b.constant(0.0, acc), "stablehlo.add")  # (N, *out)
                 s = b.select(inb, s, _c(b, 0.0, s))
-                tx_, ty_ = b.mul(s, dx), b.mul(s, dy)
-                gx_sum = tx_ if gx_sum is None else b.add(gx_sum, tx_)
-                gy_sum = ty_ if gy_sum is None else b.add(gy_sum, ty_)
-            gx_sum, gy_sum = b.mul(gx_sum, gix), b.mul(gy_sum, giy)
-            ggrid = b.concatenate([b.reshape(gx_sum, (n, ho, wo, 1)), b.reshape(gy_sum, (n, ho, wo, 1))], 3)
-            ggrid = b.convert(ggrid, ctx.out_dtype(1))
+                for k in range(len(index)):
+                    # d weight / d index k: the other coordinates' factors, signed by the side
+                    d = _c(b, 1.0 if upper[k] else -1.0, s)
+                    for j, (i, lo, up) in enumerate(zip(index, lows, upper)):
+                        if j != k:
+                            d = b.mul(d, b.sub(i, lo) if up else b.sub(b.add(lo, _c(b, 1.0, i)), i))
+                    term = b.mul(s, d)
+                    sums[k] = term if sums[k] is None else b.add(sums[k], term)
+            parts = [b.reshape(b.mul(sk, gk), (*out_shape, 1)) for sk, gk in zip(sums, d_index)]
+            ggrid = b.convert(b.concatenate(parts, len(out_shape)), ctx.out_dtype(1))
     return gin, ggrid
+
+
+register(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)(_grid_sampler)
+register(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)(_grid_sampler_backward)

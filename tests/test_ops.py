@@ -236,6 +236,55 @@ def test_incomplete_gamma(fn):
     assert ((got - want).abs() < 2e-6).all(), (got, want)
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_grid_sample_3d(mode):
+    # a volume: trilinear or nearest taps over (D, H, W); grid points outside, for every padding
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, 5, 6, dtype=torch.float64, generator=g)
+    grid = torch.rand(2, 3, 2, 4, 3, dtype=torch.float64, generator=g) * 2.6 - 1.3
+    cot = torch.randn(2, 3, 3, 2, 4, dtype=torch.float64, generator=g)
+    for padding in ("zeros", "border", "reflection"):
+        for align in (False, True):
+            grads = []
+            for dev in ("cpu", "tpu"):
+                xx, gg = x.to(dev).detach().requires_grad_(), grid.to(dev).detach().requires_grad_()
+                y = F.grid_sample(xx, gg, mode=mode, padding_mode=padding, align_corners=align)
+                (y * cot.to(dev)).sum().backward()
+                grads.append((y.detach(), xx.grad, gg.grad))
+            for got, want in zip(grads[1], grads[0]):
+                assert_matches(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_linalg_eigh(dtype):
+    # Jacobi on the UPLO triangle: eigenvalues as CPU's, V orthonormal with V diag(w) V^T = A,
+    # batched, odd and even n, empty batches; eigenvectors compared up to sign
+    g = torch.Generator().manual_seed(0)
+    tol = 2e-5 if dtype == torch.float32 else 1e-12
+    for shape, uplo in [((5, 5), "L"), ((2, 3, 8, 8), "U"), ((1, 1), "L"), ((0, 4, 4), "L"), ((3, 0, 0), "U")]:
+        a = torch.randn(*shape, dtype=dtype, generator=g)
+        w_cpu, v_cpu = torch.linalg.eigh(a, UPLO=uplo)
+        w, v = torch.linalg.eigh(a.to("tpu"), UPLO=uplo)
+        assert_matches(w, w_cpu, rtol=tol, atol=tol)
+        assert_matches(v.abs(), v_cpu.abs(), rtol=10 * tol, atol=10 * tol)
+        w, v = w.cpu(), v.cpu()
+        sym = torch.tril(a) + torch.tril(a, -1).mT if uplo == "L" else torch.triu(a) + torch.triu(a, 1).mT
+        torch.testing.assert_close(v @ torch.diag_embed(w) @ v.mT, sym, rtol=0, atol=10 * tol)
+        torch.testing.assert_close(v.mT @ v, torch.eye(shape[-1], dtype=dtype).expand_as(v), rtol=0, atol=tol)
+    assert_matches(torch.linalg.eigvalsh(a.to("tpu")), torch.linalg.eigvalsh(a), rtol=tol, atol=tol)
+    # backward of a sign-free function of the outputs (its matmuls at full f32 precision:
+    # 1 / (w_i - w_j) amplifies the default bf16 pass's rounding)
+    a = torch.randn(6, 6, dtype=dtype, generator=g)
+    grads = []
+    for dev in ("cpu", "tpu"):
+        x = a.to(dev).detach().requires_grad_()
+        with torch.tpu.precision("highest"):
+            w, v = torch.linalg.eigh(x)
+            (w.sin().sum() + (v.abs() * torch.arange(36.0, dtype=dtype, device=dev).view(6, 6)).sum()).backward()
+        grads.append(x.grad)
+    assert_matches(grads[1], grads[0], rtol=100 * tol, atol=100 * tol)
+
+
 def test_runtime_scalars_do_not_recompile():
     t = torch.randn(8, device="tpu")
     t * 0.1

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .skips import HOST_ARGS, METADATA_ONLY, SKIPS, TIED_INDICES
+from .skips import GAUGE_FREE_OUTPUTS, HOST_ARGS, METADATA_ONLY, SKIPS, TIED_INDICES
 
 # Headline dtypes of the summary; the others are checked where cheap.
 HEADLINE_DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
@@ -357,6 +357,8 @@ def check_forward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> O
     values = key not in METADATA_ONLY
     if not values:
         tally.notes.append("metadata only: " + METADATA_ONLY[key])
+    if key in GAUGE_FREE_OUTPUTS:
+        tally.notes.append(GAUGE_FREE_OUTPUTS[key])
     fn = _variant(op)
     try:
         samples = _samples(op, dtype, False, limit)
@@ -371,6 +373,8 @@ def check_forward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> O
                 except Exception:  # noqa: BLE001, S112  (a sample CPU rejects says nothing about tpu)
                     continue
                 actual = fn(tin, *targs, **tkw)
+                if key in GAUGE_FREE_OUTPUTS:
+                    expected, actual = sample.output_process_fn_grad(expected), sample.output_process_fn_grad(actual)
                 ties = sample.input if key in TIED_INDICES and isinstance(sample.input, torch.Tensor) else None
                 compare(actual, expected, FORWARD_TOL, values=values and not _random_sample(key, sample),
                         tie_input=ties)

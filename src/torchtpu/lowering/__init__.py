@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     conv,
     ctc,
     data_dependent,
+    eigh,
     elementwise,
     fft,
     foreach,

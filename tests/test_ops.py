@@ -285,6 +285,33 @@ def test_linalg_eigh(dtype):
     assert_matches(grads[1], grads[0], rtol=100 * tol, atol=100 * tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_linalg_svd(dtype):
+    # one-sided Jacobi: S as CPU's, U and V orthonormal (completed for full_matrices and for
+    # zero singular values), U S Vh = A; tall, wide, batched, rank-deficient, empty
+    g = torch.Generator().manual_seed(0)
+    tol = 2e-5 if dtype == torch.float32 else 1e-12
+    low_rank = torch.randn(6, 2, dtype=dtype, generator=g) @ torch.randn(2, 5, dtype=dtype, generator=g)
+    for a in [torch.randn(7, 4, dtype=dtype, generator=g), torch.randn(2, 3, 6, dtype=dtype, generator=g), low_rank,
+              torch.zeros(2, 3, dtype=dtype), torch.randn(0, 3, 3, dtype=dtype), torch.randn(3, 0, dtype=dtype)]:
+        for full in (False, True):
+            u_cpu, s_cpu, vh_cpu = torch.linalg.svd(a, full_matrices=full)
+            u, s, vh = torch.linalg.svd(a.to("tpu"), full_matrices=full)
+            assert_matches(s, s_cpu, rtol=tol, atol=tol)
+            assert u.shape == u_cpu.shape and vh.shape == vh_cpu.shape
+            u, s, vh = u.cpu(), s.cpu(), vh.cpu()
+            k = s.shape[-1]
+            eye_u = torch.eye(u.shape[-1], dtype=dtype).expand(*u.shape[:-2], -1, -1)
+            eye_v = torch.eye(vh.shape[-2], dtype=dtype).expand(*vh.shape[:-2], -1, -1)
+            torch.testing.assert_close(u.mT @ u, eye_u, rtol=0, atol=10 * tol)
+            torch.testing.assert_close(vh @ vh.mT, eye_v, rtol=0, atol=10 * tol)
+            torch.testing.assert_close(u[..., :k] @ torch.diag_embed(s) @ vh[..., :k, :], a, rtol=0, atol=10 * tol)
+    assert_matches(torch.linalg.matrix_rank(low_rank.to("tpu")), torch.linalg.matrix_rank(low_rank))
+    with torch.tpu.precision("highest"):
+        assert_matches(torch.linalg.pinv(low_rank.to("tpu")), torch.linalg.pinv(low_rank), rtol=100 * tol,
+                       atol=100 * tol)
+
+
 def test_runtime_scalars_do_not_recompile():
     t = torch.randn(8, device="tpu")
     t * 0.1

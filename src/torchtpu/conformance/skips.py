@@ -67,6 +67,8 @@ TIED_INDICES: dict[str, str] = {
 # removes it (abs of the eigenvectors), as PyTorch's gradient tests compare them.
 GAUGE_FREE_OUTPUTS: dict[str, str] = {
     "linalg.eigh": "eigenvectors compared up to sign (abs), as OpInfo's output_process_fn_grad",
+    "linalg.svd": "singular vectors compared up to sign (abs, or U @ Vh), as OpInfo's output_process_fn_grad",
+    "svd": "singular vectors compared up to sign (abs, or U @ V^H), as OpInfo's output_process_fn_grad",
 }
 
 # Entries whose non-input tensor arguments PyTorch requires on the CPU (they are

@@ -22,5 +22,6 @@ from . import (  # noqa: F401
     shape,
     sort,
     special,
+    svd,
     view_ops,
 )

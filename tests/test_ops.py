@@ -312,6 +312,26 @@ def test_linalg_svd(dtype):
                        atol=100 * tol)
 
 
+@pytest.mark.parametrize("driver", [None, "gels", "gelsd", "gelss"])
+def test_linalg_lstsq(driver):
+    # every output as CPU's per driver (rank, singular values, residuals or empty ones),
+    # vector and batched right-hand sides, tall and wide; CPU's errors for bad arguments
+    g = torch.Generator().manual_seed(0)
+    for sa, sb in [((5, 3), (5, 2)), ((2, 5, 3), (2, 5)), ((1, 5, 3), (4, 5, 2)), ((3, 5), (3, 2))]:
+        a, b = torch.randn(*sa, dtype=torch.float64, generator=g), torch.randn(*sb, dtype=torch.float64, generator=g)
+        both(lambda x, y: tuple(torch.linalg.lstsq(x, y, driver=driver)), a, b, rtol=1e-10, atol=1e-12)
+    if driver != "gels":  # gels assumes full rank (CPU's answer is then arbitrary)
+        low_rank = torch.randn(6, 2, dtype=torch.float64, generator=g) @ torch.randn(2, 4, dtype=torch.float64,
+                                                                                     generator=g)
+        both(lambda x, y: tuple(torch.linalg.lstsq(x, y, driver=driver)), low_rank,
+             torch.randn(6, 2, dtype=torch.float64), rtol=1e-8, atol=1e-10)
+    for sa, sb in [((5,), (5,)), ((5, 3), (4,)), ((2, 5, 3), (3, 5))]:
+        with pytest.raises(RuntimeError) as cpu:
+            torch.linalg.lstsq(torch.randn(*sa), torch.randn(*sb))
+        with pytest.raises(RuntimeError, match=re.escape(str(cpu.value))):
+            torch.linalg.lstsq(torch.randn(*sa, device="tpu"), torch.randn(*sb, device="tpu"))
+
+
 def test_runtime_scalars_do_not_recompile():
     t = torch.randn(8, device="tpu")
     t * 0.1

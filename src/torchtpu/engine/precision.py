@@ -21,6 +21,7 @@ class _Local(threading.local):
     # a class default: reading an unset attribute of a plain threading.local raises and
     # catches AttributeError, which costs ~1 us, and current() runs for every op
     override: str | None = None
+    quiet = False  # set by full_precision(): the library's own exact products warn no one
 
 
 _local = _Local()
@@ -60,7 +61,7 @@ def current() -> str:
     p = _local.override
     if p is None:
         p = _global
-    if p != "medium" and p not in _warned:
+    if p != "medium" and p not in _warned and not _local.quiet:
         _warned.add(p)
         cost = {"high": "about 3x", "highest": "about 6x"}[p]
         warnings.warn(f"torchtpu: float32 matmul precision '{p}' emulates TPU multi-pass bf16 products and "
@@ -78,3 +79,15 @@ def precision(value: str) -> Iterator[None]:
         yield
     finally:
         _local.override = saved
+
+
+@contextlib.contextmanager
+def full_precision() -> Iterator[None]:
+    """'highest' for products inside the library's own algorithms (lstsq's), without the
+    cost warning meant for the user's choice."""
+    saved = _local.override, _local.quiet
+    _local.override, _local.quiet = "highest", True
+    try:
+        yield
+    finally:
+        _local.override, _local.quiet = saved

@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     indexing,
     interpolate,
     linalg,
+    lstsq,
     matmul,
     meta_checks,
     normalization,

@@ -332,6 +332,17 @@ def test_linalg_lstsq(driver):
             torch.linalg.lstsq(torch.randn(*sa, device="tpu"), torch.randn(*sb, device="tpu"))
 
 
+def test_special_airy_ai():
+    # Cephes' three ranges (oscillating below -2.09, series, decaying above 2.09), the
+    # cut-offs, inf and NaN; integers promote to float
+    x = torch.cat([torch.linspace(-30, 30, 2001, dtype=torch.float64),
+                   torch.tensor([-2.09, 2.09, 8.3203353, 103.9, math.inf, -math.inf, math.nan, 0.0],
+                                dtype=torch.float64)])
+    both(torch.special.airy_ai, x, rtol=1e-9, atol=1e-14)
+    both(torch.special.airy_ai, x.float(), rtol=1e-4, atol=1e-5)  # CPU f32 itself is ~3e-6 off there
+    both(torch.special.airy_ai, torch.tensor([1, 2, -3]))
+
+
 def test_runtime_scalars_do_not_recompile():
     t = torch.randn(8, device="tpu")
     t * 0.1

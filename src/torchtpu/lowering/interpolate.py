@@ -1,4 +1,5 @@
-"""Interpolation: nearest, nearest-exact, (bi/tri)linear and bicubic upsampling, and their backwards.
+"""Interpolation: nearest, nearest-exact, (bi/tri)linear and bicubic upsampling, antialiased
+bilinear and bicubic resampling, and their backwards.
 
 Every mode is separable: the output is the input with one small matrix applied
 along each spatial dimension (a row of source weights per output position).
@@ -97,6 +98,46 @@ def cubic_matrix(n_in: int, n_out: int, align_corners: bool, scale: float | None
     return m
 
 
+def _linear_filter(x: float) -> float:
+    x = abs(x)
+    return 1.0 - x if x < 1.0 else 0.0
+
+
+def _cubic_filter(x: float, a: float = -0.5) -> float:
+    x = abs(x)
+    if x < 1.0:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+    if x < 2.0:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return 0.0
+
+
+def antialias_matrix(n_in: int, n_out: int, align_corners: bool, scale: float | None, cubic: bool,
+                     dtype: type = _F) -> np.ndarray:
+    """(n_out, n_in) weights of ATen's antialiased (PIL-style) resampling: when shrinking,
+    the filter is stretched by the scale, so each output averages all the input it covers;
+    weights are normalized per output. ``dtype``: the arithmetic of CPU's kernel (its scalar)."""
+    interp_size = 4 if cubic else 2
+    filt = _cubic_filter if cubic else _linear_filter
+    if align_corners:
+        s = dtype(n_in - 1) / dtype(n_out - 1) if n_out > 1 else dtype(0)
+    else:
+        s = dtype(1.0) / dtype(scale) if scale is not None and scale > 0 else dtype(n_in) / dtype(n_out)
+    support = dtype(interp_size * 0.5) * s if s >= 1.0 else dtype(interp_size * 0.5)
+    invscale = dtype(1.0) / s if s >= 1.0 else dtype(1.0)
+    max_size = math.ceil(support) * 2 + 1
+    m = np.zeros((n_out, n_in), dtype=np.float64)
+    for i in range(n_out):
+        center = s * dtype(i + 0.5)
+        xmin = max(int(center - support + dtype(0.5)), 0)
+        xsize = min(max(min(int(center + support + dtype(0.5)), n_in) - xmin, 0), max_size)
+        w = [dtype(filt(float((dtype(j + xmin) - center + dtype(0.5)) * invscale))) for j in range(xsize)]
+        total = dtype(sum(w, dtype(0.0)))
+        for j, wj in enumerate(w):
+            m[i, xmin + j] = wj / total if total != 0 else wj
+    return m
+
+
 def _scales(scales: Sequence[float | None] | None, n: int) -> list[float | None]:
     return list(scales) if scales is not None else [None] * n
 
@@ -110,7 +151,11 @@ def _apply_matrices(b: Builder, v: Value, mats: Sequence[np.ndarray], transpose:
 
 
 def _mats(kind: str, in_sp: Sequence[int], out_sp: Sequence[int], align_corners: bool,
-          scales: Sequence[float | None]) -> list[np.ndarray]:
+          scales: Sequence[float | None], dtype: torch.dtype = torch.float32) -> list[np.ndarray]:
+    if kind.endswith("_aa"):
+        arith = np.float64 if dtype == torch.float64 else _F
+        return [antialias_matrix(a, c, align_corners, s, kind == "cubic_aa", arith)
+                for a, c, s in zip(in_sp, out_sp, scales)]
     if kind == "cubic":
         return [cubic_matrix(a, c, align_corners, s) for a, c, s in zip(in_sp, out_sp, scales)]
     return [linear_matrix(a, c, align_corners, s) for a, c, s in zip(in_sp, out_sp, scales)]
@@ -171,7 +216,7 @@ def _register_weighted(fwd: torch._ops.OpOverload, bwd: torch._ops.OpOverload, n
                 *scales: float | None) -> Value:
         b = ctx.b
         lead = x.rank - nsp
-        mats = _mats(kind, x.shape[lead:], output_size, align_corners, _scales(scales, nsp))
+        mats = _mats(kind, x.shape[lead:], output_size, align_corners, _scales(scales, nsp), x.dtype)
         acc = opmath(x.dtype) if x.dtype.is_floating_point else torch.float32
         return b.convert(_apply_matrices(b, b.convert(x, acc), mats, transpose=False), ctx.out_dtype())
 
@@ -179,7 +224,7 @@ def _register_weighted(fwd: torch._ops.OpOverload, bwd: torch._ops.OpOverload, n
                  align_corners: bool, *scales: float | None) -> Value:
         b = ctx.b
         lead = grad.rank - nsp
-        mats = _mats(kind, input_size[lead:], output_size, align_corners, _scales(scales, nsp))
+        mats = _mats(kind, input_size[lead:], output_size, align_corners, _scales(scales, nsp), grad.dtype)
         acc = opmath(grad.dtype)
         return b.convert(_apply_matrices(b, b.convert(grad, acc), mats, transpose=True), ctx.out_dtype())
 
@@ -191,3 +236,6 @@ _register_weighted(aten.upsample_linear1d.default, aten.upsample_linear1d_backwa
 _register_weighted(aten.upsample_bilinear2d.default, aten.upsample_bilinear2d_backward.default, 2, "linear")
 _register_weighted(aten.upsample_trilinear3d.default, aten.upsample_trilinear3d_backward.default, 3, "linear")
 _register_weighted(aten.upsample_bicubic2d.default, aten.upsample_bicubic2d_backward.default, 2, "cubic")
+_register_weighted(aten._upsample_bilinear2d_aa.default, aten._upsample_bilinear2d_aa_backward.default, 2,
+                   "linear_aa")
+_register_weighted(aten._upsample_bicubic2d_aa.default, aten._upsample_bicubic2d_aa_backward.default, 2, "cubic_aa")

@@ -361,6 +361,36 @@ def test_interpolate_antialias(mode):
                 assert_matches(got, want, rtol=1e-12, atol=1e-12)
 
 
+def test_histogram_and_histogramdd():
+    # edges from the data or a range (NaN and out-of-range elements left out), the last bin
+    # closed, weights, density, explicit edges; the d-dimensional form; CPU's errors
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, dtype=torch.float64, generator=g)
+    x[:2] = torch.tensor([5.0, -5.0])
+    with_nan = x.clone()
+    with_nan[5] = math.nan
+    w = torch.rand(1000, dtype=torch.float64, generator=g)
+    for args, kw in [((x, 10), {}), ((with_nan, 7), {"range": (-1.0, 2.0)}), ((x, 5), {"density": True}),
+                     ((x, 4), {"weight": w}), ((torch.ones(4), 3), {}),
+                     ((with_nan, torch.tensor([-2.0, -0.5, 0.0, 0.3, 3.0], dtype=torch.float64)), {})]:
+        cpu = torch.histogram(*args, **kw)
+        tpu = torch.histogram(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args],
+                              **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+        assert_matches(tuple(tpu), tuple(cpu), rtol=1e-12, atol=1e-12)
+    y = torch.randn(200, 3, generator=g)
+    for kw in [{}, {"density": True, "range": [-1.0, 1.0, -2.0, 2.0, 0.0, 1.0]}]:
+        cpu, tpu = torch.histogramdd(y, bins=[3, 4, 2], **kw), torch.histogramdd(y.to("tpu"), bins=[3, 4, 2], **kw)
+        assert_matches(tpu.hist, cpu.hist)
+        assert_matches(tuple(tpu.bin_edges), tuple(cpu.bin_edges))
+    for bad in [lambda d: torch.histogramdd(torch.randn(5, 6, device=d), bins=[1, 1, 1, 1, 1]),
+                lambda d: torch.histogram(torch.randn(5, device=d), bins=0),
+                lambda d: torch.histogram(torch.randn(5, device=d), bins=3, range=(2.0, 1.0))]:
+        with pytest.raises(RuntimeError) as cpu_error:
+            bad("cpu")
+        with pytest.raises(RuntimeError, match=re.escape(str(cpu_error.value))):
+            bad("tpu")
+
+
 def test_runtime_scalars_do_not_recompile():
     t = torch.randn(8, device="tpu")
     t * 0.1

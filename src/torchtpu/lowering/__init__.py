@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     fft,
     foreach,
     grid_sample,
+    histogram,
     incomplete_gamma,
     indexing,
     interpolate,

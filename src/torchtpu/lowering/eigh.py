@@ -4,8 +4,8 @@ StableHLO has no eigensolver, and XLA's CPU plugin none as a custom call, so thi
 from gathers and elementwise ops, the way XLA's own TPU eigh began: each step rotates n/2
 disjoint index pairs (p, q) at once, by the Jacobi rotation that zeroes A[p, q], applied to
 the rows and columns of A and to the columns of V. The pairs follow a round-robin
-tournament (n - 1 rounds per sweep, every pair once), and steps run until the
-off-diagonal part is below n eps of the whole in Frobenius norm, at most _MAX_SWEEPS sweeps.
+tournament (n - 1 rounds per sweep, every pair once), and sweeps run until one meets no
+pair with |A[p, q]| above n eps sqrt|A[p, p] A[q, q]| (at most _MAX_SWEEPS sweeps).
 Jacobi is accurate to the matrix's rounding level (often better than LAPACK's
 tridiagonal methods for small eigenvalues). An odd n is padded by one decoupled row and
 column, which no rotation touches.
@@ -78,20 +78,16 @@ def _jacobi(b: Builder, a: Value) -> tuple[Value, Value]:
     firsts, seconds, inverse = _tournament(m)
     tables = [b.dense_constant(np.array(t, dtype=np.int64), torch.int64) for t in (firsts, seconds, inverse)]
     eye = b.convert(b.compare(b.iota((batch, m, m), 1, torch.int64), b.iota((batch, m, m), 2, torch.int64), "EQ"), dt)
-    off_diagonal = b.sub(b.constant(1.0, dt, (batch, m, m)), eye)
-    tol = (m * _EPSILON[dt]) ** 2
-    types = [((), torch.int64), ((batch, m, m), dt), ((batch, m, m), dt)]
+    diag_mask = b.compare(b.iota((batch, m, m), 1, torch.int64), b.iota((batch, m, m), 2, torch.int64), "EQ")
+    tol = b.constant(m * _EPSILON[dt], dt)
+    scalar = ((), dt)
+    types = [((), torch.int64), ((batch, m, m), dt), ((batch, m, m), dt), scalar, scalar]
 
-    def cond(bb: Builder, k: Value, x: Value, v: Value) -> Value:
-        sq = bb.mul(x, x)
-        total = bb.reduce(sq, [0, 1, 2], bb.constant(0.0, dt), "stablehlo.add")
-        # summed directly: total minus the diagonal's part cancels to rounding noise near the end
-        off = bb.reduce(bb.mul(sq, off_diagonal), [0, 1, 2], bb.constant(0.0, dt), "stablehlo.add")
-        # the largest batch member decides: sums of squares over all of them
-        open_ = bb.compare(off, bb.mul(total, bb.constant(tol, dt)), "GT")
-        return bb.binary("and", bb.compare(k, bb.constant(_MAX_SWEEPS * (m - 1), torch.int64), "LT"), open_)
+    def cond(bb: Builder, k: Value, x: Value, v: Value, sweep_max: Value, last_sweep_max: Value) -> Value:
+        running = bb.compare(k, bb.constant(_MAX_SWEEPS * (m - 1), torch.int64), "LT")
+        return bb.binary("and", running, bb.compare(last_sweep_max, tol, "GT"))
 
-    def body(bb: Builder, k: Value, x: Value, v: Value) -> list[Value]:
+    def body(bb: Builder, k: Value, x: Value, v: Value, sweep_max: Value, last_sweep_max: Value) -> list[Value]:
         r = bb.binary("remainder", k, bb.constant(m - 1, torch.int64))
         zero = bb.constant(0, torch.int64)
         p, q, inv = (bb.reshape(bb.dynamic_slice(t, [r, zero], [1, t.shape[1]]), (t.shape[1],)) for t in tables)
@@ -112,12 +108,33 @@ def _jacobi(b: Builder, a: Value) -> tuple[Value, Value]:
         t = bb.select(nonzero, t, c_(0.0))
         c = bb.unary("rsqrt", bb.add(c_(1.0), bb.mul(t, t)))
         s = bb.mul(t, c)
+        # |A[p, q]| against its diagonal before the rotation: 0 when already zero, inf when
+        # the diagonal is (the pair still needs its rotation)
+        scale = bb.unary("sqrt", bb.unary("abs", bb.mul(app, aqq)))
+        big = bb.select(bb.compare(scale, c_(0.0), "GT"), bb.div(bb.unary("abs", apq), bb.select(
+            bb.compare(scale, c_(0.0), "GT"), scale, c_(1.0))), c_(math.inf))
+        ratio = bb.select(nonzero, big, c_(0.0))
+        step_max = bb.reduce(ratio, [0, 1], bb.constant(0.0, dt), "stablehlo.maximum")
+        sweep_max = bb.maximum(sweep_max, step_max)
+        ends_sweep = bb.compare(r, bb.constant(m - 2, torch.int64), "EQ")
+        last_sweep_max = bb.select(ends_sweep, sweep_max, last_sweep_max)
+        sweep_max = bb.select(ends_sweep, bb.constant(0.0, dt), sweep_max)
         x = _rotate(bb, _rotate(bb, x, 1, p, q, inv, c, s), 2, p, q, inv, c, s)
+        # the rotated 2x2 blocks exactly: A[p, q] = 0, A[p, p] - t A[p, q] and A[q, q] + t A[p, q]
+        # (the rotations above leave a rounding residue there, which adds up over the sweeps)
+        shift = bb.mul(t, apq)
+        new_diag = _take(bb, bb.concatenate([bb.sub(app, shift), bb.add(aqq, shift)], 1), inv, 1)  # (B, m)
+        x = bb.select(diag_mask, bb.broadcast_in_dim(new_diag, (batch, m, m), [0, 2]), x)
+        partner = _take(bb, bb.concatenate([q, p], 0), inv, 0)  # each index's pair partner, (m,)
+        pair_mask = bb.compare(bb.iota((batch, m, m), 2, torch.int64), bb.broadcast_in_dim(partner, (batch, m, m), [1]),
+                               "EQ")
+        x = bb.select(pair_mask, bb.constant(0.0, dt, (batch, m, m)), x)
         v = _rotate(bb, v, 2, p, q, inv, c, s)
-        return [bb.add(k, bb.constant(1, torch.int64)), x, v]
+        return [bb.add(k, bb.constant(1, torch.int64)), x, v, sweep_max, last_sweep_max]
 
     regions = b.region(types, cond) + ", " + b.region(types, body)
-    _, x, v = b.op("stablehlo.while", [b.constant(0, torch.int64), a, eye], types, region=regions)
+    start = [b.constant(0, torch.int64), a, eye, b.constant(0.0, dt), b.constant(math.inf, dt)]
+    _, x, v, _, _ = b.op("stablehlo.while", start, types, region=regions)
     return x, v
 
 

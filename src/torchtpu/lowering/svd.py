@@ -5,8 +5,8 @@ The columns of A (of A^T when A is wide) are rotated pairwise until they are mut
 orthogonal: the rotation of columns p, q is the two-sided Jacobi rotation of A^T A's
 2x2 block (|a_p|^2, a_p . a_q, |a_q|^2), so A^T A is never formed and small singular
 values keep their relative accuracy. The same rotations applied to I give V. The pairs
-follow eigh's round-robin tournament, n/2 at a time, until a whole sweep meets no pair
-whose cosine exceeds max(m, n) eps (at most _MAX_SWEEPS sweeps). Then sigma_j = |a_j|,
+follow a round-robin tournament, n/2 at a time (see jacobi.py), until a whole sweep meets
+no pair whose cosine exceeds max(m, n) eps. Then sigma_j = |a_j|,
 and U is the orthonormal factor of a QR of the columns a_j / sigma_j (with the signs
 of R's diagonal taken out): that completes U where sigma_j = 0 and, with
 ``full_matrices``, to a square basis.
@@ -16,20 +16,15 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
+from . import jacobi
 from .builder import Builder, Value
-from .eigh import _rotate, _take, _tournament
 from .linalg import householder_q, householder_qr
 from .registry import LoweringContext, register
 from .sort import sort_with_indices
 
 aten = torch.ops.aten
-
-_MAX_SWEEPS = 30
-_EPSILON = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
-
 
 def _sum_rows(b: Builder, x: Value) -> Value:
     return b.reduce(x, [1], b.constant(0.0, x.dtype), "stablehlo.add")
@@ -38,70 +33,17 @@ def _sum_rows(b: Builder, x: Value) -> Value:
 def _orthogonalize(b: Builder, x: Value) -> tuple[Value, Value]:
     """(x with mutually orthogonal columns, V: the rotations applied to I) for x (B, r, c), c even."""
     batch, rows, cols = x.shape
-    dt = x.dtype
-    h = cols // 2
-    firsts, seconds, inverse = _tournament(cols)
-    tables = [b.dense_constant(np.array(t, dtype=np.int64), torch.int64) for t in (firsts, seconds, inverse)]
-    eye = b.convert(b.compare(b.iota((batch, cols, cols), 1, torch.int64),
-                              b.iota((batch, cols, cols), 2, torch.int64), "EQ"), dt)
-    tol = b.constant(max(rows, cols) * _EPSILON[dt], dt)
-    scalar = ((), dt)
-    types = [((), torch.int64), (x.shape, dt), (eye.shape, dt), scalar, scalar]
 
-    def cond(bb: Builder, k: Value, xv: Value, v: Value, sweep_max: Value, last_sweep_max: Value) -> Value:
-        running = bb.compare(k, bb.constant(_MAX_SWEEPS * (cols - 1), torch.int64), "LT")
-        return bb.binary("and", running, bb.compare(last_sweep_max, tol, "GT"))
-
-    def body(bb: Builder, k: Value, xv: Value, v: Value, sweep_max: Value, last_sweep_max: Value) -> list[Value]:
-        r = bb.binary("remainder", k, bb.constant(cols - 1, torch.int64))
-        zero = bb.constant(0, torch.int64)
-        p, q, inv = (bb.reshape(bb.dynamic_slice(t, [r, zero], [1, t.shape[1]]), (t.shape[1],)) for t in tables)
-        cp, cq = _take(bb, xv, p, 2), _take(bb, xv, q, 2)  # (B, rows, h)
+    def step(bb: Builder, p: Value, q: Value, inv: Value, xv: Value, v: Value) -> tuple[list[Value], Value]:
+        cp, cq = jacobi.take(bb, xv, p, 2), jacobi.take(bb, xv, q, 2)  # (B, rows, h)
         alpha, beta, gamma = _sum_rows(bb, bb.mul(cp, cp)), _sum_rows(bb, bb.mul(cq, cq)), _sum_rows(bb, bb.mul(cp, cq))
+        _, c, s = jacobi.rotation(bb, alpha, beta, gamma)
+        cosine = jacobi.relative_max(bb, gamma, bb.unary("sqrt", bb.mul(alpha, beta)))
+        return [jacobi.rotate(bb, xv, 2, p, q, inv, c, s), jacobi.rotate(bb, v, 2, p, q, inv, c, s)], cosine
 
-        def c_(val: float) -> Value:
-            return bb.constant(val, dt, (batch, h))
-
-        nonzero = bb.compare(gamma, c_(0.0), "NE")
-        zeta = bb.div(bb.sub(beta, alpha), bb.mul(c_(2.0), bb.select(nonzero, gamma, c_(1.0))))
-        sign = bb.select(bb.compare(zeta, c_(0.0), "LT"), c_(-1.0), c_(1.0))
-        t = bb.div(sign, bb.add(bb.unary("abs", zeta), bb.unary("sqrt", bb.add(c_(1.0), bb.mul(zeta, zeta)))))
-        t = bb.select(nonzero, t, c_(0.0))
-        c = bb.unary("rsqrt", bb.add(c_(1.0), bb.mul(t, t)))
-        s = bb.mul(t, c)
-        # the pair's cosine before its rotation; 0 for a zero column
-        norms = bb.unary("sqrt", bb.mul(alpha, beta))
-        cosine = bb.select(bb.compare(norms, c_(0.0), "GT"),
-                           bb.div(bb.unary("abs", gamma), bb.select(bb.compare(norms, c_(0.0), "GT"), norms, c_(1.0))),
-                           c_(0.0))
-        step_max = bb.reduce(cosine, [0, 1], bb.constant(0.0, dt), "stablehlo.maximum")
-        sweep_max = bb.maximum(sweep_max, step_max)
-        ends_sweep = bb.compare(r, bb.constant(cols - 2, torch.int64), "EQ")
-        last_sweep_max = bb.select(ends_sweep, sweep_max, last_sweep_max)
-        sweep_max = bb.select(ends_sweep, bb.constant(0.0, dt), sweep_max)
-        xv = _rotate(bb, xv, 2, p, q, inv, c, s)
-        v = _rotate(bb, v, 2, p, q, inv, c, s)
-        return [bb.add(k, bb.constant(1, torch.int64)), xv, v, sweep_max, last_sweep_max]
-
-    regions = b.region(types, cond) + ", " + b.region(types, body)
-    start = [b.constant(0, torch.int64), x, eye, b.constant(0.0, dt), b.constant(math.inf, dt)]
-    _, x, v, _, _ = b.op("stablehlo.while", start, types, region=regions)
+    tolerance = max(rows, cols) * jacobi.unit_roundoff(x.dtype)
+    x, v = jacobi.sweeps(b, cols, [x, jacobi.eye(b, batch, cols, x.dtype)], tolerance, step)
     return x, v
-
-
-def _take_columns(b: Builder, x: Value, order: Value) -> Value:
-    """x (B, r, c) with its columns in ``order`` (B, c) per batch member."""
-    shape = x.shape
-    coords = [b.iota(shape, 0, torch.int64), b.iota(shape, 1, torch.int64), b.broadcast_in_dim(order, shape, [0, 2])]
-    coords = b.concatenate([b.reshape(c, (*shape, 1)) for c in coords], 3)
-    attrs = ("dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1, 2], start_index_map = [0, 1, 2], "
-             "index_vector_dim = 3>, slice_sizes = array<i64: 1, 1, 1>, indices_are_sorted = false")
-    return b.op1("stablehlo.gather", [x, coords], shape, x.dtype, attrs=attrs)
-
-
-def _eye(b: Builder, batch: int, n: int, dtype: torch.dtype) -> Value:
-    shape = (batch, n, n)
-    return b.convert(b.compare(b.iota(shape, 1, torch.int64), b.iota(shape, 2, torch.int64), "EQ"), dtype)
 
 
 def _orthonormal_basis(b: Builder, u: Value, ncols: int) -> Value:
@@ -141,8 +83,8 @@ def _linalg_svd(ctx: LoweringContext, a: Value, full_matrices: bool = True, comp
         s = empty(1)
         if not compute_uv:
             return empty(0), s, empty(2)
-        u = out(0, _eye(b, batch, m, acc)) if full_matrices and batch else empty(0)
-        vh = out(2, _eye(b, batch, n, acc)) if full_matrices and batch else empty(2)
+        u = out(0, jacobi.eye(b, batch, m, acc)) if full_matrices and batch else empty(0)
+        vh = out(2, jacobi.eye(b, batch, n, acc)) if full_matrices and batch else empty(2)
         return u, s, vh
     x = b.reshape(b.convert(a, acc), (batch, m, n))
     wide = m < n
@@ -160,7 +102,7 @@ def _linalg_svd(ctx: LoweringContext, a: Value, full_matrices: bool = True, comp
     sigma, order = sort_with_indices(b, sigma, 1, descending=True)
     if not compute_uv:
         return empty(0), out(1, sigma), empty(2)
-    x, v = _take_columns(b, x, order), _take_columns(b, v, order)
+    x, v = jacobi.take_columns(b, x, order), jacobi.take_columns(b, v, order)
     positive = b.compare(sigma, b.constant(0.0, acc, sigma.shape), "GT")
     scale = b.select(positive, b.div(b.constant(1.0, acc, sigma.shape), b.select(positive, sigma, b.constant(
         1.0, acc, sigma.shape))), b.constant(0.0, acc, sigma.shape))

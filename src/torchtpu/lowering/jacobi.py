@@ -1,0 +1,143 @@
+"""Parallel cyclic Jacobi: the sweep loop shared by eigh (two-sided) and svd (one-sided).
+
+Each step of a ``stablehlo.while`` treats n/2 disjoint index pairs (p, q) at once. The
+pairs follow a round-robin tournament, n - 1 rounds per sweep, so every pair meets once a
+sweep; rows and columns are moved by gathers with the round's indices. A step reports
+the largest off-diagonal measure it met before rotating, and sweeps end after one whose
+largest is at most the tolerance (or after MAX_SWEEPS).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .builder import Builder, Value
+
+MAX_SWEEPS = 30
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps / 2
+
+
+def _tournament(m: int) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """Per round of a round-robin over m (even) indices: the pairs' first and second
+    indices, and where each index lands in the round's order (firsts, then seconds)."""
+    others = list(range(1, m))
+    firsts, seconds, inverse = [], [], []
+    for r in range(m - 1):
+        order = [0, *others[r:], *others[:r]]
+        p = [order[i] for i in range(m // 2)]
+        q = [order[m - 1 - i] for i in range(m // 2)]
+        position = [0] * m
+        for k, i in enumerate(p + q):
+            position[i] = k
+        firsts.append(p)
+        seconds.append(q)
+        inverse.append(position)
+    return firsts, seconds, inverse
+
+
+def take(b: Builder, x: Value, idx: Value, dim: int) -> Value:
+    """x indexed along ``dim`` by the 1-D ``idx``."""
+    slice_sizes = list(x.shape)
+    slice_sizes[dim] = 1
+    offset_dims = [d for d in range(x.rank) if d != dim]
+    shape = list(x.shape)
+    shape[dim] = idx.shape[0]
+    attrs = (f"dimension_numbers = #stablehlo.gather<offset_dims = {offset_dims}, collapsed_slice_dims = [{dim}], "
+             f"start_index_map = [{dim}], index_vector_dim = 1>, "
+             f"slice_sizes = array<i64: {', '.join(map(str, slice_sizes))}>, indices_are_sorted = false")
+    return b.op1("stablehlo.gather", [x, b.reshape(idx, (idx.shape[0], 1))], shape, x.dtype, attrs=attrs)
+
+
+def in_index_order(b: Builder, firsts: Value, seconds: Value, inv: Value, dim: int) -> Value:
+    """Values of the pairs' firsts and seconds (along ``dim``) put back in index order."""
+    return take(b, b.concatenate([firsts, seconds], dim), inv, dim)
+
+
+def rotate(b: Builder, x: Value, dim: int, p: Value, q: Value, inv: Value, c: Value, s: Value) -> Value:
+    """Rotate the index pairs (p, q) of x (B, m, m) along ``dim`` (rows 1, columns 2):
+    x_p <- c x_p - s x_q, x_q <- s x_p + c x_q, with c, s of shape (B, h)."""
+    xp, xq = take(b, x, p, dim), take(b, x, q, dim)
+    cb = b.broadcast_in_dim(c, xp.shape, [0, dim])
+    sb = b.broadcast_in_dim(s, xp.shape, [0, dim])
+    return in_index_order(b, b.sub(b.mul(cb, xp), b.mul(sb, xq)), b.add(b.mul(sb, xp), b.mul(cb, xq)), inv, dim)
+
+
+def rotation(b: Builder, app: Value, aqq: Value, apq: Value) -> tuple[Value, Value, Value]:
+    """(t, c, s) of the Jacobi rotation zeroing the symmetric 2x2 block [[app, apq], [apq, aqq]]:
+    t = tan(theta), the smaller root of t^2 + 2 tau t - 1 = 0 with tau = (aqq - app) / (2 apq)."""
+    def c_(v: float) -> Value:
+        return b.constant(v, app.dtype, app.shape)
+
+    nonzero = b.compare(apq, c_(0.0), "NE")
+    tau = b.div(b.sub(aqq, app), b.mul(c_(2.0), b.select(nonzero, apq, c_(1.0))))
+    sign = b.select(b.compare(tau, c_(0.0), "LT"), c_(-1.0), c_(1.0))
+    t = b.div(sign, b.add(b.unary("abs", tau), b.unary("sqrt", b.add(c_(1.0), b.mul(tau, tau)))))
+    t = b.select(nonzero, t, c_(0.0))
+    c = b.unary("rsqrt", b.add(c_(1.0), b.mul(t, t)))
+    return t, c, b.mul(t, c)
+
+
+def relative_max(b: Builder, off: Value, scale: Value) -> Value:
+    """max |off| / scale over all pairs: 0 where off is 0, inf where only scale is."""
+    zero = b.constant(0.0, off.dtype, off.shape)
+    positive = b.compare(scale, zero, "GT")
+    ratio = b.select(positive, b.div(b.unary("abs", off), b.select(positive, scale, b.constant(1.0, off.dtype,
+                                                                                               off.shape))),
+                     b.constant(math.inf, off.dtype, off.shape))
+    ratio = b.select(b.compare(off, zero, "NE"), ratio, zero)
+    return b.reduce(ratio, list(range(off.rank)), b.constant(0.0, off.dtype), "stablehlo.maximum")
+
+
+StepFn = Callable[..., tuple[list[Value], Value]]
+
+
+def sweeps(b: Builder, m: int, state: Sequence[Value], tolerance: float, step: StepFn) -> list[Value]:
+    """Run ``state, step_max = step(bb, p, q, inv, *state)`` until a sweep's largest step_max
+    is at most ``tolerance``; m is the (even) number of indices paired."""
+    firsts, seconds, inverse = _tournament(m)
+    tables = [b.dense_constant(np.array(t, dtype=np.int64), torch.int64) for t in (firsts, seconds, inverse)]
+    dt = state[0].dtype
+    scalar = ((), dt)
+    types = [((), torch.int64), scalar, scalar] + [(v.shape, v.dtype) for v in state]
+    tol = b.constant(tolerance, dt)
+
+    def cond(bb: Builder, k: Value, sweep_max: Value, last_sweep_max: Value, *values: Value) -> Value:
+        running = bb.compare(k, bb.constant(MAX_SWEEPS * (m - 1), torch.int64), "LT")
+        return bb.binary("and", running, bb.compare(last_sweep_max, tol, "GT"))
+
+    def body(bb: Builder, k: Value, sweep_max: Value, last_sweep_max: Value, *values: Value) -> list[Value]:
+        r = bb.binary("remainder", k, bb.constant(m - 1, torch.int64))
+        zero = bb.constant(0, torch.int64)
+        p, q, inv = (bb.reshape(bb.dynamic_slice(t, [r, zero], [1, t.shape[1]]), (t.shape[1],)) for t in tables)
+        new, step_max = step(bb, p, q, inv, *values)
+        sweep_max = bb.maximum(sweep_max, step_max)
+        ends_sweep = bb.compare(r, bb.constant(m - 2, torch.int64), "EQ")
+        last_sweep_max = bb.select(ends_sweep, sweep_max, last_sweep_max)
+        sweep_max = bb.select(ends_sweep, bb.constant(0.0, dt), sweep_max)
+        return [bb.add(k, bb.constant(1, torch.int64)), sweep_max, last_sweep_max, *new]
+
+    regions = b.region(types, cond) + ", " + b.region(types, body)
+    start = [b.constant(0, torch.int64), b.constant(0.0, dt), b.constant(math.inf, dt), *state]
+    return b.op("stablehlo.while", start, types, region=regions)[3:]
+
+
+def eye(b: Builder, batch: int, n: int, dtype: torch.dtype) -> Value:
+    shape = (batch, n, n)
+    return b.convert(b.compare(b.iota(shape, 1, torch.int64), b.iota(shape, 2, torch.int64), "EQ"), dtype)
+
+
+def take_columns(b: Builder, x: Value, order: Value) -> Value:
+    """x (B, r, c) with its columns in ``order`` (B, c) per batch member."""
+    shape = x.shape
+    coords = [b.iota(shape, 0, torch.int64), b.iota(shape, 1, torch.int64), b.broadcast_in_dim(order, shape, [0, 2])]
+    coords = b.concatenate([b.reshape(c, (*shape, 1)) for c in coords], 3)
+    attrs = ("dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1, 2], start_index_map = [0, 1, 2], "
+             "index_vector_dim = 3>, slice_sizes = array<i64: 1, 1, 1>, indices_are_sorted = false")
+    return b.op1("stablehlo.gather", [x, coords], shape, x.dtype, attrs=attrs)

@@ -391,6 +391,15 @@ def test_histogram_and_histogramdd():
             bad("tpu")
 
 
+def test_native_dropout_backward_of_bool_and_integer_gradients():
+    # the product is taken in the result's float type: bool * mask * 2.0 is 2.0, not True
+    g = torch.Generator().manual_seed(0)
+    grad = torch.rand(5, 5, generator=g) > 0.5
+    mask = torch.rand(5, 5, generator=g) > 0.5
+    for gr, scale in [(grad, 2.0), (grad.int(), 2.5), (grad.to(torch.bfloat16), 1.5), (grad.float(), 0.0)]:
+        both(torch.ops.aten.native_dropout_backward, gr, mask, scale)
+
+
 def test_runtime_scalars_do_not_recompile():
     t = torch.randn(8, device="tpu")
     t * 0.1

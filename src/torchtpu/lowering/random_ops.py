@@ -98,7 +98,9 @@ def _dropout(ctx: LoweringContext, x: Value, p: Any, train: bool | None) -> tupl
 @register(aten.native_dropout_backward.default)
 def _dropout_backward(ctx: LoweringContext, grad: Value, mask: Value, scale: Any) -> Value:
     b = ctx.b
-    acc = opmath(grad.dtype)
+    # in the result's type: a bool or integer gradient times a float scale is a float (CPU's
+    # grad * mask * scale), not a product taken in bool (which turned scale 2 into 1)
+    acc = opmath(ctx.out_dtype())
     g = b.convert(grad, acc)
     m = b.convert(mask, acc)
     return b.convert(b.mul(b.mul(g, m), ctx.scalar(scale, acc, g.shape)), ctx.out_dtype())

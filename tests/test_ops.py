@@ -400,6 +400,12 @@ def test_native_dropout_backward_of_bool_and_integer_gradients():
         both(torch.ops.aten.native_dropout_backward, gr, mask, scale)
 
 
+def test_complex_of_half_parts_names_the_unsupported_dtype():
+    half = torch.ones(3, dtype=torch.float16, device="tpu")
+    with pytest.raises(NotImplementedError, match="complex32 is not supported on tpu"):
+        torch.complex(half, half)
+
+
 def test_runtime_scalars_do_not_recompile():
     t = torch.randn(8, device="tpu")
     t * 0.1

@@ -157,7 +157,9 @@ def _view_as_complex_graph(ctx: LoweringContext, x: Value) -> Value:
 def _real_parts(ctx: LoweringContext, a: Value, c: Value) -> tuple[Value, Value]:
     """Both operands in the output's real part dtype, broadcast to the output shape."""
     b = ctx.b
-    part, shape = _REAL[ctx.out_dtype()], ctx.out_shape()
+    part, shape = _REAL.get(ctx.out_dtype()), ctx.out_shape()
+    if part is None:  # complex32: no StableHLO element type (was a bare KeyError)
+        raise NotImplementedError(f"dtype {ctx.out_dtype()} is not supported on tpu")
     return b.broadcast_to(b.convert(a, part), shape), b.broadcast_to(b.convert(c, part), shape)
 
 

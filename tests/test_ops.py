@@ -406,6 +406,16 @@ def test_complex_of_half_parts_names_the_unsupported_dtype():
         torch.complex(half, half)
 
 
+def test_decompositions_and_histograms_refuse_integers_as_cpu_does():
+    ints = torch.ones(3, 3, dtype=torch.int64)
+    for fn, error in [(torch.linalg.eigh, NotImplementedError), (lambda x: torch.histogram(x, bins=2), NotImplementedError),
+                      (lambda x: torch.linalg.lstsq(x, x), RuntimeError)]:
+        with pytest.raises(error):
+            fn(ints)
+        with pytest.raises(error):
+            fn(ints.to("tpu"))
+
+
 def test_runtime_scalars_do_not_recompile():
     t = torch.randn(8, device="tpu")
     t * 0.1

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .meta_checks import scalar_type_name
 from .registry import register_host_kernel
 
 aten = torch.ops.aten
@@ -47,6 +48,12 @@ def _outer_edges(x2d: torch.Tensor, rng: Sequence[float] | None) -> tuple[list[f
         if lo[d] == hi[d]:
             lo[d], hi[d] = lo[d] - 0.5, hi[d] + 0.5
     return lo, hi
+
+
+def _check_floating(x: torch.Tensor) -> None:
+    """CPU's kernels dispatch over floating types only (half types are computed here)."""
+    if not x.dtype.is_floating_point:
+        raise NotImplementedError(f"\"histogramdd\" not implemented for '{scalar_type_name(x.dtype)}'")
 
 
 def _check_bin_counts(bins: Sequence[int]) -> None:
@@ -125,6 +132,7 @@ def _counts(x: torch.Tensor, edges: Sequence[torch.Tensor], weight: torch.Tensor
 @register_host_kernel(aten.histogram.bin_ct)
 def histogram_bin_ct(x: torch.Tensor, bins: int = 100, *, range: Sequence[float] | None = None,
                      weight: torch.Tensor | None = None, density: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_floating(x)
     x2d = x.reshape(-1, 1)
     _check_bin_counts([bins])
     edges = _linear_edges(x2d, [bins], range)
@@ -136,6 +144,7 @@ def histogram_bin_ct(x: torch.Tensor, bins: int = 100, *, range: Sequence[float]
 @register_host_kernel(aten.histogram.bins_tensor)
 def histogram_bins_tensor(x: torch.Tensor, bins: torch.Tensor, *, weight: torch.Tensor | None = None,
                           density: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_floating(x)
     x2d = x.reshape(-1, 1)
     w = weight.reshape(-1) if weight is not None else None
     _check_inputs(x2d, [bins], w)
@@ -157,6 +166,7 @@ def _bin_edges(x: torch.Tensor, bins: Sequence[int], rng: Sequence[float] | None
 @register_host_kernel(aten._histogramdd_bin_edges.default)
 def histogramdd_bin_edges(x: torch.Tensor, bins: Sequence[int], *, range: Sequence[float] | None = None,
                           weight: torch.Tensor | None = None, density: bool = False) -> list[torch.Tensor]:
+    _check_floating(x)
     return _bin_edges(x, bins, range)
 
 
@@ -164,6 +174,7 @@ def histogramdd_bin_edges(x: torch.Tensor, bins: Sequence[int], *, range: Sequen
 def histogramdd_from_bin_cts(x: torch.Tensor, bins: Sequence[int], *,
                              range: Sequence[float] | None = None,
                              weight: torch.Tensor | None = None, density: bool = False) -> torch.Tensor:
+    _check_floating(x)
     edges = _bin_edges(x, bins, range)
     _check_inputs(x, edges, weight)
     return _counts(x, edges, weight, density)
@@ -172,5 +183,6 @@ def histogramdd_from_bin_cts(x: torch.Tensor, bins: Sequence[int], *,
 @register_host_kernel(aten._histogramdd_from_bin_tensors.default)
 def histogramdd_from_bin_tensors(x: torch.Tensor, bins: Sequence[torch.Tensor], *,
                                  weight: torch.Tensor | None = None, density: bool = False) -> torch.Tensor:
+    _check_floating(x)
     _check_inputs(x, bins, weight)
     return _counts(x, bins, weight, density)

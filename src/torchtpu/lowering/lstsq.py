@@ -16,16 +16,12 @@ from __future__ import annotations
 import torch
 
 from ..engine import precision
+from .meta_checks import scalar_type_name
 from .registry import register_host_kernel
 
 aten = torch.ops.aten
 
 _DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
-_C_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-            torch.int32: "Int", torch.int64: "Long", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-            torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
-
-
 def _check(a: torch.Tensor, b: torch.Tensor, driver: str | None) -> bool:
     """ATen's argument checks, in its order; returns whether b is a vector per matrix."""
     if a.dim() < 2:
@@ -34,7 +30,7 @@ def _check(a: torch.Tensor, b: torch.Tensor, driver: str | None) -> bool:
         raise RuntimeError("torch.linalg.lstsq: other must have at least 1 dimension.")
     if a.dtype != b.dtype:
         raise RuntimeError("torch.linalg.lstsq: Expected input and other to have the same dtype, but got input's "
-                           f"dtype {_C_NAMES.get(a.dtype, a.dtype)} and other's dtype {_C_NAMES.get(b.dtype, b.dtype)}")
+                           f"dtype {scalar_type_name(a.dtype)} and other's dtype {scalar_type_name(b.dtype)}")
     if not 0 <= a.dim() - b.dim() <= 1:
         raise RuntimeError("torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and "
                            "(input.dim() - other.dim()) <= 1")
@@ -45,8 +41,8 @@ def _check(a: torch.Tensor, b: torch.Tensor, driver: str | None) -> bool:
                            + ("-1)" if vector else "-2)"))
     if driver is not None and driver not in _DRIVERS:
         raise RuntimeError("torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
-    if not a.dtype.is_floating_point:
-        raise NotImplementedError(f"torchtpu: linalg.lstsq of {a.dtype} tensors is not implemented")
+    if not a.dtype.is_floating_point:  # CPU's words; half types, which CPU refuses too, are computed
+        raise RuntimeError("This function doesn't handle types other than float and double")
     return vector
 
 

@@ -124,3 +124,10 @@ def _multinomial(x: torch.Tensor, num_samples: int, replacement: bool = False, g
         raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
     if n > 2**24:
         raise RuntimeError("number of categories cannot exceed 2^24")
+
+
+@register_meta_check(aten._linalg_eigh.default)
+def _check_eigh_dtype(a: Any, uplo: str = "L", compute_v: bool = True) -> None:
+    # CPU's kernel dispatches over floating and complex types (half types are computed here)
+    if not (a.dtype.is_floating_point or a.dtype.is_complex):
+        raise NotImplementedError(f"\"linalg_eigh\" not implemented for '{scalar_type_name(a.dtype)}'")

@@ -29,7 +29,6 @@ from .special import lgamma_value
 aten = torch.ops.aten
 
 _MAX_ITERATIONS = 2000
-_EPSILON = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 # The continued fraction's numerators and denominators grow; both are rescaled past _BIG.
 _BIG, _BIG_INVERSE = 2.0 ** 52, 2.0 ** -52
 _STIRLING_FROM = 10.0
@@ -83,7 +82,7 @@ def _log_prefactor(b: Builder, a: Value, x: Value) -> Value:
 
 def _lower_series(b: Builder, a: Value, x: Value, done: Value) -> Value:
     """P(a, x) by its power series: prefactor / a * sum_k x^k / ((a + 1) ... (a + k))."""
-    eps = b.constant(_EPSILON[a.dtype], a.dtype, a.shape)
+    eps = b.constant(torch.finfo(a.dtype).eps / 2, a.dtype, a.shape)
     one = b.constant(1.0, a.dtype, a.shape)
 
     def step(bb: Builder, r: Value, term: Value, total: Value) -> tuple[list[Value], Value]:
@@ -119,7 +118,8 @@ def _upper_fraction(b: Builder, a: Value, x: Value, done: Value) -> Value:
         ans = bb.select(nonzero, r, ans)
         scale = bb.select(bb.compare(bb.unary("abs", pk), c(_BIG), "GT"), c(_BIG_INVERSE), c(1.0))
         p2, p1, q2, q1 = bb.mul(p1, scale), bb.mul(pk, scale), bb.mul(q1, scale), bb.mul(qk, scale)
-        return [n, y, z, p2, q2, p1, q1, ans], bb.unary("not", bb.compare(change, c(_EPSILON[a.dtype]), "GT"))
+        converged = bb.unary("not", bb.compare(change, c(torch.finfo(a.dtype).eps / 2), "GT"))
+        return [n, y, z, p2, q2, p1, q1, ans], converged
 
     *_, ans = _until_converged(b, done, [c(0.0), y, z, p2, q2, p1, q1, ans], step)
     return b.mul(ans, b.unary("exponential", _log_prefactor(b, a, x)))

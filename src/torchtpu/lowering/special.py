@@ -87,6 +87,14 @@ def _chbevl(b: Builder, x: Value, coeffs: Sequence[float]) -> Value:
     return b.mul(b.constant(0.5, x.dtype, x.shape), b.sub(b0, b2))
 
 
+def _horner(b: Builder, z: Value, coeffs: Sequence[float]) -> Value:
+    """coeffs[0] z^(n-1) + ... + coeffs[-1] (Cephes polevl), by Horner's rule."""
+    r = b.constant(0.0, z.dtype, z.shape)
+    for c in coeffs:
+        r = b.add(b.mul(r, z), b.constant(c, z.dtype, z.shape))
+    return r
+
+
 def _bessel_scaled(b: Builder, v: Value, order: int) -> Value:
     """exp(-|x|) * I_order(|x|), the two Cephes ranges [0, 8] and (8, inf)."""
     s = v.shape
@@ -152,14 +160,6 @@ _AIRY_AGD = [9.30892908077441974853e+00, 1.98352928718312140417e+01, 1.556466289
              4.12656523824222607191e-03, 1.01259085116509135510e-04, 1.17166733214413521882e-06,
              4.91834570062930015649e-09]
 _AIRY_SERIES_TERMS = 16  # |x^3| <= 9.2 where the series is used: term 16 is below 1e-30 of the sum
-
-
-def _horner(b: Builder, x: Value, coeffs: Sequence[float]) -> Value:
-    """coeffs[0] x^(n-1) + ... + coeffs[-1] (Cephes polevl)."""
-    r = b.constant(coeffs[0], x.dtype, x.shape)
-    for c in coeffs[1:]:
-        r = b.add(b.mul(r, x), b.constant(c, x.dtype, x.shape))
-    return r
 
 
 def _airy_ai(b: Builder, v: Value) -> Value:
@@ -814,13 +814,6 @@ _Y1_YQ = [
 # Cephes' asymptotic expansion (x > 5) has the same P/Q coefficients for J_n and Y_n.
 _ASYMPTOTIC = {0: (_J0_PP, _J0_PQ, _J0_QP, _J0_QQ), 1: (_J1_PP, _J1_PQ, _J1_QP, _J1_QQ)}
 _Y_RATIONAL = {0: (_Y0_YP, _Y0_YQ), 1: (_Y1_YP, _Y1_YQ)}
-
-
-def _horner(b: Builder, z: Value, coeffs: Sequence[float]) -> Value:
-    r = b.constant(0.0, z.dtype, z.shape)
-    for c in coeffs:
-        r = b.add(b.mul(r, z), b.constant(c, z.dtype, z.shape))
-    return r
 
 
 def _jy_value(b: Builder, v: Value, kind: str) -> Value:

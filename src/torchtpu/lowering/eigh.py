@@ -18,6 +18,8 @@ import torch
 
 from . import jacobi
 from .builder import Builder, Value
+from .indexing import take_per_batch, take_rows
+from .linalg import diagonal, eye_like
 from .registry import LoweringContext, register
 from .sort import sort_with_indices
 
@@ -29,15 +31,15 @@ def _diagonalize(b: Builder, a: Value) -> tuple[Value, Value]:
     batch, m, _ = a.shape
     h = m // 2
     dt = a.dtype
-    eye = jacobi.eye(b, batch, m, dt)
+    eye = eye_like(b, (batch, m, m), dt)
     diag_mask = b.compare(b.iota((batch, m, m), 1, torch.int64), b.iota((batch, m, m), 2, torch.int64), "EQ")
 
     def step(bb: Builder, p: Value, q: Value, inv: Value, x: Value, v: Value) -> tuple[list[Value], Value]:
-        diag = bb.reduce(bb.mul(x, eye), [2], bb.constant(0.0, dt), "stablehlo.add")  # (B, m)
-        app, aqq = jacobi.take(bb, diag, p, 1), jacobi.take(bb, diag, q, 1)
+        diag = diagonal(bb, x, m)  # (B, m)
+        app, aqq = take_rows(bb, diag, p, 1), take_rows(bb, diag, q, 1)
         q_mask = bb.convert(bb.compare(bb.iota((batch, h, m), 2, torch.int64),
                                        bb.broadcast_in_dim(q, (batch, h, m), [1]), "EQ"), dt)
-        apq = bb.reduce(bb.mul(jacobi.take(bb, x, p, 1), q_mask), [2], bb.constant(0.0, dt), "stablehlo.add")
+        apq = bb.reduce(bb.mul(take_rows(bb, x, p, 1), q_mask), [2], bb.constant(0.0, dt), "stablehlo.add")
         t, c, s = jacobi.rotation(bb, app, aqq, apq)
         step_max = jacobi.relative_max(bb, apq, bb.unary("sqrt", bb.unary("abs", bb.mul(app, aqq))))
         x = jacobi.rotate(bb, jacobi.rotate(bb, x, 1, p, q, inv, c, s), 2, p, q, inv, c, s)
@@ -75,7 +77,7 @@ def _linalg_eigh(ctx: LoweringContext, a: Value, uplo: str = "L", compute_v: boo
     if m != n:  # pad: a zero row and column, and a zero diagonal entry no rotation involves
         x = b.pad(x, b.constant(0.0, acc), [0, 0, 0], [0, 1, 1], [0, 0, 0])
     d, v = _diagonalize(b, x)
-    w = b.reduce(b.mul(d, jacobi.eye(b, batch, m, acc)), [2], b.constant(0.0, acc), "stablehlo.add")
+    w = diagonal(b, d, m)
     if m != n:
         w = b.slice(w, [0, 0], [batch, n])
         v = b.slice(v, [0, 0, 0], [batch, n, n])
@@ -83,4 +85,4 @@ def _linalg_eigh(ctx: LoweringContext, a: Value, uplo: str = "L", compute_v: boo
     w = b.convert(b.reshape(w, w_shape), w_dtype)
     if not compute_v:
         return w, b.constant(0, v_dtype, v_shape)
-    return w, b.convert(b.reshape(jacobi.take_columns(b, v, order), v_shape), v_dtype)
+    return w, b.convert(b.reshape(take_per_batch(b, v, order), v_shape), v_dtype)

@@ -14,7 +14,7 @@ import math
 import torch
 
 from .builder import Builder, Value
-from .indexing import _scatter_elements
+from .indexing import _scatter_elements, take_per_batch
 from .registry import LoweringContext, register
 
 aten = torch.ops.aten
@@ -121,20 +121,6 @@ def _flat_index(b: Builder, at: list[Value], spatial: tuple[int, ...]) -> tuple[
     return flat, inb
 
 
-def _gather_plane(b: Builder, planes: Value, flat: Value) -> Value:
-    """planes (N, C, P), flat (N, *out) -> (N, C, *out)."""
-    n, c, _ = planes.shape
-    shape = (n, c, *flat.shape[1:])
-    rank = len(shape)
-    idx_n = b.iota(shape, 0, torch.int64)
-    idx_c = b.iota(shape, 1, torch.int64)
-    idx_p = b.broadcast_in_dim(flat, shape, [0, *range(2, rank)])
-    coords = b.concatenate([b.reshape(v, (*shape, 1)) for v in (idx_n, idx_c, idx_p)], rank)
-    attrs = ("dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1, 2], start_index_map = [0, 1, 2], "
-             f"index_vector_dim = {rank}>, slice_sizes = array<i64: 1, 1, 1>, indices_are_sorted = false")
-    return b.op1("stablehlo.gather", [planes, coords], shape, planes.dtype, attrs=attrs)
-
-
 def _over_channels(b: Builder, v: Value, shape: tuple[int, ...]) -> Value:
     """A (N, *out) value broadcast over the channels of (N, C, *out)."""
     return b.broadcast_in_dim(v, shape, [0, *range(2, len(shape))])
@@ -150,7 +136,7 @@ def _grid_sampler(ctx: LoweringContext, x: Value, grid: Value, mode: int, paddin
     out = None
     for at, wt, _ in _taps(b, index, mode):
         flat, inb = _flat_index(b, at, tuple(spatial))
-        vals = _gather_plane(b, planes, flat)
+        vals = take_per_batch(b, planes, flat)
         wt = b.select(inb, wt, _c(b, 0.0, wt))
         term = b.mul(vals, _over_channels(b, wt, vals.shape))
         out = term if out is None else b.add(out, term)
@@ -190,7 +176,7 @@ def _grid_sampler_backward(ctx: LoweringContext, grad: Value, x: Value, grid: Va
             sums: list[Value | None] = [None] * len(index)
             for at, _, upper in taps:
                 flat, inb = _flat_index(b, at, tuple(spatial))
-                vals = b.mul(_gather_plane(b, planes, flat), g)
+                vals = b.mul(take_per_batch(b, planes, flat), g)
                 s = b.reduce(vals, [1], b.constant(0.0, acc), "stablehlo.add")  # (N, *out)
                 s = b.select(inb, s, _c(b, 0.0, s))
                 for k in range(len(index)):

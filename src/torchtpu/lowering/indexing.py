@@ -38,6 +38,21 @@ def take_rows(b: Builder, x: Value, idx: Value, dim: int) -> Value:
     return b.op1("stablehlo.gather", [x, idx], out_shape, x.dtype, attrs=attrs)
 
 
+def take_per_batch(b: Builder, x: Value, idx: Value) -> Value:
+    """x (N, C, P) gathered along its last dim per batch member: idx (N, *out) -> (N, C, *out),
+    out[n, c, o] = x[n, c, idx[n, o]]."""
+    n, c, _ = x.shape
+    shape = (n, c, *idx.shape[1:])
+    rank = len(shape)
+    idx_n = b.iota(shape, 0, torch.int64)
+    idx_c = b.iota(shape, 1, torch.int64)
+    idx_p = b.broadcast_in_dim(idx, shape, [0, *range(2, rank)])
+    coords = b.concatenate([b.reshape(v, (*shape, 1)) for v in (idx_n, idx_c, idx_p)], rank)
+    attrs = ("dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1, 2], start_index_map = [0, 1, 2], "
+             f"index_vector_dim = {rank}>, slice_sizes = array<i64: 1, 1, 1>, indices_are_sorted = false")
+    return b.op1("stablehlo.gather", [x, coords], shape, x.dtype, attrs=attrs)
+
+
 @register(aten.index_select.default)
 def _index_select(ctx: LoweringContext, x: Value, dim: int, index: Value) -> Value:
     if x.rank == 0:

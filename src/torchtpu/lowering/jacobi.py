@@ -2,7 +2,8 @@
 
 Each step of a ``stablehlo.while`` treats n/2 disjoint index pairs (p, q) at once. The
 pairs follow a round-robin tournament, n - 1 rounds per sweep, so every pair meets once a
-sweep; rows and columns are moved by gathers with the round's indices. A step reports
+sweep; rows and columns are moved by gathers (indexing.take_rows) with the round's indices.
+A step reports
 the largest off-diagonal measure it met before rotating, and sweeps end after one whose
 largest is at most the tolerance (or after MAX_SWEEPS).
 """
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from .builder import Builder, Value
+from .indexing import take_rows
 
 MAX_SWEEPS = 30
 
@@ -42,28 +44,15 @@ def _tournament(m: int) -> tuple[list[list[int]], list[list[int]], list[list[int
     return firsts, seconds, inverse
 
 
-def take(b: Builder, x: Value, idx: Value, dim: int) -> Value:
-    """x indexed along ``dim`` by the 1-D ``idx``."""
-    slice_sizes = list(x.shape)
-    slice_sizes[dim] = 1
-    offset_dims = [d for d in range(x.rank) if d != dim]
-    shape = list(x.shape)
-    shape[dim] = idx.shape[0]
-    attrs = (f"dimension_numbers = #stablehlo.gather<offset_dims = {offset_dims}, collapsed_slice_dims = [{dim}], "
-             f"start_index_map = [{dim}], index_vector_dim = 1>, "
-             f"slice_sizes = array<i64: {', '.join(map(str, slice_sizes))}>, indices_are_sorted = false")
-    return b.op1("stablehlo.gather", [x, b.reshape(idx, (idx.shape[0], 1))], shape, x.dtype, attrs=attrs)
-
-
 def in_index_order(b: Builder, firsts: Value, seconds: Value, inv: Value, dim: int) -> Value:
     """Values of the pairs' firsts and seconds (along ``dim``) put back in index order."""
-    return take(b, b.concatenate([firsts, seconds], dim), inv, dim)
+    return take_rows(b, b.concatenate([firsts, seconds], dim), inv, dim)
 
 
 def rotate(b: Builder, x: Value, dim: int, p: Value, q: Value, inv: Value, c: Value, s: Value) -> Value:
     """Rotate the index pairs (p, q) of x (B, m, m) along ``dim`` (rows 1, columns 2):
     x_p <- c x_p - s x_q, x_q <- s x_p + c x_q, with c, s of shape (B, h)."""
-    xp, xq = take(b, x, p, dim), take(b, x, q, dim)
+    xp, xq = take_rows(b, x, p, dim), take_rows(b, x, q, dim)
     cb = b.broadcast_in_dim(c, xp.shape, [0, dim])
     sb = b.broadcast_in_dim(s, xp.shape, [0, dim])
     return in_index_order(b, b.sub(b.mul(cb, xp), b.mul(sb, xq)), b.add(b.mul(sb, xp), b.mul(cb, xq)), inv, dim)
@@ -126,18 +115,3 @@ def sweeps(b: Builder, m: int, state: Sequence[Value], tolerance: float, step: S
     regions = b.region(types, cond) + ", " + b.region(types, body)
     start = [b.constant(0, torch.int64), b.constant(0.0, dt), b.constant(math.inf, dt), *state]
     return b.op("stablehlo.while", start, types, region=regions)[3:]
-
-
-def eye(b: Builder, batch: int, n: int, dtype: torch.dtype) -> Value:
-    shape = (batch, n, n)
-    return b.convert(b.compare(b.iota(shape, 1, torch.int64), b.iota(shape, 2, torch.int64), "EQ"), dtype)
-
-
-def take_columns(b: Builder, x: Value, order: Value) -> Value:
-    """x (B, r, c) with its columns in ``order`` (B, c) per batch member."""
-    shape = x.shape
-    coords = [b.iota(shape, 0, torch.int64), b.iota(shape, 1, torch.int64), b.broadcast_in_dim(order, shape, [0, 2])]
-    coords = b.concatenate([b.reshape(c, (*shape, 1)) for c in coords], 3)
-    attrs = ("dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1, 2], start_index_map = [0, 1, 2], "
-             "index_vector_dim = 3>, slice_sizes = array<i64: 1, 1, 1>, indices_are_sorted = false")
-    return b.op1("stablehlo.gather", [x, coords], shape, x.dtype, attrs=attrs)

@@ -160,7 +160,8 @@ def _cross(ctx: LoweringContext, a: Value, c: Value, dim: int = -1) -> Value:
 
 
 # -- LU with partial pivoting (a stablehlo.while over the columns) -------------------
-def _eye_like(b: Builder, shape: tuple[int, ...], dtype: torch.dtype) -> Value:
+def eye_like(b: Builder, shape: tuple[int, ...], dtype: torch.dtype) -> Value:
+    """Identity matrices of ``shape`` (..., n, n)."""
     rows = b.iota(shape, len(shape) - 2, torch.int64)
     cols = b.iota(shape, len(shape) - 1, torch.int64)
     return b.convert(b.compare(rows, cols, "EQ"), dtype)
@@ -254,7 +255,7 @@ def _lu_info(b: Builder, lu: Value) -> Value:
     """First zero on U's diagonal (1-based), 0 if none."""
     *batch, m, n = lu.shape
     k = min(m, n)
-    diag = _diagonal(b, lu, k)
+    diag = diagonal(b, lu, k)
     zero = b.compare(diag, b.constant(0, lu.dtype, diag.shape), "EQ")
     pos = b.iota(diag.shape, diag.rank - 1, torch.int64)
     first = b.reduce(b.select(zero, pos, b.constant(k, torch.int64, diag.shape)), [diag.rank - 1],
@@ -265,7 +266,8 @@ def _lu_info(b: Builder, lu: Value) -> Value:
     return b.convert(info, torch.int32)
 
 
-def _diagonal(b: Builder, v: Value, k: int) -> Value:
+def diagonal(b: Builder, v: Value, k: int) -> Value:
+    """The first k diagonal entries of each matrix of ``v`` (..., m, n)."""
     sq = b.slice(v, [0] * v.rank, [*v.shape[:-2], k, k])
     rows = b.iota(sq.shape, sq.rank - 2, torch.int64)
     cols = b.iota(sq.shape, sq.rank - 1, torch.int64)
@@ -405,14 +407,14 @@ def _inv_ex(ctx: LoweringContext, a: Value, check_errors: bool = False) -> tuple
     b = ctx.b
     acc = _acc(ctx.out_dtype(0))
     lu, perm, _ = lu_factor(b, b.convert(a, acc))
-    inv = _lu_solve(b, lu, perm, _eye_like(b, a.shape, acc))
+    inv = _lu_solve(b, lu, perm, eye_like(b, a.shape, acc))
     return b.convert(inv, ctx.out_dtype(0)), _lu_info(b, lu)
 
 
 def _det_parts(b: Builder, lu: Value, piv: Value) -> tuple[Value, Value]:
     """(product of U's diagonal, permutation sign) of a square LU."""
     n = lu.shape[-1]
-    diag = _diagonal(b, lu, n)
+    diag = diagonal(b, lu, n)
     prod = b.reduce(diag, [diag.rank - 1], b.constant(1, lu.dtype), "stablehlo.multiply")
     swaps = b.compare(piv, b.add(b.iota(piv.shape, piv.rank - 1, torch.int64),
                                  b.constant(1, torch.int64, piv.shape)), "NE")
@@ -441,7 +443,7 @@ def _slogdet(ctx: LoweringContext, a: Value) -> tuple[Value, Value, Value, Value
     av = b.convert(a, acc)
     lu, _, piv = lu_factor(b, _mT(b, av) if _factor_transposed(ctx) else av)
     n = lu.shape[-1]
-    diag = _diagonal(b, lu, n)
+    diag = diagonal(b, lu, n)
     logabs = b.reduce(b.unary("log", b.unary("abs", diag)), [diag.rank - 1], b.constant(0, acc), "stablehlo.add")
     negs = b.reduce(b.convert(b.compare(diag, b.constant(0, acc, diag.shape), "LT"), torch.int64),
                     [diag.rank - 1], b.constant(0, torch.int64), "stablehlo.add")
@@ -687,7 +689,7 @@ def _matrix_exp(ctx: LoweringContext, a: Value) -> Value:
     s = b.select(b.op1("stablehlo.is_finite", [s], (), torch.bool), s, b.constant(0, acc))
     scale = b.binary("power", b.constant(2.0, acc), b.neg(s))
     vs = b.mul(v, b.broadcast_in_dim(scale, shape, []))
-    eye = _eye_like(b, shape, acc)
+    eye = eye_like(b, shape, acc)
     e, term = eye, eye
     for k in range(1, 19):
         term = b.div(_bmm(b, term, vs), b.constant(float(k), acc, shape))

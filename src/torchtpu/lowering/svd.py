@@ -20,7 +20,8 @@ import torch
 
 from . import jacobi
 from .builder import Builder, Value
-from .linalg import householder_q, householder_qr
+from .indexing import take_per_batch, take_rows
+from .linalg import diagonal, eye_like, householder_q, householder_qr
 from .registry import LoweringContext, register
 from .sort import sort_with_indices
 
@@ -35,14 +36,14 @@ def _orthogonalize(b: Builder, x: Value) -> tuple[Value, Value]:
     batch, rows, cols = x.shape
 
     def step(bb: Builder, p: Value, q: Value, inv: Value, xv: Value, v: Value) -> tuple[list[Value], Value]:
-        cp, cq = jacobi.take(bb, xv, p, 2), jacobi.take(bb, xv, q, 2)  # (B, rows, h)
+        cp, cq = take_rows(bb, xv, p, 2), take_rows(bb, xv, q, 2)  # (B, rows, h)
         alpha, beta, gamma = _sum_rows(bb, bb.mul(cp, cp)), _sum_rows(bb, bb.mul(cq, cq)), _sum_rows(bb, bb.mul(cp, cq))
         _, c, s = jacobi.rotation(bb, alpha, beta, gamma)
         cosine = jacobi.relative_max(bb, gamma, bb.unary("sqrt", bb.mul(alpha, beta)))
         return [jacobi.rotate(bb, xv, 2, p, q, inv, c, s), jacobi.rotate(bb, v, 2, p, q, inv, c, s)], cosine
 
     tolerance = max(rows, cols) * jacobi.unit_roundoff(x.dtype)
-    x, v = jacobi.sweeps(b, cols, [x, jacobi.eye(b, batch, cols, x.dtype)], tolerance, step)
+    x, v = jacobi.sweeps(b, cols, [x, eye_like(b, (batch, cols, cols), x.dtype)], tolerance, step)
     return x, v
 
 
@@ -51,9 +52,7 @@ def _orthonormal_basis(b: Builder, u: Value, ncols: int) -> Value:
     batch, _, k = u.shape
     refl, tau = householder_qr(b, u)
     q = householder_q(b, refl, tau, ncols)
-    rows_i, cols_i = b.iota(refl.shape, 1, torch.int64), b.iota(refl.shape, 2, torch.int64)
-    diag = b.reduce(b.select(b.compare(rows_i, cols_i, "EQ"), refl, b.constant(0.0, u.dtype, refl.shape)), [1],
-                    b.constant(0.0, u.dtype), "stablehlo.add")  # (B, k)
+    diag = diagonal(b, refl, k)  # R's, (B, k)
     sign = b.select(b.compare(diag, b.constant(0.0, u.dtype, diag.shape), "LT"),
                     b.constant(-1.0, u.dtype, diag.shape), b.constant(1.0, u.dtype, diag.shape))
     if ncols > k:
@@ -83,8 +82,8 @@ def _linalg_svd(ctx: LoweringContext, a: Value, full_matrices: bool = True, comp
         s = empty(1)
         if not compute_uv:
             return empty(0), s, empty(2)
-        u = out(0, jacobi.eye(b, batch, m, acc)) if full_matrices and batch else empty(0)
-        vh = out(2, jacobi.eye(b, batch, n, acc)) if full_matrices and batch else empty(2)
+        u = out(0, eye_like(b, (batch, m, m), acc)) if full_matrices and batch else empty(0)
+        vh = out(2, eye_like(b, (batch, n, n), acc)) if full_matrices and batch else empty(2)
         return u, s, vh
     x = b.reshape(b.convert(a, acc), (batch, m, n))
     wide = m < n
@@ -102,7 +101,7 @@ def _linalg_svd(ctx: LoweringContext, a: Value, full_matrices: bool = True, comp
     sigma, order = sort_with_indices(b, sigma, 1, descending=True)
     if not compute_uv:
         return empty(0), out(1, sigma), empty(2)
-    x, v = jacobi.take_columns(b, x, order), jacobi.take_columns(b, v, order)
+    x, v = take_per_batch(b, x, order), take_per_batch(b, v, order)
     positive = b.compare(sigma, b.constant(0.0, acc, sigma.shape), "GT")
     scale = b.select(positive, b.div(b.constant(1.0, acc, sigma.shape), b.select(positive, sigma, b.constant(
         1.0, acc, sigma.shape))), b.constant(0.0, acc, sigma.shape))

@@ -349,12 +349,13 @@ def test_interpolate_antialias(mode):
     # growing, tall and wide, align_corners; forward and input gradient in f64
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 11, 8, dtype=torch.float64, generator=g)
-    for size in [(5, 7), (3, 2), (16, 9), (1, 1)]:
+    for size in [(5, 7), (3, 2), (16, 9), (1, 1), 0.37]:  # 0.37: a scale_factor, passed to the kernel
         for align in (False, True):
             grads = []
+            how = {"scale_factor": size} if isinstance(size, float) else {"size": size}
             for dev in ("cpu", "tpu"):
                 xx = x.to(dev).detach().requires_grad_()
-                y = F.interpolate(xx, size=size, mode=mode, align_corners=align, antialias=True)
+                y = F.interpolate(xx, mode=mode, align_corners=align, antialias=True, **how)
                 (y * torch.arange(y.numel(), dtype=x.dtype, device=dev).reshape(y.shape).sin()).sum().backward()
                 grads.append((y.detach(), xx.grad))
             for got, want in zip(grads[1], grads[0]):

@@ -62,10 +62,10 @@ def _check_bin_counts(bins: Sequence[int]) -> None:
             raise RuntimeError(f"torch.histogram(): bins must be > 0, but got {b} for dimension {d}")
 
 
-def _linear_edges(x2d: torch.Tensor, bins: Sequence[int], rng: Sequence[float] | None) -> list[torch.Tensor]:
-    lo, hi = _outer_edges(x2d, rng)
-    return [torch.linspace(lo[d], hi[d], bins[d] + 1, dtype=x2d.dtype, device=x2d.device)
-            for d in range(x2d.shape[-1])]
+def _linspace_edges(x: torch.Tensor, lo: Sequence[float], hi: Sequence[float],
+                    bins: Sequence[int]) -> list[torch.Tensor]:
+    """Per dimension, bins + 1 equally spaced edges from lo to hi, in x's dtype (CPU's linspace_out)."""
+    return [torch.linspace(lo[d], hi[d], bins[d] + 1, dtype=x.dtype, device=x.device) for d in range(len(bins))]
 
 
 def _check_inputs(x: torch.Tensor, edges: Sequence[torch.Tensor], weight: torch.Tensor | None) -> None:
@@ -135,7 +135,7 @@ def histogram_bin_ct(x: torch.Tensor, bins: int = 100, *, range: Sequence[float]
     _check_floating(x)
     x2d = x.reshape(-1, 1)
     _check_bin_counts([bins])
-    edges = _linear_edges(x2d, [bins], range)
+    edges = _linspace_edges(x2d, *_outer_edges(x2d, range), [bins])
     w = weight.reshape(-1) if weight is not None else None
     _check_inputs(x2d, edges, w)
     return _counts(x2d, edges, w, density), edges[0]
@@ -155,12 +155,11 @@ def _bin_edges(x: torch.Tensor, bins: Sequence[int], rng: Sequence[float] | None
     if x.dim() < 2:
         raise RuntimeError("torch.histogramdd: input tensor should have at least 2 dimensions")
     x2d = x.reshape(-1, x.shape[-1])
-    lo_hi = _outer_edges(x2d, rng)
+    lo, hi = _outer_edges(x2d, rng)
     if len(bins) != x.shape[-1]:
         raise RuntimeError("histogramdd: The size of bins must be equal to the innermost dimension of the input.")
     _check_bin_counts(bins)
-    return [torch.linspace(lo_hi[0][d], lo_hi[1][d], bins[d] + 1, dtype=x.dtype, device=x.device)
-            for d in range(x.shape[-1])]
+    return _linspace_edges(x, lo, hi, bins)
 
 
 @register_host_kernel(aten._histogramdd_bin_edges.default)

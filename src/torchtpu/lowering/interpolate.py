@@ -27,16 +27,17 @@ aten = torch.ops.aten
 _F = np.float32
 
 
-def _scale_value(scale: float | None, n_in: int, n_out: int) -> np.float32:
+def _scale_value(scale: float | None, n_in: int, n_out: int, dtype: type = _F) -> np.floating:
     if scale is not None and scale > 0:
-        return _F(1.0 / scale)
-    return _F(n_in) / _F(n_out)
+        return dtype(1.0 / scale)
+    return dtype(n_in) / dtype(n_out)
 
 
-def _area_scale(n_in: int, n_out: int, align_corners: bool, scale: float | None) -> np.float32:
+def _area_scale(n_in: int, n_out: int, align_corners: bool, scale: float | None, dtype: type = _F) -> np.floating:
+    """ATen's area_pixel_compute_scale, in ``dtype`` arithmetic (the kernel's scalar type)."""
     if align_corners:
-        return _F(n_in - 1) / _F(n_out - 1) if n_out > 1 else _F(0)
-    return _scale_value(scale, n_in, n_out)
+        return dtype(n_in - 1) / dtype(n_out - 1) if n_out > 1 else dtype(0)
+    return _scale_value(scale, n_in, n_out, dtype)
 
 
 def _source_index(scale: np.float32, dst: int, align_corners: bool, cubic: bool) -> np.float32:
@@ -119,10 +120,7 @@ def antialias_matrix(n_in: int, n_out: int, align_corners: bool, scale: float | 
     weights are normalized per output. ``dtype``: the arithmetic of CPU's kernel (its scalar)."""
     interp_size = 4 if cubic else 2
     filt = _cubic_filter if cubic else _linear_filter
-    if align_corners:
-        s = dtype(n_in - 1) / dtype(n_out - 1) if n_out > 1 else dtype(0)
-    else:
-        s = dtype(1.0) / dtype(scale) if scale is not None and scale > 0 else dtype(n_in) / dtype(n_out)
+    s = _area_scale(n_in, n_out, align_corners, scale, dtype)
     support = dtype(interp_size * 0.5) * s if s >= 1.0 else dtype(interp_size * 0.5)
     invscale = dtype(1.0) / s if s >= 1.0 else dtype(1.0)
     max_size = math.ceil(support) * 2 + 1

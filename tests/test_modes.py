@@ -43,11 +43,96 @@ def test_debug_mode_raises_index_error_like_cpu(var):
     assert "blocking True" in r.stdout
 
 
-def test_strict_mode_clamps_like_xla_without_checks():
-    # Documented behaviour: without Debug mode, XLA does not bounds-check gathers.
-    w = torch.randn(10, 4, device="tpu")
-    out = w.index_select(0, torch.tensor([0, 3], device="tpu"))
-    assert out.shape == (2, 4)
+# (op on x = arange(12.).reshape(3, 4), out-of-range index): CPU raises; so must every tpu mode
+_OUT_OF_RANGE = {
+    "gather": lambda x, t: torch.gather(x, 1, t([[5]])),
+    "gather_negative": lambda x, t: torch.gather(x, 1, t([[-1]])),
+    "scatter_": lambda x, t: x.clone().scatter_(0, t([[7]]), 1.0),
+    "scatter_add": lambda x, t: x.scatter_add(0, t([[3]]), torch.ones_like(x[:1, :1])),
+    "scatter_reduce": lambda x, t: x.scatter_reduce(0, t([[7]]), torch.ones_like(x[:1, :1]), "sum"),
+    "index_select": lambda x, t: x.index_select(0, t([0, 3])),
+    "index_select_negative": lambda x, t: x.index_select(0, t([-1])),
+    "embedding": lambda x, t: torch.nn.functional.embedding(t([1, 9]), x),
+    "index": lambda x, t: x[t([3])],
+    "index_negative": lambda x, t: x[:, t([-5])],
+    "index_put_": lambda x, t: x.clone().index_put_((t([3]),), torch.ones_like(x[0, 0])),
+    "index_add": lambda x, t: x.index_add(0, t([3]), torch.ones_like(x[:1])),
+    "index_copy": lambda x, t: x.index_copy(1, t([4]), torch.ones_like(x[:, :1])),
+    "index_fill": lambda x, t: x.index_fill(0, t([-4]), 2.0),
+    "take": lambda x, t: torch.take(x, t([12])),
+    "nll_loss": lambda x, t: torch.nn.functional.cross_entropy(x, t([0, 4, 1])),
+}
+# the same ops with indices the CPU accepts (negative ones where they count from the end)
+_IN_RANGE = [
+    lambda x, t: torch.gather(x, 1, t([[3]])),
+    lambda x, t: x[t([-3])],
+    lambda x, t: x.index_fill(0, t([-3]), 2.0),
+    lambda x, t: torch.take(x, t([-12])),
+    lambda x, t: torch.nn.functional.cross_entropy(x, t([0, -100, 1])),
+    lambda x, t: torch.nn.functional.embedding(t([0, 2]), x),
+]
+
+
+def _cpu_error(fn):
+    try:
+        fn(torch.arange(12.0).reshape(3, 4), torch.tensor)
+    except Exception as e:  # noqa: BLE001
+        return type(e), str(e).splitlines()[0]
+    raise AssertionError("CPU accepts this index")
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("case", list(_OUT_OF_RANGE))
+def test_out_of_range_index_raises_the_cpu_error_at_the_next_synchronization(mode, case):
+    """XLA clamps such an index: the op's device-side check reports it, as CUDA's asserts do."""
+    fn = _OUT_OF_RANGE[case]
+    error, message = _cpu_error(fn)
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+    with torch.tpu.eager_mode(mode):
+        fn(x, lambda v: torch.tensor(v).to("tpu"))  # does not wait for the device
+        with pytest.raises(error) as info:
+            torch.tpu.synchronize()
+        assert str(info.value).startswith(message), (str(info.value), message)
+        assert "detected on the device" in str(info.value)
+        torch.tpu.synchronize()  # reported once
+        assert x.sum().item() == 66.0
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_out_of_range_index_surfaces_at_a_read_and_valid_indices_do_not(mode):
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+
+    def t(v):
+        return torch.tensor(v).to("tpu")
+
+    with torch.tpu.eager_mode(mode):
+        for fn in _IN_RANGE:
+            fn(x, t)
+        assert torch.tpu.synchronize() is None
+        y = x.index_select(0, t([2, 7])) * 2
+        with pytest.raises(IndexError, match="index out of range in self"):
+            y.sum().item()
+        assert (x * 2).sum().item() == 132.0
+
+
+def test_index_checks_can_be_switched_off(monkeypatch):
+    from torchtpu._config import config
+
+    monkeypatch.setattr(config, "index_checks", False)
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+    out = x.index_select(0, torch.tensor([7]).to("tpu"))  # XLA clamps: documented, opted into
+    torch.tpu.synchronize()
+    assert out.shape == (1, 4)
+
+
+@pytest.mark.parametrize("case", ["gather", "gather_negative", "scatter_", "index_copy", "take", "nll_loss"])
+def test_debug_mode_raises_the_cpu_error_at_the_op(case):
+    fn = _OUT_OF_RANGE[case]
+    error, message = _cpu_error(fn)
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+    with torch.tpu.launch_blocking(), pytest.raises(error) as info:
+        fn(x, lambda v: torch.tensor(v).to("tpu"))
+    assert str(info.value) == message
 
 
 def test_launch_blocking_context_manager():

@@ -825,7 +825,7 @@ def test_weight_norm_backward_matches_cpu(dim):
         assert_matches(p.grad, ref.grad, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["mul_", "copy_", "uniform_", "sin_out", "fill_", "masked_fill_"])
+@pytest.mark.parametrize("name", ["mul_", "copy_", "uniform_", "sin_out", "fill_", "masked_fill_", "gather_out"])
 def test_written_expanded_tensor_matches_cpu_overlap_rule(name):
     """Regression: an in-place op on an expanded (stride-0) tensor silently ran on tpu;
     CPU refuses it for TensorIterator ops and allows it for fill_-style ops."""
@@ -836,6 +836,8 @@ def test_written_expanded_tensor_matches_cpu_overlap_rule(name):
         "sin_out": lambda t: torch.sin(torch.ones(2, 4, device=t.device), out=t),
         "fill_": lambda t: t.fill_(3.0),
         "masked_fill_": lambda t: t.masked_fill_(torch.ones(2, 4, dtype=torch.bool, device=t.device), 1.0),
+        "gather_out": lambda t: torch.gather(torch.ones(2, 4, device=t.device), 1,
+                                             torch.zeros(2, 4, dtype=torch.long, device=t.device), out=t),
     }
     outcomes = []
     for device in ("cpu", "tpu"):

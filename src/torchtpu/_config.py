@@ -34,6 +34,9 @@ class Config:
         # Host-side bounds checks run in Debug mode unless explicitly disabled.
         checks = os.environ.get("TORCH_TPU_DEBUG_CHECKS")
         self.debug_checks_override = None if checks is None else _flag("TORCH_TPU_DEBUG_CHECKS")
+        # Outside Debug mode, indexing ops' bounds are checked on the device and reported at the
+        # next synchronization (engine/index_checks.py); TORCH_TPU_INDEX_CHECKS=0 skips that.
+        self.index_checks = os.environ.get("TORCH_TPU_INDEX_CHECKS") is None or _flag("TORCH_TPU_INDEX_CHECKS")
 
     @property
     def debug_checks(self) -> bool:

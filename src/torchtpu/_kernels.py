@@ -15,9 +15,10 @@ import torch
 
 from . import _C
 from . import storage as st
-from .engine import deferred, executor
+from .engine import deferred, executor, index_checks
 from .engine.opplan import plan_for
 from .lowering import registry
+from .lowering.index_bounds import INDEX_BOUNDS_FLAG
 from .lowering.views import is_contiguous
 from .runtime import Buffer
 
@@ -58,6 +59,7 @@ def _strided_from_whole_buffer(t: torch.Tensor, buf: Any) -> torch.Tensor | None
 
 def device_to_host(t: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU copy of a tpu tensor (waits for the device)."""
+    index_checks.raise_pending()  # a synchronization: earlier ops' index errors surface here
     if t.numel() == 0:
         return torch.empty(t.shape, dtype=t.dtype)
     src = t
@@ -218,6 +220,9 @@ def register_kernels() -> None:
     for op in ops + _host_kernels_behind_composites({op.name() for op in ops}):
         qual = op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else "")
         lib.impl(qual, _make_kernel(op), "PrivateUse1")
+    own = torch.library.Library("torchtpu", "IMPL")  # the library's own ops (lowering/index_bounds.py)
+    _libs.append(own)
+    own.impl("index_bounds_flag", _make_kernel(INDEX_BOUNDS_FLAG), "PrivateUse1")
     fb = torch.library.Library("_", "IMPL")
     _libs.append(fb)
     fb.fallback(_fallback, "PrivateUse1")
@@ -252,6 +257,8 @@ def _make_kernel(op: torch._ops.OpOverload):
         # NotImplemented having done nothing (csrc/defer.cpp).
         result = _defer_record(plan, args, kwargs)
         if result is not NotImplemented:
+            if plan.index_bounds is not None:
+                executor.check_recorded_index_bounds(plan, args, kwargs)
             return result
         return executor.run_plan(plan, args, kwargs)
 

@@ -45,7 +45,7 @@ from ..lowering.views import (
     write_view,
 )
 from ..runtime import Buffer, release_donated
-from . import compile_cache
+from . import compile_cache, index_checks
 from . import precision as precision_mod
 from .opplan import OpPlan, call_op, normalize_args, plan_for
 
@@ -224,6 +224,26 @@ def run_plan(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
         check = registry.debug_check(plan.functional)
         if check is not None:
             check(*[values[i] for i in plan.func_arg_positions])
+    result = _run_checked(plan, values, args, kwargs)
+    # Index bounds after the op: the op's own argument errors (a dim out of range) come first, as on
+    # CPU, and in Strict and DeferAndFuse its launch (or record) does not wait for the check's.
+    if plan.index_bounds is not None and (config.debug_checks or config.index_checks):
+        bounds = plan.index_bounds(*[values[i] for i in plan.func_arg_positions])
+        (index_checks.check_on_host if config.debug_checks else index_checks.check_on_device)(bounds)
+    return result
+
+
+def check_recorded_index_bounds(plan: OpPlan, args: tuple, kwargs: dict) -> None:
+    """The device-side index checks of a call that ``_C._defer_record`` recorded natively (it
+    records only outside Debug mode), as run_plan makes them for every other call."""
+    if config.index_checks:
+        values = normalize_args(plan, args, kwargs)
+        index_checks.check_on_device(plan.index_bounds(*[values[i] for i in plan.func_arg_positions]))
+
+
+def _run_checked(plan: OpPlan, values: list[Any], args: tuple, kwargs: dict) -> Any:
+    """Launch (Strict, Debug) or record (DeferAndFuse) one call whose arguments passed the checks."""
+    op = plan.op
     col = _Collector()
     specs, has_generator = _C._walk_all(col, values, plan.runtime_scalar)
     if not has_generator and plan.random:
@@ -264,7 +284,8 @@ def _supported(plan: OpPlan) -> bool:
 
 def defer_fast_eligible(plan: OpPlan) -> bool:
     """Whether ``_C._defer_record`` may record calls of ``plan`` (checked once per plan): a
-    supported op without per-call argument checks or random draws, which need run_plan."""
+    supported op without per-call argument checks or random draws, which need run_plan. (Index
+    bounds are checked after the native record: see ``check_recorded_index_bounds``.)"""
     return _supported(plan) and plan.argument_check is None and not plan.random
 
 
@@ -779,6 +800,7 @@ def synchronize(device: int | None = None) -> None:
         if buf is not None and not buf.is_deleted:
             buf.block_until_ready()
     release_donated()  # everything has finished: their destroys no longer wait
+    index_checks.raise_pending()
 
 
 def _check_nan(plan: OpPlan, tensors: list[torch.Tensor]) -> None:

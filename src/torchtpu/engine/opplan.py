@@ -42,6 +42,8 @@ class OpPlan:
     rejects_input_overlap: bool = False
     # registry.argument_check of the functional op: run on every call (see executor.run_plan)
     argument_check: Callable[..., None] | None = None
+    # registry.index_bounds of the functional op: its index arguments' ranges (see executor.run_plan)
+    index_bounds: Callable[..., list] | None = None
 
     @property
     def is_functional(self) -> bool:
@@ -144,9 +146,10 @@ def plan_for(op: torch._ops.OpOverload) -> OpPlan:
     random = "generator" in names or op in _RANDOM_WITHOUT_GENERATOR or functional in _RANDOM_WITHOUT_GENERATOR
     rejects_overlap = bool(mutated) and (torch.Tag.pointwise in op.tags or op.name() in _OVERLAP_CHECKED)
     check = registry.argument_check(functional) if functional is not None else None
+    bounds = registry.index_bounds(functional) if functional is not None else None
     return OpPlan(op, names, defaults, [a.kwarg_only for a in args], runtime_scalar, mutated, functional,
                   lowering, returns, returns_list, func_arg_positions, random, rejects_overlap,
-                  op.name() in _INPUT_OVERLAP_CHECKED, check)
+                  op.name() in _INPUT_OVERLAP_CHECKED, check, bounds)
 
 
 # Writing ops outside the pointwise tag whose CPU kernels check internal overlap.
@@ -154,7 +157,7 @@ _OVERLAP_CHECKED = frozenset({
     "aten::copy_", "aten::normal_", "aten::uniform_", "aten::bernoulli_", "aten::exponential_",
     "aten::random_", "aten::cauchy_", "aten::log_normal_", "aten::geometric_", "aten::where",
     # their out= variants
-    "aten::cat.out", "aten::index_select.out", "aten::take.out", "aten::bernoulli.out",
+    "aten::cat.out", "aten::index_select.out", "aten::take.out", "aten::gather.out", "aten::bernoulli.out",
 })
 
 

@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     grid_sample,
     histogram,
     incomplete_gamma,
+    index_bounds,
     indexing,
     interpolate,
     linalg,

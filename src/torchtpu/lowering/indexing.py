@@ -1,7 +1,7 @@
 """Indexing: gather/scatter family, embedding, advanced indexing.
 
-XLA clamps out-of-range indices silently; Debug mode checks them on the host
-first and raises IndexError like the CPU.
+XLA clamps out-of-range indices silently: each op's index ranges are checked as
+lowering/index_bounds.py registers them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .builder import Builder, Value
-from .registry import LoweringContext, register, register_debug_check
+from .registry import LoweringContext, register
 
 aten = torch.ops.aten
 
@@ -275,47 +275,6 @@ def _index_put(ctx: LoweringContext, x: Value, indices: list[Value | None], valu
              + ", ".join(map(str, idx_pos)) + "], scatter_dims_to_operand_dims = [" + ", ".join(map(str, idx_pos))
              + f"], index_vector_dim = {nb}>, indices_are_sorted = false, unique_indices = false")
     return b.op1("stablehlo.scatter", [x, full, v], x.shape, x.dtype, attrs=attrs, region=region)
-
-
-# -- Debug-mode host checks ---------------------------------------------------
-def _check_range(index: torch.Tensor, size: int, what: str) -> None:
-    if index.numel() == 0:
-        return
-    host = index.cpu() if index.device.type == "tpu" else index
-    lo, hi = int(host.min()), int(host.max())
-    if lo < -size or hi >= size:
-        bad = hi if hi >= size else lo
-        raise IndexError(f"index {bad} is out of bounds for dimension with size {size} ({what}, tpu debug check)")
-
-
-@register_debug_check(aten.embedding.default)
-def _check_embedding(weight: torch.Tensor, indices: torch.Tensor, *rest: Any) -> None:
-    if indices.numel():
-        host = indices.cpu()
-        if int(host.min()) < 0 or int(host.max()) >= weight.shape[0]:
-            raise IndexError("index out of range in self")
-
-
-@register_debug_check(aten.index_select.default)
-def _check_index_select(x: torch.Tensor, dim: int, index: torch.Tensor) -> None:
-    _check_range(index, x.shape[dim] if x.dim() else 1, "index_select")
-
-
-@register_debug_check(aten.gather.default)
-def _check_gather(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> None:
-    _check_range(index, x.shape[dim] if x.dim() else 1, "gather")
-
-
-@register_debug_check(aten.index.Tensor, aten.index_put.default)
-def _check_index(x: torch.Tensor, indices: list, *rest: Any) -> None:
-    for d, t in enumerate(indices):
-        if t is not None and t.dtype != torch.bool:
-            _check_range(t, x.shape[d], "index")
-
-
-@register_debug_check(aten.scatter.src, aten.scatter.value, aten.scatter_add.default)
-def _check_scatter(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> None:
-    _check_range(index, x.shape[dim] if x.dim() else 1, "scatter")
 
 
 def _reduce_identity(dtype: torch.dtype, reduce: str) -> float | int | bool:

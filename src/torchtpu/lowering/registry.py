@@ -32,6 +32,9 @@ _META_CHECKS: dict[Any, Callable[..., None]] = {}
 # Checks of argument values that CPU kernels make and meta kernels cannot (a distribution's
 # parameters, which travel as runtime scalars): run on every call of the op.
 _ARGUMENT_CHECKS: dict[Any, Callable[..., None]] = {}
+# Index arguments' valid ranges (lowering/index_bounds.py): checked on the host in Debug mode,
+# on the device otherwise, where XLA would clamp an out-of-range index without a word.
+_INDEX_BOUNDS: dict[Any, Callable[..., list]] = {}
 
 
 def register(*ops: Any) -> Callable[[Lowering], Lowering]:
@@ -86,6 +89,7 @@ register_host_kernel = _registrar(_HOST_KERNELS)
 register_debug_check = _registrar(_DEBUG_CHECKS)
 register_meta_check = _registrar(_META_CHECKS)
 register_argument_check = _registrar(_ARGUMENT_CHECKS)
+register_index_bounds = _registrar(_INDEX_BOUNDS)
 
 
 def host_kernel(op: torch._ops.OpOverload) -> Callable[..., Any] | None:
@@ -102,6 +106,10 @@ def meta_check(op: torch._ops.OpOverload) -> Callable[..., None] | None:
 
 def argument_check(op: torch._ops.OpOverload) -> Callable[..., None] | None:
     return _ARGUMENT_CHECKS.get(op)
+
+
+def index_bounds(op: torch._ops.OpOverload) -> Callable[..., list] | None:
+    return _INDEX_BOUNDS.get(op)
 
 
 def lookup(op: torch._ops.OpOverload) -> Lowering | None:

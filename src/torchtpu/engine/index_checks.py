@@ -1,0 +1,104 @@
+"""Index checks: out-of-range indices raise, as on the CPU, in every eager mode.
+
+Debug mode reads the index to the host as the (synchronous) op returns and raises
+there, naming the offending value. Strict and DeferAndFuse must not wait for the device at every
+indexing op, so each op's bounds (lowering/index_bounds.py) become one more small
+device op that folds the outcome into a per-device flag. The next synchronization
+(a read to the host, ``torch.tpu.synchronize()``) reads the flag and raises the
+CPU's exception there: asynchronously, as CUDA reports a device-side assert. The
+op's own result is already computed (XLA clamps the index), and the error
+surfaces before any value reaches the host.
+
+Graphs compiled with ``torch.compile`` are not checked.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .. import storage as st
+from ..lowering.index_bounds import INDEX_BOUNDS_FLAG, Bound
+from ..runtime import Buffer
+
+_ASYNC_NOTE = (" (torchtpu: detected on the device by an earlier indexing op and reported at this synchronization; "
+               "run with TORCH_TPU_LAUNCH_BLOCKING=1 to raise at the op itself)")
+
+_lock = threading.Lock()
+_flags: dict[torch.device, torch.Tensor] = {}  # device -> its latest flag, while unread
+_zeros: dict[torch.device, torch.Tensor] = {}  # device -> a [0, 0] flag, the start of each chain
+# code -> (exception type, message); a check's code depends only on what it reports, so the
+# same op call records the same program (and hits the same cached executable) every time
+_reports: list[tuple[type[Exception], str]] = [(RuntimeError, "")]
+_codes: dict[tuple[type[Exception], str], int] = {}
+
+
+def check_on_host(bounds: Sequence[Bound]) -> None:
+    """Debug mode: read each index and raise the CPU's error for the first offending value."""
+    for bound in bounds:
+        if bound.index.numel() == 0:
+            continue
+        host = bound.index.cpu().reshape(-1).to(torch.int64)
+        bad = (host < bound.low) | (host >= bound.high)
+        if bound.exempt is not None:
+            bad &= host != bound.exempt
+        if bool(bad.any()):
+            raise bound.error(bound.message.format(int(host[bad][0])))
+
+
+def check_on_device(bounds: Sequence[Bound]) -> None:
+    """Strict and DeferAndFuse: fold each bound into its device's flag (no host wait)."""
+    for bound in bounds:
+        index = bound.index
+        if index.numel() == 0:
+            continue
+        if index.device.type != "tpu":  # a host index: checking it costs no device wait
+            check_on_host([bound])
+            continue
+        code = _code(bound.error, bound.message)
+        with _lock:
+            flag = _flags.get(index.device)
+            if flag is None:
+                flag = _zeros.get(index.device)
+                if flag is None:
+                    flag = _zeros[index.device] = torch.zeros(2, dtype=torch.int64, device=index.device)
+            _flags[index.device] = INDEX_BOUNDS_FLAG(flag, index, bound.low, bound.high, bound.exempt, code)
+
+
+def raise_pending() -> None:
+    """At a synchronization: read the unread flags, raise the first failed check's error."""
+    if not _flags:
+        return
+    with _lock:
+        flags = list(_flags.values())
+        _flags.clear()  # before reading: the reads below synchronize too
+    for flag in flags:
+        code, value = (int(v) for v in _read(flag))
+        if code:
+            error, message = _reports[code]
+            raise error(message.format(value) + _ASYNC_NOTE)
+
+
+def _read(flag: torch.Tensor) -> Any:
+    """The flag's two values, straight from its buffer (it owns the whole of it)."""
+    from . import deferred  # (imports the executor, which imports this module)
+
+    buf = st.storage_buffer(flag.untyped_storage())
+    if not isinstance(buf, Buffer):  # recorded in DeferAndFuse, not run yet
+        deferred.flush()
+        buf = st.storage_buffer(flag.untyped_storage())
+    return buf.to_host()
+
+
+def _code(error: type[Exception], message: str) -> int:
+    key = (error, message)
+    code = _codes.get(key)
+    if code is None:
+        with _lock:
+            code = _codes.setdefault(key, len(_reports))
+            if code == len(_reports):
+                _reports.append(key)
+    return code

@@ -1,0 +1,148 @@
+"""Index bounds: which values each indexing op accepts, and the device check of them.
+
+XLA clamps an out-of-range gather or scatter index without a word, so an op that
+the CPU refuses would compute a wrong answer here. Each indexing op registers the
+ranges its index arguments must lie in (``register_index_bounds``), with the
+exception type and message the CPU raises. Debug mode checks them on the host
+as the op returns; Strict and DeferAndFuse check them on the device, with
+``torchtpu::index_bounds_flag``, and report at the next synchronization
+(engine/index_checks.py), as CUDA reports a device-side assert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .builder import Value
+from .registry import LoweringContext, register, register_index_bounds
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class Bound:
+    """``index`` must lie in [low, high) (``exempt``, e.g. nll_loss's ignore_index, is allowed
+    too); otherwise the op raises ``error(message.format(bad_value))``."""
+
+    index: torch.Tensor
+    low: int
+    high: int
+    error: type[Exception]
+    message: str
+    exempt: int | None = None
+
+
+# The flag is int64 [code, value]: code 0 while every check passed, else the code of the first
+# failed check (engine/index_checks.py maps codes to messages) and one offending index value.
+_lib = torch.library.Library("torchtpu", "DEF")
+_lib.define("index_bounds_flag(Tensor flag, Tensor index, int low, int high, int? exempt, int code) -> Tensor")
+_lib.impl("index_bounds_flag", lambda flag, index, low, high, exempt, code: torch.empty_like(flag), "Meta")
+INDEX_BOUNDS_FLAG = torch.ops.torchtpu.index_bounds_flag.default
+_INT64_MIN = torch.iinfo(torch.int64).min
+
+
+@register(INDEX_BOUNDS_FLAG)
+def _index_bounds_flag(ctx: LoweringContext, flag: Value, index: Value, low: int, high: int, exempt: int | None,
+                       code: int) -> Value:
+    b = ctx.b
+    idx = b.reshape(b.convert(index, torch.int64), (index.numel,))
+    shape = idx.shape
+    bad = b.binary("or", b.compare(idx, b.constant(low, torch.int64, shape), "LT"),
+                   b.compare(idx, b.constant(high, torch.int64, shape), "GE"))
+    if exempt is not None:
+        bad = b.binary("and", bad, b.compare(idx, b.constant(exempt, torch.int64, shape), "NE"))
+    count = b.reduce(b.convert(bad, torch.int64), [0], b.constant(0, torch.int64), "stablehlo.add")
+    # any offending value (the largest): the message names one, as the CPU's names the first
+    worst = b.reduce(b.select(bad, idx, b.constant(_INT64_MIN, torch.int64, shape)), [0],
+                     b.constant(_INT64_MIN, torch.int64), "stablehlo.maximum")
+    old_code = b.reshape(b.slice(flag, [0], [1]), ())
+    old_value = b.reshape(b.slice(flag, [1], [2]), ())
+    first = b.binary("and", b.compare(old_code, b.constant(0, torch.int64), "EQ"),
+                     b.compare(count, b.constant(0, torch.int64), "GT"))
+    new_code = b.select(first, b.constant(code, torch.int64), old_code)
+    new_value = b.select(first, worst, old_value)
+    return b.concatenate([b.reshape(new_code, (1,)), b.reshape(new_value, (1,))], 0)
+
+
+# -- the ranges of each op's index arguments, as the CPU kernels check them ----------------
+def _dim_size(x: torch.Tensor, dim: int) -> tuple[int, int]:
+    """(wrapped dim, its size); a 0-d tensor indexes like a 1-element one."""
+    if x.dim() == 0:
+        return 0, 1
+    dim = dim % x.dim()
+    return dim, x.shape[dim]
+
+
+def _out_of_bounds(index: torch.Tensor, x: torch.Tensor, dim: int, error: type[Exception]) -> list[Bound]:
+    d, size = _dim_size(x, dim)
+    return [Bound(index, 0, size, error, f"index {{}} is out of bounds for dimension {d} with size {size}")]
+
+
+@register_index_bounds(aten.embedding.default)
+def _embedding_bounds(weight: torch.Tensor, indices: torch.Tensor, *rest: Any) -> list[Bound]:
+    return [Bound(indices, 0, weight.shape[0], IndexError, "index out of range in self")]
+
+
+@register_index_bounds(aten.index_select.default, aten.index_reduce.default)
+def _index_select_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> list[Bound]:
+    return [Bound(index, 0, _dim_size(x, dim)[1], IndexError, "index out of range in self")]
+
+
+@register_index_bounds(aten.index_copy.default)
+def _index_copy_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> list[Bound]:
+    d, size = _dim_size(x, dim)
+    return [Bound(index, 0, size, IndexError,
+                  f"index_copy_(): index {{}} is out of bounds for dimension {d} with size {size}")]
+
+
+@register_index_bounds(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def _index_fill_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> list[Bound]:
+    """Negative indices count from the end."""
+    d, size = _dim_size(x, dim)
+    return [Bound(index, -size, size, IndexError, f"index {{}} is out of bounds for dimension {d} with size {size}")]
+
+
+@register_index_bounds(aten.gather.default, aten.scatter.src, aten.scatter.value, aten.scatter.reduce,
+                       aten.scatter.value_reduce, aten.scatter_add.default, aten.scatter_reduce.two,
+                       aten.index_add.default)
+def _dim_index_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> list[Bound]:
+    return _out_of_bounds(index, x, dim, RuntimeError)
+
+
+@register_index_bounds(aten.index.Tensor, aten.index_put.default)
+def _advanced_index_bounds(x: torch.Tensor, indices: list, *rest: Any) -> list[Bound]:
+    """Negative indices count from the end; a boolean mask takes as many dims as it has.
+
+    The CPU's message numbers a dim among the indexed ones only (``x[:, i]`` reports dim 0).
+    """
+    bounds = []
+    d = 0  # the dim of x the next index applies to
+    indexed = 0  # how many dims were indexed before it
+    for t in indices:
+        if t is not None and t.dtype in (torch.bool, torch.uint8):
+            d += t.dim()
+            indexed += t.dim()
+            continue
+        if t is not None and d < x.dim():
+            size = x.shape[d]
+            bounds.append(Bound(t, -size, size, IndexError,
+                                f"index {{}} is out of bounds for dimension {indexed} with size {size}"))
+            indexed += 1
+        d += 1
+    return bounds
+
+
+@register_index_bounds(aten.take.default, aten.put.default)
+def _flat_index_bounds(x: torch.Tensor, index: torch.Tensor, *rest: Any) -> list[Bound]:
+    n = x.numel()
+    return [Bound(index, -n, n, IndexError, f"out of range: tried to access index {{}} on a tensor of {n} elements.")]
+
+
+@register_index_bounds(aten.nll_loss_forward.default)
+def _nll_loss_bounds(x: torch.Tensor, target: torch.Tensor, weight: Any, reduction: int,
+                     ignore_index: int) -> list[Bound]:
+    classes = x.shape[-1] if x.dim() < 2 else x.shape[1]
+    return [Bound(target, 0, classes, IndexError, "Target {} is out of bounds.", exempt=ignore_index)]

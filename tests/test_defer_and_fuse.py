@@ -84,6 +84,26 @@ def test_gpt_matches_strict_and_stops_compiling():
     assert compiles[-3:] == [0, 0, 0], compiles  # after warm-up: zero compiles per step
 
 
+def test_eager_mode_left_open_until_exit_ends_quietly():
+    """Regression: the context's exit ran at interpreter shutdown and imported a module, which
+    printed 'Exception ignored ... ImportError: sys.meta_path is None'."""
+    r = run_python("""
+        import torch
+        ctx = torch.tpu.eager_mode("defer_and_fuse")
+        ctx.__enter__()
+        x0 = torch.ones(16, device="tpu")
+        def run():
+            x = x0
+            for _ in range(50):
+                x = x * 1.0001
+            return x.sum().item()
+        print(round(run(), 2))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "16.08"
+    assert "Exception ignored" not in r.stderr and "ImportError" not in r.stderr, r.stderr
+
+
 def test_env_var_selects_mode():
     for var in ("TORCH_TPU_DEFER_AND_FUSE", "TPU_DEFER_AND_FUSE"):
         r = run_python("""

@@ -10,7 +10,7 @@ import torch
 
 from . import _C, _device_state
 from ._config import config
-from .engine import executor
+from .engine import deferred, executor
 from .engine.precision import precision  # noqa: F401  (public: torch.tpu.precision)
 from .runtime import host_memory
 
@@ -250,8 +250,8 @@ def set_eager_mode(mode: str) -> None:
     """
     if mode not in EAGER_MODES:
         raise ValueError(f"eager mode must be one of {EAGER_MODES}, got {mode!r}")
-    from .engine import deferred
-
+    # imported at the top: an eager_mode() context left open until interpreter shutdown ends
+    # here while imports no longer work
     deferred.flush()
     config.launch_blocking = mode == "debug"
     config.defer_and_fuse = mode == "defer_and_fuse"
@@ -289,7 +289,7 @@ def compile_cache_stats() -> dict[str, float]:
 
 def clear_compile_cache(tier: int | None = None) -> None:
     """Clear tier 1 (process memory), 2 (host-shared) or 3 (persistent); all tiers by default."""
-    from .engine import compile_cache, deferred
+    from .engine import compile_cache
 
     if tier in (None, 1):
         executor.cache_clear()

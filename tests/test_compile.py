@@ -222,3 +222,31 @@ def test_outputs_viewing_one_intermediate_share_its_buffer():
     assert storage[0] == storage[1] == storage[2]  # q, k, v: one buffer
     assert storage[3] == storage[4] != storage[0]  # the softmax, once
     assert outs[5].untyped_storage().nbytes() == 3 * 4  # the slice alone
+
+
+def test_compiled_graph_reports_out_of_range_indices_like_eager():
+    """Regression: compiled gathers clamped out-of-range indices silently (the CPU raises)."""
+    import pytest
+
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+    emb = nn.Embedding(5, 3).to("tpu")
+
+    def t(v):
+        return torch.tensor(v).to("tpu")
+
+    def f(x, i, target, tokens):
+        return torch.gather(x, 1, i).sum() + nn.functional.cross_entropy(x, target) + emb(tokens).sum()
+
+    cf = torch.compile(f, backend="tpu")
+    good = (t([[1], [2], [3]]), t([0, 1, 2]), t([0, 4]))
+    first = cf(x, *good).item()
+    cases = [((t([[1], [7], [3]]), good[1], good[2]), RuntimeError,
+              "index 7 is out of bounds for dimension 1 with size 4"),
+             ((good[0], t([0, 9, 2]), good[2]), IndexError, "Target 9 is out of bounds."),
+             ((good[0], good[1], t([0, 5])), IndexError, "index out of range in self")]
+    for args, error, message in cases:
+        out = cf(x, *args)  # the same compiled program: the check does not wait for the device
+        with pytest.raises(error) as info:
+            out.item()
+        assert str(info.value).startswith(message)
+    assert cf(x, *good).item() == first  # reported once; valid indices raise nothing

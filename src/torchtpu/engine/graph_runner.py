@@ -20,8 +20,10 @@ import torch
 import torch.fx
 
 from .. import _C
+from .._config import config
 from ..lowering import decompose
 from ..lowering.builder import Builder, Value
+from ..lowering.index_bounds import fold_bound
 from ..lowering.views import (
     ViewSpec,
     contiguous_strides,
@@ -30,8 +32,9 @@ from ..lowering.views import (
     read_view,
     write_view,
 )
-from . import bucketing, compile_cache, executor
+from . import bucketing, compile_cache, executor, index_checks
 from . import precision as precision_mod
+from .opplan import normalize_args, plan_for
 
 _RANDOM_TARGETS = {torch.ops.aten.native_dropout.default, torch.ops.aten.bernoulli.p,
                    torch.ops.aten.bernoulli.default, torch.ops.aten.uniform.default,
@@ -70,6 +73,10 @@ class GraphProgram:
         self.symbolic = any(_is_symbolic(n.meta.get("val")) for n in self.graph.nodes)
         self._plan: bucketing.Plan | None | bool = False  # False: not analyzed yet
         self.not_bucketable = ""
+        # Indexing nodes whose index ranges are checked on the device (as eager ops' are): the
+        # program then takes the device's index-check flag as one more input and returns it with
+        # these checks folded in. Graphs with symbolic shapes are not checked.
+        self.bounded = [] if self.symbolic else [n for n in self.graph.nodes if _index_bounds_of(n) is not None]
 
     def __call__(self, args: list[Any]) -> Any:
         if self.symbolic and bucketing.enabled():
@@ -113,7 +120,9 @@ class GraphProgram:
 
     def _run(self, args: list[Any], bucket: tuple | None = None) -> Any:
         col = executor._Collector()
-        specs, _ = _C._walk_all(col, args, [False] * len(args))
+        flag_device = _first_tpu_device(args) if self.bounded and bucket is None and config.index_checks else None
+        inputs = args if flag_device is None else [*args, index_checks.current_flag(flag_device)]
+        specs, _ = _C._walk_all(col, inputs, [False] * len(inputs))
         if bucket is not None:
             specs.append(("B", len(col.inputs)))  # the actual sizes: a runtime input
             col.inputs.append(("host", bucket[1]))
@@ -125,10 +134,13 @@ class GraphProgram:
         key = _C._op_key((precision_mod.current(), tuple(specs), skeys))  # exact: 2 != 2.0, 0.0 != -0.0
         entry = self.cache.get(key)
         if entry is None:
-            entry = self._compile(specs, skeys, col, key, bucket[0] if bucket is not None else None)
+            entry = self._compile(specs, skeys, col, key, bucket[0] if bucket is not None else None,
+                                  flag_device is not None)
         else:
             executor.stats.hits += 1
         new = executor.execute_and_bind(col, skeys, entry)
+        if flag_device is not None:
+            index_checks.set_flag(flag_device, new[entry.flag_output])  # type: ignore[attr-defined]
         for pos, k in entry.host_writes:  # type: ignore[attr-defined]
             args[pos].copy_(new[k].cpu())
         results = []
@@ -152,7 +164,7 @@ class GraphProgram:
         return rec.values
 
     def _compile(self, specs: list, skeys: tuple, col: Any, key: _C.OpKey,
-                 plan: bucketing.Plan | None = None) -> executor.Entry:
+                 plan: bucketing.Plan | None = None, flag_input: bool = False) -> executor.Entry:
         executor.stats.misses += 1
         executor.stats.graph_misses += 1
         start = time.perf_counter()
@@ -236,6 +248,13 @@ class GraphProgram:
                 out_values.append(dense_to_storage(b, v, stride))
             else:
                 result_specs.append(_OutSpec("value", value=r if not isinstance(r, Value) else None))
+        flag_output = None
+        if flag_input:
+            s = specs[len(self.placeholders)]
+            flag = read_view(b, storage_vals[s[1]], ViewSpec(s[2], s[3], s[4], s[5]))
+            flag_output = len(outputs)
+            outputs.append(("new", torch.int64, (2,), (1,)))
+            out_values.append(self._fold_bounds(b, flag, env))
         # In-graph input mutations: write the new values back into the inputs' storages.
         current = dict(storage_vals)
         written: dict[int, list[ViewSpec]] = {}
@@ -262,10 +281,44 @@ class GraphProgram:
         exe = compile_cache.compile(text)
         entry = executor.Entry(exe, outputs, result_specs, donate)
         entry.host_writes = host_writes  # type: ignore[attr-defined]
+        entry.flag_output = flag_output  # type: ignore[attr-defined]
         self.cache[key] = entry
         self.compiles += 1
         executor.stats.compile_seconds += time.perf_counter() - start
         return entry
+
+
+    def _fold_bounds(self, b: Builder, flag: Value, env: dict) -> Value:
+        """``flag`` with the index checks of every bounded node folded in, in graph order."""
+        node_of = {id(n.meta.get("val")): n for n in self.graph.nodes if n.meta.get("val") is not None}
+        for node in self.bounded:
+            plan = plan_for(node.target)
+
+            def meta(a: Any) -> Any:
+                return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+
+            values = normalize_args(plan, torch.fx.node.map_aggregate(node.args, meta),
+                                    torch.fx.node.map_aggregate(node.kwargs, meta))
+            for bound in plan.index_bounds(*[values[i] for i in plan.func_arg_positions]):
+                source = node_of.get(id(bound.index))
+                index = env.get(source) if source is not None else None
+                if isinstance(index, Value) and index.numel:
+                    code = index_checks.code_for(bound.error, bound.message)
+                    flag = fold_bound(b, flag, index, bound.low, bound.high, bound.exempt, code)
+        return flag
+
+
+def _index_bounds_of(node: torch.fx.Node) -> Any:
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return None
+    return plan_for(node.target).index_bounds
+
+
+def _first_tpu_device(args: list[Any]) -> torch.device:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type == "tpu":
+            return a.device
+    return torch.device("tpu", 0)
 
 
 def _viewed_input(node: Any, val: Any) -> torch.fx.Node | None:

@@ -9,7 +9,8 @@ CPU's exception there: asynchronously, as CUDA reports a device-side assert. The
 op's own result is already computed (XLA clamps the index), and the error
 surfaces before any value reaches the host.
 
-Graphs compiled with ``torch.compile`` are not checked.
+Graphs compiled with ``torch.compile`` fold the checks of their indexing nodes into the
+same flag (engine/graph_runner.py); graphs traced with symbolic shapes are not checked.
 """
 
 from __future__ import annotations
@@ -58,14 +59,26 @@ def check_on_device(bounds: Sequence[Bound]) -> None:
         if index.device.type != "tpu":  # a host index: checking it costs no device wait
             check_on_host([bound])
             continue
-        code = _code(bound.error, bound.message)
+        code = code_for(bound.error, bound.message)
         with _lock:
-            flag = _flags.get(index.device)
-            if flag is None:
-                flag = _zeros.get(index.device)
-                if flag is None:
-                    flag = _zeros[index.device] = torch.zeros(2, dtype=torch.int64, device=index.device)
-            _flags[index.device] = INDEX_BOUNDS_FLAG(flag, index, bound.low, bound.high, bound.exempt, code)
+            _flags[index.device] = INDEX_BOUNDS_FLAG(current_flag(index.device), index, bound.low, bound.high,
+                                                     bound.exempt, code)
+
+
+def current_flag(device: torch.device) -> torch.Tensor:
+    """The device's flag to fold the next checks into (a compiled graph takes it as an input)."""
+    flag = _flags.get(device)
+    if flag is None:
+        flag = _zeros.get(device)
+        if flag is None:
+            flag = _zeros[device] = torch.zeros(2, dtype=torch.int64, device=device)
+    return flag
+
+
+def set_flag(device: torch.device, flag: torch.Tensor) -> None:
+    """A compiled graph's flag output: ``current_flag(device)`` with the graph's checks folded in."""
+    with _lock:
+        _flags[device] = flag
 
 
 def raise_pending() -> None:
@@ -93,7 +106,8 @@ def _read(flag: torch.Tensor) -> Any:
     return buf.to_host()
 
 
-def _code(error: type[Exception], message: str) -> int:
+def code_for(error: type[Exception], message: str) -> int:
+    """The flag code that reports ``error(message)``."""
     key = (error, message)
     code = _codes.get(key)
     if code is None:

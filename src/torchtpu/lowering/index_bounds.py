@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .builder import Value
+from .builder import Builder, Value
 from .registry import LoweringContext, register, register_index_bounds
 
 aten = torch.ops.aten
@@ -44,10 +44,9 @@ INDEX_BOUNDS_FLAG = torch.ops.torchtpu.index_bounds_flag.default
 _INT64_MIN = torch.iinfo(torch.int64).min
 
 
-@register(INDEX_BOUNDS_FLAG)
-def _index_bounds_flag(ctx: LoweringContext, flag: Value, index: Value, low: int, high: int, exempt: int | None,
-                       code: int) -> Value:
-    b = ctx.b
+def fold_bound(b: Builder, flag: Value, index: Value, low: int, high: int, exempt: int | None, code: int) -> Value:
+    """``flag`` with this check folded in: unchanged unless it is still clear and some value of
+    ``index`` lies outside [low, high) (other than ``exempt``)."""
     idx = b.reshape(b.convert(index, torch.int64), (index.numel,))
     shape = idx.shape
     bad = b.binary("or", b.compare(idx, b.constant(low, torch.int64, shape), "LT"),
@@ -65,6 +64,12 @@ def _index_bounds_flag(ctx: LoweringContext, flag: Value, index: Value, low: int
     new_code = b.select(first, b.constant(code, torch.int64), old_code)
     new_value = b.select(first, worst, old_value)
     return b.concatenate([b.reshape(new_code, (1,)), b.reshape(new_value, (1,))], 0)
+
+
+@register(INDEX_BOUNDS_FLAG)
+def _index_bounds_flag(ctx: LoweringContext, flag: Value, index: Value, low: int, high: int, exempt: int | None,
+                       code: int) -> Value:
+    return fold_bound(ctx.b, flag, index, low, high, exempt, code)
 
 
 # -- the ranges of each op's index arguments, as the CPU kernels check them ----------------

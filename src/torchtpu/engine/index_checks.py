@@ -1,9 +1,9 @@
-"""Index checks: out-of-range indices raise, as on the CPU, in every eager mode.
+"""Index checks: out-of-range indices raise, as on the CPU, in every mode.
 
 Debug mode reads the index to the host as the (synchronous) op returns and raises
-there, naming the offending value. Strict and DeferAndFuse must not wait for the device at every
-indexing op, so each op's bounds (lowering/index_bounds.py) become one more small
-device op that folds the outcome into a per-device flag. The next synchronization
+there, naming the offending value. Strict and DeferAndFuse must not wait for the
+device at every indexing op, so each op's bounds (lowering/index_bounds.py) become
+one more small device op that folds the outcome into a per-device flag. The next synchronization
 (a read to the host, ``torch.tpu.synchronize()``) reads the flag and raises the
 CPU's exception there: asynchronously, as CUDA reports a device-side assert. The
 op's own result is already computed (XLA clamps the index), and the error

@@ -224,7 +224,7 @@ def run_plan(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
         check = registry.debug_check(plan.functional)
         if check is not None:
             check(*[values[i] for i in plan.func_arg_positions])
-    result = _run_checked(plan, values, args, kwargs)
+    result = _launch_or_record(plan, values, args, kwargs)
     # Index bounds after the op: the op's own argument errors (a dim out of range) come first, as on
     # CPU, and in Strict and DeferAndFuse its launch (or record) does not wait for the check's.
     if plan.index_bounds is not None and (config.debug_checks or config.index_checks):
@@ -241,8 +241,8 @@ def check_recorded_index_bounds(plan: OpPlan, args: tuple, kwargs: dict) -> None
         index_checks.check_on_device(plan.index_bounds(*[values[i] for i in plan.func_arg_positions]))
 
 
-def _run_checked(plan: OpPlan, values: list[Any], args: tuple, kwargs: dict) -> Any:
-    """Launch (Strict, Debug) or record (DeferAndFuse) one call whose arguments passed the checks."""
+def _launch_or_record(plan: OpPlan, values: list[Any], args: tuple, kwargs: dict) -> Any:
+    """Launch (Strict, Debug) or record (DeferAndFuse) one call of a supported op."""
     op = plan.op
     col = _Collector()
     specs, has_generator = _C._walk_all(col, values, plan.runtime_scalar)

@@ -250,8 +250,8 @@ class GraphProgram:
                 result_specs.append(_OutSpec("value", value=r if not isinstance(r, Value) else None))
         flag_output = None
         if flag_input:
-            s = specs[len(self.placeholders)]
-            flag = read_view(b, storage_vals[s[1]], ViewSpec(s[2], s[3], s[4], s[5]))
+            fs = specs[len(self.placeholders)]  # the flag: the input after the graph's own
+            flag = read_view(b, storage_vals[fs[1]], ViewSpec(fs[2], fs[3], fs[4], fs[5]))
             flag_output = len(outputs)
             outputs.append(("new", torch.int64, (2,), (1,)))
             out_values.append(self._fold_bounds(b, flag, env))
@@ -287,18 +287,18 @@ class GraphProgram:
         executor.stats.compile_seconds += time.perf_counter() - start
         return entry
 
-
     def _fold_bounds(self, b: Builder, flag: Value, env: dict) -> Value:
-        """``flag`` with the index checks of every bounded node folded in, in graph order."""
+        """``flag`` with the index checks of every bounded node folded in, in graph order. The
+        bounds come from the nodes' example values; each index found among them is lowered."""
         node_of = {id(n.meta.get("val")): n for n in self.graph.nodes if n.meta.get("val") is not None}
+
+        def example(a: Any) -> Any:
+            return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+
         for node in self.bounded:
             plan = plan_for(node.target)
-
-            def meta(a: Any) -> Any:
-                return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
-
-            values = normalize_args(plan, torch.fx.node.map_aggregate(node.args, meta),
-                                    torch.fx.node.map_aggregate(node.kwargs, meta))
+            values = normalize_args(plan, torch.fx.node.map_aggregate(node.args, example),
+                                    torch.fx.node.map_aggregate(node.kwargs, example))
             for bound in plan.index_bounds(*[values[i] for i in plan.func_arg_positions]):
                 source = node_of.get(id(bound.index))
                 index = env.get(source) if source is not None else None

@@ -47,6 +47,7 @@ def test_debug_mode_raises_index_error_like_cpu(var):
 _OUT_OF_RANGE = {
     "gather": lambda x, t: torch.gather(x, 1, t([[5]])),
     "gather_negative": lambda x, t: torch.gather(x, 1, t([[-1]])),
+    "gather_first_of_two": lambda x, t: torch.gather(x, 1, t([[1], [5], [9]])),  # names 5, as the CPU
     "scatter_": lambda x, t: x.clone().scatter_(0, t([[7]]), 1.0),
     "scatter_add": lambda x, t: x.scatter_add(0, t([[3]]), torch.ones_like(x[:1, :1])),
     "scatter_reduce": lambda x, t: x.scatter_reduce(0, t([[7]]), torch.ones_like(x[:1, :1]), "sum"),
@@ -61,6 +62,7 @@ _OUT_OF_RANGE = {
     "index_fill": lambda x, t: x.index_fill(0, t([-4]), 2.0),
     "take": lambda x, t: torch.take(x, t([12])),
     "nll_loss": lambda x, t: torch.nn.functional.cross_entropy(x, t([0, 4, 1])),
+    "embedding_bag": lambda x, t: torch.nn.functional.embedding_bag(t([[0, 5]]), x),
 }
 # the same ops with indices the CPU accepts (negative ones where they count from the end)
 _IN_RANGE = [
@@ -125,7 +127,8 @@ def test_index_checks_can_be_switched_off(monkeypatch):
     assert out.shape == (1, 4)
 
 
-@pytest.mark.parametrize("case", ["gather", "gather_negative", "scatter_", "index_copy", "take", "nll_loss"])
+@pytest.mark.parametrize("case", ["gather", "gather_negative", "gather_first_of_two", "scatter_", "index_copy", "take",
+                                  "nll_loss", "embedding_bag"])
 def test_debug_mode_raises_the_cpu_error_at_the_op(case):
     fn = _OUT_OF_RANGE[case]
     error, message = _cpu_error(fn)

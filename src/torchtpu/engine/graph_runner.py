@@ -253,7 +253,7 @@ class GraphProgram:
             fs = specs[len(self.placeholders)]  # the flag: the input after the graph's own
             flag = read_view(b, storage_vals[fs[1]], ViewSpec(fs[2], fs[3], fs[4], fs[5]))
             flag_output = len(outputs)
-            outputs.append(("new", torch.int64, (2,), (1,)))
+            outputs.append(("new", torch.int64, tuple(flag.shape), (1,)))
             out_values.append(self._fold_bounds(b, flag, env))
         # In-graph input mutations: write the new values back into the inputs' storages.
         current = dict(storage_vals)

@@ -30,7 +30,7 @@ _ASYNC_NOTE = (" (torchtpu: detected on the device by an earlier indexing op and
 
 _lock = threading.Lock()
 _flags: dict[torch.device, torch.Tensor] = {}  # device -> its latest flag, while unread
-_zeros: dict[torch.device, torch.Tensor] = {}  # device -> a [0, 0] flag, the start of each chain
+_zeros: dict[torch.device, torch.Tensor] = {}  # device -> a clear flag, the start of each chain
 # code -> (exception type, message); a check's code depends only on what it reports, so the
 # same op call records the same program (and hits the same cached executable) every time
 _reports: list[tuple[type[Exception], str]] = [(RuntimeError, "")]
@@ -47,7 +47,8 @@ def check_on_host(bounds: Sequence[Bound]) -> None:
         if bound.exempt is not None:
             bad &= host != bound.exempt
         if bool(bad.any()):
-            raise bound.error(bound.message.format(int(host[bad][0])))
+            position = int(bad.nonzero()[0, 0])
+            raise bound.error(bound.message.format(value=int(host[position]), position=position))
 
 
 def check_on_device(bounds: Sequence[Bound]) -> None:
@@ -71,7 +72,7 @@ def current_flag(device: torch.device) -> torch.Tensor:
     if flag is None:
         flag = _zeros.get(device)
         if flag is None:
-            flag = _zeros[device] = torch.zeros(2, dtype=torch.int64, device=device)
+            flag = _zeros[device] = torch.zeros(3, dtype=torch.int64, device=device)
     return flag
 
 
@@ -89,14 +90,14 @@ def raise_pending() -> None:
         flags = list(_flags.values())
         _flags.clear()  # before reading: the reads below synchronize too
     for flag in flags:
-        code, value = (int(v) for v in _read(flag))
+        code, value, position = (int(v) for v in _read(flag))
         if code:
             error, message = _reports[code]
-            raise error(message.format(value) + _ASYNC_NOTE)
+            raise error(message.format(value=value, position=position) + _ASYNC_NOTE)
 
 
 def _read(flag: torch.Tensor) -> Any:
-    """The flag's two values, straight from its buffer (it owns the whole of it)."""
+    """The flag's values, straight from its buffer (it owns the whole of it)."""
     from . import deferred  # (imports the executor, which imports this module)
 
     buf = st.storage_buffer(flag.untyped_storage())

@@ -25,7 +25,8 @@ aten = torch.ops.aten
 @dataclass(frozen=True)
 class Bound:
     """``index`` must lie in [low, high) (``exempt``, e.g. nll_loss's ignore_index, is allowed
-    too); otherwise the op raises ``error(message.format(bad_value))``."""
+    too); otherwise the op raises ``error(message.format(value=v, position=p))`` for the first
+    offending value ``v``, at flat position ``p`` of ``index``."""
 
     index: torch.Tensor
     low: int
@@ -35,8 +36,9 @@ class Bound:
     exempt: int | None = None
 
 
-# The flag is int64 [code, value]: code 0 while every check passed, else the code of the first
-# failed check (engine/index_checks.py maps codes to messages) and one offending index value.
+# The flag is int64 [code, value, position]: code 0 while every check passed, else the code of the
+# first failed check (engine/index_checks.py maps codes to messages), its first offending index
+# value and that value's flat position in the index.
 _lib = torch.library.Library("torchtpu", "DEF")
 _lib.define("index_bounds_flag(Tensor flag, Tensor index, int low, int high, int? exempt, int code) -> Tensor")
 _lib.impl("index_bounds_flag", lambda flag, index, low, high, exempt, code: torch.empty_like(flag), "Meta")
@@ -47,23 +49,25 @@ _INT64_MIN = torch.iinfo(torch.int64).min
 def fold_bound(b: Builder, flag: Value, index: Value, low: int, high: int, exempt: int | None, code: int) -> Value:
     """``flag`` with this check folded in: unchanged unless it is still clear and some value of
     ``index`` lies outside [low, high) (other than ``exempt``)."""
-    idx = b.reshape(b.convert(index, torch.int64), (index.numel,))
+    n = index.numel
+    idx = b.reshape(b.convert(index, torch.int64), (n,))
     shape = idx.shape
     bad = b.binary("or", b.compare(idx, b.constant(low, torch.int64, shape), "LT"),
                    b.compare(idx, b.constant(high, torch.int64, shape), "GE"))
     if exempt is not None:
         bad = b.binary("and", bad, b.compare(idx, b.constant(exempt, torch.int64, shape), "NE"))
-    count = b.reduce(b.convert(bad, torch.int64), [0], b.constant(0, torch.int64), "stablehlo.add")
-    # any offending value (the largest): the message names one, as the CPU's names the first
-    worst = b.reduce(b.select(bad, idx, b.constant(_INT64_MIN, torch.int64, shape)), [0],
+    # the first offending position (n when none) and the value there, as the CPU reports them
+    iota = b.iota(shape, 0, torch.int64)
+    position = b.reduce(b.select(bad, iota, b.constant(n, torch.int64, shape)), [0], b.constant(n, torch.int64),
+                        "stablehlo.minimum")
+    at = b.compare(iota, b.broadcast_to(position, shape), "EQ")
+    value = b.reduce(b.select(at, idx, b.constant(_INT64_MIN, torch.int64, shape)), [0],
                      b.constant(_INT64_MIN, torch.int64), "stablehlo.maximum")
-    old_code = b.reshape(b.slice(flag, [0], [1]), ())
-    old_value = b.reshape(b.slice(flag, [1], [2]), ())
-    first = b.binary("and", b.compare(old_code, b.constant(0, torch.int64), "EQ"),
-                     b.compare(count, b.constant(0, torch.int64), "GT"))
-    new_code = b.select(first, b.constant(code, torch.int64), old_code)
-    new_value = b.select(first, worst, old_value)
-    return b.concatenate([b.reshape(new_code, (1,)), b.reshape(new_value, (1,))], 0)
+    old = [b.reshape(b.slice(flag, [k], [k + 1]), ()) for k in range(3)]
+    first = b.binary("and", b.compare(old[0], b.constant(0, torch.int64), "EQ"),
+                     b.compare(position, b.constant(n, torch.int64), "LT"))
+    new = [b.constant(code, torch.int64), value, position]
+    return b.concatenate([b.reshape(b.select(first, v, o), (1,)) for v, o in zip(new, old)], 0)
 
 
 @register(INDEX_BOUNDS_FLAG)
@@ -83,12 +87,19 @@ def _dim_size(x: torch.Tensor, dim: int) -> tuple[int, int]:
 
 def _out_of_bounds(index: torch.Tensor, x: torch.Tensor, dim: int, error: type[Exception]) -> list[Bound]:
     d, size = _dim_size(x, dim)
-    return [Bound(index, 0, size, error, f"index {{}} is out of bounds for dimension {d} with size {size}")]
+    return [Bound(index, 0, size, error, f"index {{value}} is out of bounds for dimension {d} with size {size}")]
 
 
 @register_index_bounds(aten.embedding.default)
 def _embedding_bounds(weight: torch.Tensor, indices: torch.Tensor, *rest: Any) -> list[Bound]:
     return [Bound(indices, 0, weight.shape[0], IndexError, "index out of range in self")]
+
+
+@register_index_bounds(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag_bounds(weight: torch.Tensor, indices: torch.Tensor, *rest: Any) -> list[Bound]:
+    n = weight.shape[0]
+    return [Bound(indices, 0, n, RuntimeError,
+                  f"Index {{position}} of input takes value {{value}} which is not in the valid range [0, {n})")]
 
 
 @register_index_bounds(aten.index_select.default, aten.index_reduce.default)
@@ -100,14 +111,14 @@ def _index_select_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: 
 def _index_copy_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> list[Bound]:
     d, size = _dim_size(x, dim)
     return [Bound(index, 0, size, IndexError,
-                  f"index_copy_(): index {{}} is out of bounds for dimension {d} with size {size}")]
+                  f"index_copy_(): index {{value}} is out of bounds for dimension {d} with size {size}")]
 
 
 @register_index_bounds(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def _index_fill_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> list[Bound]:
     """Negative indices count from the end."""
     d, size = _dim_size(x, dim)
-    return [Bound(index, -size, size, IndexError, f"index {{}} is out of bounds for dimension {d} with size {size}")]
+    return [Bound(index, -size, size, IndexError, f"index {{value}} is out of bounds for dimension {d} with size {size}")]
 
 
 @register_index_bounds(aten.gather.default, aten.scatter.src, aten.scatter.value, aten.scatter.reduce,
@@ -134,7 +145,7 @@ def _advanced_index_bounds(x: torch.Tensor, indices: list, *rest: Any) -> list[B
         if t is not None and d < x.dim():
             size = x.shape[d]
             bounds.append(Bound(t, -size, size, IndexError,
-                                f"index {{}} is out of bounds for dimension {indexed} with size {size}"))
+                                f"index {{value}} is out of bounds for dimension {indexed} with size {size}"))
             indexed += 1
         d += 1
     return bounds
@@ -143,11 +154,11 @@ def _advanced_index_bounds(x: torch.Tensor, indices: list, *rest: Any) -> list[B
 @register_index_bounds(aten.take.default, aten.put.default)
 def _flat_index_bounds(x: torch.Tensor, index: torch.Tensor, *rest: Any) -> list[Bound]:
     n = x.numel()
-    return [Bound(index, -n, n, IndexError, f"out of range: tried to access index {{}} on a tensor of {n} elements.")]
+    return [Bound(index, -n, n, IndexError, f"out of range: tried to access index {{value}} on a tensor of {n} elements.")]
 
 
 @register_index_bounds(aten.nll_loss_forward.default)
 def _nll_loss_bounds(x: torch.Tensor, target: torch.Tensor, weight: Any, reduction: int,
                      ignore_index: int) -> list[Bound]:
     classes = x.shape[-1] if x.dim() < 2 else x.shape[1]
-    return [Bound(target, 0, classes, IndexError, "Target {} is out of bounds.", exempt=ignore_index)]
+    return [Bound(target, 0, classes, IndexError, "Target {value} is out of bounds.", exempt=ignore_index)]

@@ -227,18 +227,23 @@ def run_plan(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
     result = _launch_or_record(plan, values, args, kwargs)
     # Index bounds after the op: the op's own argument errors (a dim out of range) come first, as on
     # CPU, and in Strict and DeferAndFuse its launch (or record) does not wait for the check's.
-    if plan.index_bounds is not None and (config.debug_checks or config.index_checks):
-        bounds = plan.index_bounds(*[values[i] for i in plan.func_arg_positions])
-        (index_checks.check_on_host if config.debug_checks else index_checks.check_on_device)(bounds)
+    if plan.index_bounds is not None:
+        _check_index_bounds(plan, values)
     return result
 
 
 def check_recorded_index_bounds(plan: OpPlan, args: tuple, kwargs: dict) -> None:
-    """The device-side index checks of a call that ``_C._defer_record`` recorded natively (it
-    records only outside Debug mode), as run_plan makes them for every other call."""
+    """The index checks of a call that ``_C._defer_record`` recorded natively (it records only
+    outside Debug mode), as run_plan makes them for every other call."""
     if config.index_checks:
-        values = normalize_args(plan, args, kwargs)
-        index_checks.check_on_device(plan.index_bounds(*[values[i] for i in plan.func_arg_positions]))
+        _check_index_bounds(plan, normalize_args(plan, args, kwargs))
+
+
+def _check_index_bounds(plan: OpPlan, values: list[Any]) -> None:
+    """Debug mode: on the host, raising now; otherwise on the device, raising at the next sync."""
+    if config.debug_checks or config.index_checks:
+        bounds = plan.index_bounds(*[values[i] for i in plan.func_arg_positions])
+        (index_checks.check_on_host if config.debug_checks else index_checks.check_on_device)(bounds)
 
 
 def _launch_or_record(plan: OpPlan, values: list[Any], args: tuple, kwargs: dict) -> Any:

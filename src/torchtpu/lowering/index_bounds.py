@@ -85,9 +85,9 @@ def _dim_size(x: torch.Tensor, dim: int) -> tuple[int, int]:
     return dim, x.shape[dim]
 
 
-def _out_of_bounds(index: torch.Tensor, x: torch.Tensor, dim: int, error: type[Exception]) -> list[Bound]:
-    d, size = _dim_size(x, dim)
-    return [Bound(index, 0, size, error, f"index {{value}} is out of bounds for dimension {d} with size {size}")]
+def _out_of_dim(dim: int, size: int) -> str:
+    """The CPU's message for an index outside a dim ({value}: the index)."""
+    return f"index {{value}} is out of bounds for dimension {dim} with size {size}"
 
 
 @register_index_bounds(aten.embedding.default)
@@ -110,22 +110,22 @@ def _index_select_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: 
 @register_index_bounds(aten.index_copy.default)
 def _index_copy_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> list[Bound]:
     d, size = _dim_size(x, dim)
-    return [Bound(index, 0, size, IndexError,
-                  f"index_copy_(): index {{value}} is out of bounds for dimension {d} with size {size}")]
+    return [Bound(index, 0, size, IndexError, "index_copy_(): " + _out_of_dim(d, size))]
 
 
 @register_index_bounds(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def _index_fill_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> list[Bound]:
     """Negative indices count from the end."""
     d, size = _dim_size(x, dim)
-    return [Bound(index, -size, size, IndexError, f"index {{value}} is out of bounds for dimension {d} with size {size}")]
+    return [Bound(index, -size, size, IndexError, _out_of_dim(d, size))]
 
 
 @register_index_bounds(aten.gather.default, aten.scatter.src, aten.scatter.value, aten.scatter.reduce,
                        aten.scatter.value_reduce, aten.scatter_add.default, aten.scatter_reduce.two,
                        aten.index_add.default)
 def _dim_index_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> list[Bound]:
-    return _out_of_bounds(index, x, dim, RuntimeError)
+    d, size = _dim_size(x, dim)
+    return [Bound(index, 0, size, RuntimeError, _out_of_dim(d, size))]
 
 
 @register_index_bounds(aten.index.Tensor, aten.index_put.default)
@@ -144,8 +144,7 @@ def _advanced_index_bounds(x: torch.Tensor, indices: list, *rest: Any) -> list[B
             continue
         if t is not None and d < x.dim():
             size = x.shape[d]
-            bounds.append(Bound(t, -size, size, IndexError,
-                                f"index {{value}} is out of bounds for dimension {indexed} with size {size}"))
+            bounds.append(Bound(t, -size, size, IndexError, _out_of_dim(indexed, size)))
             indexed += 1
         d += 1
     return bounds

@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -250,3 +251,85 @@ def test_compiled_graph_reports_out_of_range_indices_like_eager():
             out.item()
         assert str(info.value).startswith(message)
     assert cf(x, *good).item() == first  # reported once; valid indices raise nothing
+
+
+
+def _programs(monkeypatch):
+    """The GraphPrograms torch.compile makes from now on."""
+    from torchtpu.engine import graph_runner
+
+    made = []
+    init = graph_runner.GraphProgram.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(graph_runner.GraphProgram, "__init__", recording_init)
+    return made
+
+
+def test_compiled_dynamic_graph_reports_out_of_range_indices(monkeypatch):
+    """Regression: graphs traced with symbolic shapes (dynamic=True, or Dynamo's automatic dynamic
+    shapes after a size change) left indices unchecked, so bad ones were clamped silently.
+    (This graph cannot run at bucket sizes: a gather along a padded dim.)"""
+    emb = nn.Embedding(5, 3).to("tpu")
+
+    def t(v):
+        return torch.tensor(v).to("tpu")
+
+    def f(x, i, target, tokens):
+        return torch.gather(x, 1, i).sum() + nn.functional.cross_entropy(x, target) + emb(tokens).sum()
+
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+    good = (x, t([[1], [2], [3]]), t([0, 1, 2]), t([0, 4, 1]))
+    cases = [((x, t([[1], [7], [3]]), good[2], good[3]), RuntimeError,
+              "index 7 is out of bounds for dimension 1 with size 4"),
+             ((x, good[1], t([0, 9, 2]), good[3]), IndexError, "Target 9 is out of bounds."),
+             ((x, good[1], good[2], t([0, 5, 1])), IndexError, "index out of range in self")]
+    made = _programs(monkeypatch)
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="tpu", dynamic=True)
+    first = cf(*good).item()
+    assert first == pytest.approx(f(*good).item(), rel=1e-5)
+    assert made[0].symbolic and made[0].bounded
+    for args, error, message in cases:
+        out = cf(*args)
+        with pytest.raises(error) as info:
+            out.item()
+        assert str(info.value).startswith(message)
+    assert cf(*good).item() == first
+
+
+def test_compiled_bucketed_graph_reports_out_of_range_indices(monkeypatch):
+    """Regression: a graph run at bucket sizes (dynamic=True) did not check its indices. Its
+    padding holds whatever the graph computed there: it must not be taken for a bad index."""
+    emb = nn.Embedding(5, 3).to("tpu")
+    head = nn.Linear(2, 5).to("tpu")  # a parameter: its sizes stay static
+
+    def f(tokens, rows):
+        # tokens in [-5, 0): a padded position (0 in the input) becomes index 5, out of range
+        return emb(tokens + 5).sum(1) * head.weight.index_select(0, rows).sum(1)
+
+    def t(v):
+        return torch.tensor(v).to("tpu")
+
+    made = _programs(monkeypatch)
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="tpu", dynamic=True)
+    for n in (3, 5, 6):  # sizes 3, 5, 6 run padded to buckets 4, 8, 8
+        tokens, rows = t([-5, -1, -3, -2, -4, -1][:n]), t([0, 4, 2, 1, 3, 0][:n])
+        torch.testing.assert_close(cf(tokens, rows).cpu(), f(tokens, rows).cpu())
+    assert any(isinstance(p._plan, bucketing_plan()) and p.bounded for p in made)
+    for tokens, rows in (([-5, 0, -3], [0, 4, 2]), ([-5, -1, -3, -2, -4], [0, 4, 7, 1, 3])):
+        out = cf(t(tokens), t(rows))
+        with pytest.raises(IndexError, match="^index out of range in self"):
+            out.cpu()
+    tokens, rows = t([-5, -1, -3]), t([0, 4, 2])
+    torch.testing.assert_close(cf(tokens, rows).cpu(), f(tokens, rows).cpu())
+
+
+def bucketing_plan() -> type:
+    from torchtpu.engine import bucketing
+
+    return bucketing.Plan

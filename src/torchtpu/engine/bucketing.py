@@ -639,6 +639,20 @@ class MaskHook:
             valid = lt if valid is None else b.binary("and", valid, lt)
         return b.reshape(valid, (math.prod(sizes),))
 
+    def valid_index(self, index: Value, node: torch.fx.Node, bound: Any) -> Value | None:
+        """``index`` (``node``'s value at bucket sizes) with its padding set to a valid index,
+        for an index check (``bound``: a lowering.index_bounds.Bound). None where the check
+        cannot be made at bucket sizes: a range that depends on a symbolic size (the message
+        names that size), or a message naming a position, which padding inside shifts."""
+        lay = self.plan.layouts.get(node)
+        if lay is None or not all(isinstance(v, int) for v in (bound.low, bound.high)) or bound.low >= bound.high:
+            return None
+        if not _is_padded(lay):
+            return index
+        if "{position}" in bound.message:
+            return None
+        return self._apply(index, lay, list(range(len(lay))), bound.low)
+
     def _apply(self, x: Value, lay: Layout, dims: list[int], identity: Any) -> Value:
         b = self.b
         mask = None

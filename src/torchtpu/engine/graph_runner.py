@@ -75,8 +75,8 @@ class GraphProgram:
         self.not_bucketable = ""
         # Indexing nodes whose index ranges are checked on the device (as eager ops' are): the
         # program then takes the device's index-check flag as one more input and returns it with
-        # these checks folded in. Graphs with symbolic shapes are not checked.
-        self.bounded = [] if self.symbolic else [n for n in self.graph.nodes if _index_bounds_of(n) is not None]
+        # these checks folded in (see _fold_bounds for graphs with symbolic shapes).
+        self.bounded = [n for n in self.graph.nodes if _index_bounds_of(n) is not None]
 
     def __call__(self, args: list[Any]) -> Any:
         if self.symbolic and bucketing.enabled():
@@ -120,7 +120,7 @@ class GraphProgram:
 
     def _run(self, args: list[Any], bucket: tuple | None = None) -> Any:
         col = executor._Collector()
-        flag_device = _first_tpu_device(args) if self.bounded and bucket is None and config.index_checks else None
+        flag_device = _first_tpu_device(args) if self.bounded and config.index_checks else None
         inputs = args if flag_device is None else [*args, index_checks.current_flag(flag_device)]
         specs, _ = _C._walk_all(col, inputs, [False] * len(inputs))
         if bucket is not None:
@@ -189,7 +189,8 @@ class GraphProgram:
         vals = self._concrete_values(specs) if self.symbolic else None
         hook = None
         if plan is not None:
-            sizes = input_values[specs[len(self.placeholders)][1]]
+            # the actual sizes: the input after the graph's own and the index-check flag
+            sizes = input_values[specs[len(self.placeholders) + int(flag_input)][1]]
             buckets = {s: specs[p][1] for s, p in zip(plan.symbols, plan.symbol_positions)}
             hook = bucketing.MaskHook(plan, b, sizes, buckets)
         env: dict[torch.fx.Node, Any] = {}
@@ -254,7 +255,7 @@ class GraphProgram:
             flag = read_view(b, storage_vals[fs[1]], ViewSpec(fs[2], fs[3], fs[4], fs[5]))
             flag_output = len(outputs)
             outputs.append(("new", torch.int64, tuple(flag.shape), (1,)))
-            out_values.append(self._fold_bounds(b, flag, env))
+            out_values.append(self._fold_bounds(b, flag, env, vals, hook))
         # In-graph input mutations: write the new values back into the inputs' storages.
         current = dict(storage_vals)
         written: dict[int, list[ViewSpec]] = {}
@@ -287,13 +288,23 @@ class GraphProgram:
         executor.stats.compile_seconds += time.perf_counter() - start
         return entry
 
-    def _fold_bounds(self, b: Builder, flag: Value, env: dict) -> Value:
+    def _fold_bounds(self, b: Builder, flag: Value, env: dict, vals: dict | None,
+                     hook: bucketing.MaskHook | None) -> Value:
         """``flag`` with the index checks of every bounded node folded in, in graph order. The
-        bounds come from the nodes' example values; each index found among them is lowered."""
-        node_of = {id(n.meta.get("val")): n for n in self.graph.nodes if n.meta.get("val") is not None}
+        bounds come from the nodes' example values; each index found among them is lowered.
+
+        A program traced with symbolic shapes is specialized to concrete sizes (``vals``, its
+        nodes' values at those sizes) or runs at bucket sizes (``hook``). At bucket sizes the
+        padding of an index holds anything, so it is set to a valid index first; a bound that
+        depends on a symbolic size (its message names the size) is not checked there, nor one
+        that reports a position in an index padded inside.
+        """
+        examples = vals if vals is not None and hook is None else {
+            n: n.meta.get("val") for n in self.graph.nodes if n.meta.get("val") is not None}
+        node_of = {id(v): n for n, v in examples.items()}
 
         def example(a: Any) -> Any:
-            return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+            return examples.get(a) if isinstance(a, torch.fx.Node) else a
 
         for node in self.bounded:
             plan = plan_for(node.target)
@@ -302,9 +313,14 @@ class GraphProgram:
             for bound in plan.index_bounds(*[values[i] for i in plan.func_arg_positions]):
                 source = node_of.get(id(bound.index))
                 index = env.get(source) if source is not None else None
-                if isinstance(index, Value) and index.numel:
-                    code = index_checks.code_for(bound.error, bound.message)
-                    flag = fold_bound(b, flag, index, bound.low, bound.high, bound.exempt, code)
+                if not isinstance(index, Value) or not index.numel:
+                    continue
+                if hook is not None:
+                    index = hook.valid_index(index, source, bound)
+                    if index is None:
+                        continue
+                code = index_checks.code_for(bound.error, bound.message)
+                flag = fold_bound(b, flag, index, bound.low, bound.high, bound.exempt, code)
         return flag
 
 

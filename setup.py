@@ -22,7 +22,7 @@ if platform.machine() in ("x86_64", "AMD64"):
     ext_modules.append(
         Extension(
             "torchtpu._cpu_kernels",
-            ["src/torchtpu/csrc/cpu_kernels.cpp"],
+            ["src/torchtpu/csrc/cpu_kernels.cpp", "src/torchtpu/csrc/cpu_linalg.cpp"],
             extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden"],
             language="c++",
             # A compiler without the AVX-512 BF16 intrinsics skips it: XLA then transposes.

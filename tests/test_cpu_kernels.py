@@ -124,3 +124,107 @@ def test_cached_program_with_the_kernel_runs_in_a_new_process(tmp_path):
     assert second.returncode == 0, second.stderr
     compiles, hits = map(int, second.stdout.split()[-2:])
     assert compiles == 0 and hits >= 1
+
+
+def _lapack_registered() -> bool:
+    """Whether the client registered the LAPACK kernels; also empties the in-process op cache, so
+    that the test's programs are compiled (and their text seen) even if an earlier test ran them."""
+    from torchtpu.engine import executor
+
+    torch.zeros(1, device="tpu")  # creates the client, which registers the kernels
+    executor.cache_clear()
+    return cpu_kernels.linalg_targets() is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(5, 5), (3, 6, 6), (2, 1, 4, 4), (1, 1), (33, 33)])
+@pytest.mark.parametrize("uplo", ["L", "U"])
+def test_eigh_runs_lapack_and_matches_cpu(shape, dtype, uplo, module_texts):
+    """The CPU-emulated device's eigh is LAPACK's syevd, as PyTorch's CPU eigh: same values,
+    same eigenvectors (signs included), and the triangle named by UPLO is the one read."""
+    assert _lapack_registered()
+    torch.manual_seed(0)
+    a = torch.randn(shape, dtype=dtype)
+    a = a + a.mT + torch.triu(torch.randn(shape, dtype=dtype), 1) * (1 if uplo == "L" else 0)
+    w, v = torch.linalg.eigh(a, UPLO=uplo)
+    wt, vt = torch.linalg.eigh(a.to("tpu"), UPLO=uplo)
+    assert any(cpu_kernels.EIGH_TARGET in t for t in module_texts)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    torch.testing.assert_close(wt.cpu(), w, **tol)
+    torch.testing.assert_close(vt.cpu(), v, **tol)
+    torch.testing.assert_close(torch.linalg.eigvalsh(a.to("tpu"), UPLO=uplo).cpu(), w, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(5, 5), (7, 3), (3, 7), (2, 6, 4), (2, 3, 4, 9), (1, 1), (40, 24)])
+@pytest.mark.parametrize("full_matrices", [False, True])
+def test_svd_runs_lapack_and_matches_cpu(shape, dtype, full_matrices, module_texts):
+    """The CPU-emulated device's svd is LAPACK's gesdd, as PyTorch's CPU svd: same factors for
+    tall, wide and batched matrices, reduced and full; svdvals takes the values-only path."""
+    assert _lapack_registered()
+    torch.manual_seed(0)
+    a = torch.randn(shape, dtype=dtype)
+    u, s, vh = torch.linalg.svd(a, full_matrices=full_matrices)
+    ut, st, vht = torch.linalg.svd(a.to("tpu"), full_matrices=full_matrices)
+    assert any(cpu_kernels.SVD_TARGET in t for t in module_texts)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    torch.testing.assert_close(st.cpu(), s, **tol)
+    torch.testing.assert_close(ut.cpu(), u, **tol)
+    torch.testing.assert_close(vht.cpu(), vh, **tol)
+    torch.testing.assert_close(torch.linalg.svdvals(a.to("tpu")).cpu(), s, **tol)
+
+
+def test_lapack_eigh_and_svd_gradients_match_cpu():
+    """Backward through the LAPACK kernels (eigh's and svd's formulas use their outputs)."""
+    assert _lapack_registered()
+    torch.manual_seed(0)
+    a = torch.randn(6, 6, dtype=torch.float64)
+    sym = a + a.T
+    def eigh_loss(x):
+        w, v = torch.linalg.eigh(x)
+        return v.abs().sum() + w.pow(2).sum()
+
+    def svd_loss(x):
+        return torch.linalg.svd(x, full_matrices=False)[0].abs().sum() + torch.linalg.svdvals(x).sum()
+
+    for f, inputs in ((eigh_loss, [sym]), (svd_loss, [a, a[:, :4], a[:4]])):
+        for x in inputs:
+            xc = x.clone().requires_grad_()
+            xt = x.to("tpu").requires_grad_()
+            gc, = torch.autograd.grad(f(xc), xc)
+            gt, = torch.autograd.grad(f(xt), xt)
+            torch.testing.assert_close(gt.cpu(), gc, rtol=1e-9, atol=1e-9)
+
+
+def test_lapack_kernels_give_nan_for_nan_input_and_handle_empty():
+    """A failed decomposition is NaN, not a crash; empty batches and matrices keep their shapes."""
+    assert _lapack_registered()
+    a = torch.full((2, 3, 3), float("nan"))
+    w, v = torch.linalg.eigh(a.to("tpu"))
+    assert torch.isnan(w.cpu()).all() and torch.isnan(v.cpu()).all()
+    s = torch.linalg.svdvals(a.to("tpu"))
+    assert torch.isnan(s.cpu()).all()
+    for shape in [(0, 4, 4), (3, 0, 0)]:
+        e = torch.zeros(shape)
+        assert torch.linalg.eigh(e.to("tpu"))[1].shape == torch.linalg.eigh(e)[1].shape
+        assert torch.linalg.svd(e.to("tpu"))[0].shape == torch.linalg.svd(e)[0].shape
+
+
+def test_eigh_without_the_kernels_takes_the_portable_lowering():
+    """TORCH_TPU_CPU_KERNELS=0: the Jacobi lowering (the one a TPU runs) still matches CPU."""
+    code = """
+import torch
+from torchtpu.runtime import cpu_kernels
+torch.manual_seed(0)
+a = torch.randn(6, 6); a = a + a.T
+w, v = torch.linalg.eigh(a.to("tpu"))
+wc, vc = torch.linalg.eigh(a)
+assert cpu_kernels.linalg_targets() is None
+torch.testing.assert_close(w.cpu(), wc, rtol=1e-4, atol=1e-4)
+torch.testing.assert_close((v.cpu() @ torch.diag(w.cpu()) @ v.cpu().T), a, rtol=1e-4, atol=1e-4)
+s = torch.linalg.svdvals(a[:, :4].to("tpu"))
+torch.testing.assert_close(s.cpu(), torch.linalg.svdvals(a[:, :4]), rtol=1e-4, atol=1e-4)
+print("ok")
+"""
+    r = run_python(code, env={"TORCH_TPU_CPU_KERNELS": "0"})
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr

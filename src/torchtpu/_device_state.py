@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import threading
 
+import torch
+
 from . import runtime
 from ._config import config
-from .runtime import host_memory, host_threads
+from .runtime import cpu_kernels, host_memory, host_threads
 
 _lock = threading.Lock()
 _client: runtime.Client | None = None
@@ -30,13 +32,21 @@ def client() -> runtime.Client:
             _plugin_path = runtime.resolve_plugin_path(config.plugin)
             plugin = runtime.Plugin(_plugin_path)
             plugin.initialize()
-            options = runtime.default_client_options(_plugin_kind(_plugin_path), config.num_devices)
+            kind = _plugin_kind(_plugin_path)
+            if kind == "cpu":  # the CPU-emulated device's eigh and svd run PyTorch's own LAPACK
+                cpu_kernels.set_lapack(_torch_lapack_library())
+            options = runtime.default_client_options(kind, config.num_devices)
             _client = runtime.Client(plugin, options)
             if _client.platform_name == "cpu":
                 if config.host_memory_pool:  # device memory is malloc memory
                     host_memory.pool_freed_memory()
                 host_threads.lower_pool_priority(config.xla_thread_nice)  # 0: left as they are
         return _client
+
+
+def _torch_lapack_library() -> str:
+    """The library of PyTorch's CPU kernels, which carries the LAPACK its CPU linalg ops call."""
+    return os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
 
 
 def _plugin_kind(path: str) -> str:

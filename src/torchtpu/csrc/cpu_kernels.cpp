@@ -22,104 +22,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_ffi.h"
+
 namespace {
 
-// ---- the few C layouts this file needs: pjrt_c_api.h, its FFI extension
-// ---- (pjrt_c_api_ffi_extension.h) and the XLA FFI (xla/ffi/api/c_api.h) ----
-
-struct ExtensionBase {  // PJRT_Extension_Base and XLA_FFI_Extension_Base alike
-  size_t struct_size;
-  int type;
-  ExtensionBase* next;
-};
-
-constexpr int kPjrtExtensionTypeFfi = 5;  // PJRT_Extension_Type_FFI
-constexpr int kFfiExtensionMetadata = 1;  // XLA_FFI_Extension_Metadata
-
-struct PjrtApiPrefix {  // PJRT_Api starts with these two fields
-  size_t struct_size;
-  ExtensionBase* extension_start;
-};
-
-struct RegisterHandlerArgs {  // PJRT_FFI_Register_Handler_Args
-  size_t struct_size;
-  const char* target_name;
-  size_t target_name_size;
-  void* handler;  // XLA_FFI_Handler*
-  const char* platform_name;
-  size_t platform_name_size;
-  uint32_t traits;
-};
-
-struct PjrtFfiExtension {  // PJRT_FFI_Extension
-  ExtensionBase base;
-  void* type_id_register;
-  void* user_data_add;
-  void* (*register_handler)(RegisterHandlerArgs*);
-};
-
-struct FfiApiVersion {  // XLA_FFI_Api_Version
-  size_t struct_size;
-  ExtensionBase* extension_start;
-  int major_version;
-  int minor_version;
-};
-
-struct FfiErrorCreateArgs {  // XLA_FFI_Error_Create_Args
-  size_t struct_size;
-  ExtensionBase* extension_start;
-  const char* message;
-  int errc;
-};
-
-struct FfiApi {  // XLA_FFI_Api, up to the first entry used here
-  size_t struct_size;
-  ExtensionBase* extension_start;
-  FfiApiVersion api_version;
-  void* internal_api;
-  void* (*error_create)(FfiErrorCreateArgs*);
-};
-
-struct FfiMetadata {  // XLA_FFI_Metadata (newer versions append fields)
-  size_t struct_size;
-  FfiApiVersion api_version;
-  uint32_t traits;
-};
-
-struct FfiMetadataExtension {  // XLA_FFI_Metadata_Extension
-  ExtensionBase extension_base;
-  FfiMetadata* metadata;
-};
-
-struct FfiBuffer {  // XLA_FFI_Buffer
-  size_t struct_size;
-  ExtensionBase* extension_start;
-  int dtype;  // XLA_FFI_DataType
-  void* data;
-  int64_t rank;
-  int64_t* dims;
-};
-
-struct FfiList {  // XLA_FFI_Args and XLA_FFI_Rets
-  size_t struct_size;
-  ExtensionBase* extension_start;
-  int64_t size;
-  int* types;
-  void** items;
-};
-
-struct FfiCallFrame {  // XLA_FFI_CallFrame, up to the fields read here
-  size_t struct_size;
-  ExtensionBase* extension_start;
-  const FfiApi* api;
-  void* ctx;
-  int stage;
-  FfiList args;
-  FfiList rets;
-};
-
-constexpr int kFfiBf16 = 16, kFfiF32 = 11;  // XLA_FFI_DataType
-constexpr int kFfiInvalidArgument = 3;      // XLA_FFI_Error_Code
+using namespace torchtpu_cpu;  // NOLINT: the FFI layouts (cpu_ffi.h)
 
 // ---- the CPU features the kernels need --------------------------------------
 
@@ -287,21 +194,6 @@ void Transpose(const void* src, bool bf16_in, void* dst, bool bf16_out, int64_t 
   }
 }
 
-void* Fail(const FfiApi* api, const char* message) {
-  FfiErrorCreateArgs args{sizeof(FfiErrorCreateArgs), nullptr, message, kFfiInvalidArgument};
-  return api->error_create(&args);
-}
-
-// Registration asks which FFI version a handler speaks: the framework's own.
-bool AnswerMetadata(FfiCallFrame* frame) {
-  if (frame->extension_start == nullptr || frame->extension_start->type != kFfiExtensionMetadata) return false;
-  auto* ext = reinterpret_cast<FfiMetadataExtension*>(frame->extension_start);
-  ext->metadata->api_version.major_version = frame->api->api_version.major_version;
-  ext->metadata->api_version.minor_version = frame->api->api_version.minor_version;
-  ext->metadata->traits = 0;
-  return true;
-}
-
 }  // namespace
 
 extern "C" {
@@ -338,13 +230,18 @@ __attribute__((visibility("default"))) int torchtpu_transpose_host(const void* s
   return 0;
 }
 
-// 1 when this CPU can run the kernels.
+// 1 when this CPU can run the transpose.
 __attribute__((visibility("default"))) int torchtpu_cpu_kernels_available() { return FeaturesAvailable() ? 1 : 0; }
 
-// Registers the custom calls with a PJRT plugin's FFI extension for XLA:CPU
-// ("Host"). Returns 0, or -1 when the plugin has no FFI extension; a PJRT
-// error from the plugin is handed back through *error for the caller to read
-// and destroy.
+void* torchtpu_eigh(FfiCallFrame* frame);  // cpu_linalg.cpp
+void* torchtpu_svd(FfiCallFrame* frame);
+int torchtpu_lapack_available();
+
+// Registers the custom calls this process can run with a PJRT plugin's FFI extension for
+// XLA:CPU ("Host"): the transpose where the CPU has its instructions, the eigh and svd where
+// LAPACK was supplied. Returns which (1: transpose, 2: eigh and svd), or -1 when the plugin
+// has no FFI extension; a PJRT error from the plugin is handed back through *error for the
+// caller to read and destroy.
 __attribute__((visibility("default"))) int torchtpu_register_cpu_kernels(const void* api, void** error) {
   *error = nullptr;
   const auto* prefix = static_cast<const PjrtApiPrefix*>(api);
@@ -352,17 +249,28 @@ __attribute__((visibility("default"))) int torchtpu_register_cpu_kernels(const v
   while (ext != nullptr && ext->type != kPjrtExtensionTypeFfi) ext = ext->next;
   if (ext == nullptr) return -1;
   const auto* ffi = reinterpret_cast<const PjrtFfiExtension*>(ext);
-  static const char kTarget[] = "torchtpu_transpose_v1";
-  static const char kPlatform[] = "Host";
-  RegisterHandlerArgs args{};
-  args.struct_size = offsetof(RegisterHandlerArgs, traits) + sizeof(args.traits);
-  args.target_name = kTarget;
-  args.target_name_size = sizeof(kTarget) - 1;
-  args.handler = reinterpret_cast<void*>(&torchtpu_transpose);
-  args.platform_name = kPlatform;
-  args.platform_name_size = sizeof(kPlatform) - 1;
-  *error = ffi->register_handler(&args);
-  return 0;
+  const auto add = [&](const char* target, void* (*handler)(FfiCallFrame*)) {
+    static const char kPlatform[] = "Host";
+    RegisterHandlerArgs args{};
+    args.struct_size = offsetof(RegisterHandlerArgs, traits) + sizeof(args.traits);
+    args.target_name = target;
+    args.target_name_size = std::strlen(target);
+    args.handler = reinterpret_cast<void*>(handler);
+    args.platform_name = kPlatform;
+    args.platform_name_size = sizeof(kPlatform) - 1;
+    *error = ffi->register_handler(&args);
+    return *error == nullptr;
+  };
+  int registered = 0;
+  if (FeaturesAvailable()) {
+    if (!add("torchtpu_transpose_v1", &torchtpu_transpose)) return registered;
+    registered |= 1;
+  }
+  if (torchtpu_lapack_available()) {
+    if (!add("torchtpu_eigh_v1", &torchtpu_eigh) || !add("torchtpu_svd_v1", &torchtpu_svd)) return registered;
+    registered |= 2;
+  }
+  return registered;
 }
 
 }  // extern "C"

@@ -470,8 +470,13 @@ class Builder:
     def custom_call(self, call_target: str, operands: Sequence[Value], shape: Sequence[int],
                     dtype: torch.dtype) -> Value:
         """A typed-FFI (api_version 4) custom call with one result."""
-        return self.op1("stablehlo.custom_call", operands, shape, dtype,
-                        attrs=f'call_target_name = "{call_target}", api_version = 4 : i32')
+        return self.custom_call_results(call_target, operands, [(shape, dtype)])[0]
+
+    def custom_call_results(self, call_target: str, operands: Sequence[Value],
+                            results: Sequence[tuple[Sequence[int], torch.dtype]]) -> list[Value]:
+        """A typed-FFI (api_version 4) custom call with any number of results."""
+        return self.op("stablehlo.custom_call", operands, results,
+                       attrs=f'call_target_name = "{call_target}", api_version = 4 : i32')
 
     # -- random ----------------------------------------------------------------
     def rng_bit_generator(self, state: Value, shape: Sequence[int], dtype: torch.dtype) -> tuple[Value, Value]:

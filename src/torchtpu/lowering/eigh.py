@@ -1,5 +1,8 @@
 """Symmetric eigendecomposition (``_linalg_eigh``: eigh, eigvalsh) by parallel cyclic Jacobi.
 
+(On the CPU-emulated device, where XLA:CPU runs these sweeps ~1000x slower than LAPACK, the
+lowering calls LAPACK's syevd instead: csrc/cpu_linalg.cpp.)
+
 StableHLO has no eigensolver, and XLA's CPU plugin none as a custom call, so this is built
 from gathers and elementwise ops, the way XLA's own TPU eigh began: each step rotates n/2
 disjoint index pairs (p, q) at once (see jacobi.py) by the Jacobi rotation that zeroes
@@ -16,7 +19,8 @@ import math
 
 import torch
 
-from . import jacobi
+from ..runtime import cpu_kernels
+from . import jacobi, target
 from .builder import Builder, Value
 from .indexing import take_per_batch, take_rows
 from .linalg import diagonal, eye_like
@@ -73,6 +77,14 @@ def _linalg_eigh(ctx: LoweringContext, a: Value, uplo: str = "L", compute_v: boo
     rows, cols = b.iota((batch, n, n), 1, torch.int64), b.iota((batch, n, n), 2, torch.int64)
     keep = b.compare(rows, cols, "GE" if uplo.upper() == "L" else "LE")
     x = b.select(keep, x, b.transpose(x, [0, 2, 1]))
+    kernels = cpu_kernels.linalg_targets() if target.xla_cpu() else None
+    if kernels is not None:  # the CPU-emulated device: LAPACK's syevd (csrc/cpu_linalg.cpp)
+        upper = b.constant(int(uplo.upper() == "U"), torch.int32)  # the triangle LAPACK reads: eigenvector signs
+        w, v = b.custom_call_results(kernels[0], [x, upper], [((batch, n), acc), ((batch, n, n), acc)])
+        w = b.convert(b.reshape(w, w_shape), w_dtype)
+        if not compute_v:
+            return w, b.constant(0, v_dtype, v_shape)
+        return w, b.convert(b.reshape(v, v_shape), v_dtype)
     m = n + n % 2
     if m != n:  # pad: a zero row and column, and a zero diagonal entry no rotation involves
         x = b.pad(x, b.constant(0.0, acc), [0, 0, 0], [0, 1, 1], [0, 0, 0])

@@ -1,5 +1,5 @@
 """Singular value decomposition (``_linalg_svd``: svd, svdvals, pinv, matrix_rank, norms)
-by one-sided (Hestenes) Jacobi.
+by one-sided (Hestenes) Jacobi. (On the CPU-emulated device: LAPACK's gesdd, see eigh.py.)
 
 The columns of A (of A^T when A is wide) are rotated pairwise until they are mutually
 orthogonal: the rotation of columns p, q is the two-sided Jacobi rotation of A^T A's
@@ -18,7 +18,8 @@ import math
 
 import torch
 
-from . import jacobi
+from ..runtime import cpu_kernels
+from . import jacobi, target
 from .builder import Builder, Value
 from .indexing import take_per_batch, take_rows
 from .linalg import diagonal, eye_like, householder_q, householder_qr
@@ -86,6 +87,14 @@ def _linalg_svd(ctx: LoweringContext, a: Value, full_matrices: bool = True, comp
         vh = out(2, eye_like(b, (batch, n, n), acc)) if full_matrices and batch else empty(2)
         return u, s, vh
     x = b.reshape(b.convert(a, acc), (batch, m, n))
+    kernels = cpu_kernels.linalg_targets() if target.xla_cpu() else None
+    if kernels is not None:  # the CPU-emulated device: LAPACK's gesdd (csrc/cpu_linalg.cpp)
+        if not compute_uv:
+            return empty(0), out(1, b.custom_call_results(kernels[1], [x], [((batch, k), acc)])[0]), empty(2)
+        j_u, j_v = (m, n) if full_matrices else (k, k)
+        u, s, vh = b.custom_call_results(kernels[1], [x], [((batch, m, j_u), acc), ((batch, k), acc),
+                                                            ((batch, j_v, n), acc)])
+        return out(0, u), out(1, s), out(2, vh)
     wide = m < n
     if wide:  # A = U S Vh  <=>  A^T = Vh^T S U^T
         x = b.transpose(x, [0, 2, 1])

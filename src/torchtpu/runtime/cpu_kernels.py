@@ -1,13 +1,17 @@
 """Host-CPU kernels that XLA:CPU programs call as custom calls.
 
 The native library (``torchtpu/_cpu_kernels*.so``, built from
-``csrc/cpu_kernels.cpp``) holds a transpose that XLA's CPU backend otherwise
-emits as a strided elemental loop (see the C++ file). It is registered with the
-CPU plugin through the PJRT FFI extension when a client is created; lowerings
-ask :func:`transpose_target` whether they may emit it.
+``csrc/cpu_kernels.cpp`` and ``csrc/cpu_linalg.cpp``) holds a transpose that
+XLA's CPU backend otherwise emits as a strided elemental loop, and LAPACK's
+symmetric eigendecomposition and SVD, which the portable lowerings build from
+Jacobi sweeps that XLA:CPU runs ~1000x slower (see the C++ files). They are
+registered with the CPU plugin through the PJRT FFI extension when a client is
+created; lowerings ask :func:`transpose_target` and :func:`linalg_targets`
+whether they may emit them. The LAPACK drivers come from whoever calls
+:func:`set_lapack` before the client is created (torchtpu passes PyTorch's).
 
 ``TORCH_TPU_CPU_KERNELS=0`` turns the kernels off (programs then use XLA's own
-transpose). Loaded with ctypes; knows nothing of PyTorch.
+transpose and the Jacobi lowerings). Loaded with ctypes; knows nothing of PyTorch.
 """
 
 from __future__ import annotations
@@ -25,10 +29,14 @@ ENV_VAR = "TORCH_TPU_CPU_KERNELS"
 # The custom-call target. The suffix is the kernel's calling convention: a cached
 # executable that names it only ever meets a handler that speaks it.
 TRANSPOSE_TARGET = "torchtpu_transpose_v1"
+EIGH_TARGET = "torchtpu_eigh_v1"
+SVD_TARGET = "torchtpu_svd_v1"
+LAPACK_DRIVERS = ("ssyevd_", "dsyevd_", "sgesdd_", "dgesdd_")
+_TRANSPOSE, _LINALG = 1, 2  # what torchtpu_register_cpu_kernels reports it registered
 
 _lock = threading.Lock()
 _lib: list[Any] = []  # [] not loaded yet, [None] unavailable, [CDLL] loaded
-_registered: set[int] = set()  # addresses of the PJRT_Api tables the kernels were registered with
+_registered: dict[int, int] = {}  # address of a PJRT_Api table -> what was registered with it (bits)
 
 
 def _library() -> Any:
@@ -52,14 +60,31 @@ def _load() -> Any:
     lib.torchtpu_transpose_host.restype = ctypes.c_int
     lib.torchtpu_transpose_host.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                             ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
-    if not lib.torchtpu_cpu_kernels_available():
-        return None
+    lib.torchtpu_lapack_available.restype = ctypes.c_int
+    lib.torchtpu_set_lapack.argtypes = [ctypes.c_void_p] * 4
     return lib
 
 
 def available() -> bool:
-    """Whether this process can run the kernels (library built, CPU has AVX-512 BF16, not disabled)."""
-    return _library() is not None
+    """Whether this process can run the transpose (library built, CPU has AVX-512 BF16, not disabled)."""
+    lib = _library()
+    return lib is not None and bool(lib.torchtpu_cpu_kernels_available())
+
+
+def set_lapack(library_path: str) -> bool:
+    """Take LAPACK's drivers (``LAPACK_DRIVERS``: Fortran ABI, 32-bit integers) from a shared
+    library already loaded in this process, for the eigh and svd kernels of clients created
+    from now on. False where the kernels are off or the library lacks a driver."""
+    lib = _library()
+    if lib is None:
+        return False
+    try:
+        lapack = ctypes.CDLL(library_path)
+        drivers = [ctypes.cast(getattr(lapack, name), ctypes.c_void_p) for name in LAPACK_DRIVERS]
+    except (OSError, AttributeError):
+        return False
+    lib.torchtpu_set_lapack(*drivers)
+    return bool(lib.torchtpu_lapack_available())
 
 
 def register(plugin: Any) -> bool:
@@ -78,16 +103,24 @@ def register(plugin: Any) -> bool:
         if err.value:
             message = str(plugin.take_error(ffi.cast("PJRT_Error*", err.value)))
             warnings.warn(f"torchtpu: CPU kernels not registered ({message}); using XLA's own", stacklevel=2)
+        if rc <= 0:
             return False
-        if rc != 0:
-            return False
-        _registered.add(key)
+        _registered[key] = rc
         return True
 
 
+def _registered_with_all(kind: int) -> bool:
+    return bool(_registered) and all(bits & kind for bits in _registered.values())
+
+
 def transpose_target() -> str | None:
-    """The custom-call target of the transpose, if registered with a CPU plugin in this process."""
-    return TRANSPOSE_TARGET if _registered else None
+    """The custom-call target of the transpose, if registered with the CPU plugin in this process."""
+    return TRANSPOSE_TARGET if _registered_with_all(_TRANSPOSE) else None
+
+
+def linalg_targets() -> tuple[str, str] | None:
+    """The custom-call targets (eigh, svd) of the LAPACK kernels, if registered with the CPU plugin."""
+    return (EIGH_TARGET, SVD_TARGET) if _registered_with_all(_LINALG) else None
 
 
 def transpose_host(x: np.ndarray, out_dtype: Any) -> np.ndarray:
@@ -95,7 +128,7 @@ def transpose_host(x: np.ndarray, out_dtype: Any) -> np.ndarray:
     import ml_dtypes
 
     lib = _library()
-    if lib is None:
+    if not available():
         raise RuntimeError("torchtpu CPU kernels are not available in this process")
     x = np.ascontiguousarray(x)
     bf16 = np.dtype(ml_dtypes.bfloat16)

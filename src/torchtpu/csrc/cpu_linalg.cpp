@@ -1,0 +1,242 @@
+// Symmetric eigendecomposition and SVD on the host CPU, for XLA:CPU programs (custom calls).
+//
+// StableHLO has no eigensolver, so the portable lowerings (lowering/eigh.py, svd.py) run
+// parallel Jacobi sweeps built from gathers and elementwise ops: right for a TPU, but on
+// XLA:CPU each of a sweep's n - 1 steps is a pass over the whole matrix, ~10 s for a
+// 512 x 512 eigh against ~10 ms in LAPACK. On the CPU-emulated device these handlers run
+// LAPACK's divide-and-conquer drivers instead, the ones PyTorch's CPU eigh and svd call:
+//
+//   torchtpu_eigh_v1(a: T[B, n, n] symmetric, upper: s32[]) -> (w: T[B, n] ascending, v: T[B, n, n])
+//   torchtpu_svd_v1(a: T[B, m, n]) -> s: T[B, k]                        (k = min(m, n))
+//                                  -> (u: T[B, m, j], s: T[B, k], vh: T[B, j, n])   j = k or m|n
+//
+// T is f32 or f64. `upper` names the triangle LAPACK reads (the lowering mirrors the one the
+// user named, so both hold the matrix; LAPACK's eigenvectors' signs depend on which it reads,
+// and PyTorch's CPU eigh reads the one named). The svd's result shapes say what to compute: only s, the reduced
+// factors (j = k) or the full ones (u m x m, vh n x n). A decomposition that LAPACK reports
+// as failed comes back as NaN, as a diverging Jacobi sweep would.
+//
+// LAPACK itself is not linked: the library that provides it (PyTorch's, in torchtpu) hands
+// its ssyevd_/dsyevd_/sgesdd_/dgesdd_ (Fortran ABI, 32-bit integers) to
+// torchtpu_set_lapack before the handlers are registered. No PyTorch here.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cpu_ffi.h"
+
+namespace {
+
+using namespace torchtpu_cpu;  // NOLINT: the FFI layouts (cpu_ffi.h)
+
+template <typename T>
+using Syevd = void (*)(const char* jobz, const char* uplo, const int* n, T* a, const int* lda, T* w, T* work,
+                       const int* lwork, int* iwork, const int* liwork, int* info);
+template <typename T>
+using Gesdd = void (*)(const char* jobz, const int* m, const int* n, T* a, const int* lda, T* s, T* u,
+                       const int* ldu, T* vt, const int* ldvt, T* work, const int* lwork, int* iwork, int* info);
+
+struct Lapack {
+  Syevd<float> ssyevd = nullptr;
+  Syevd<double> dsyevd = nullptr;
+  Gesdd<float> sgesdd = nullptr;
+  Gesdd<double> dgesdd = nullptr;
+} g_lapack;
+
+template <typename T>
+Syevd<T> syevd();
+template <>
+Syevd<float> syevd<float>() { return g_lapack.ssyevd; }
+template <>
+Syevd<double> syevd<double>() { return g_lapack.dsyevd; }
+template <typename T>
+Gesdd<T> gesdd();
+template <>
+Gesdd<float> gesdd<float>() { return g_lapack.sgesdd; }
+template <>
+Gesdd<double> gesdd<double>() { return g_lapack.dgesdd; }
+
+template <typename T>
+void FillNaN(T* data, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) data[i] = std::numeric_limits<T>::quiet_NaN();
+}
+
+const FfiBuffer* Buf(const FfiList& list, int64_t i) { return static_cast<const FfiBuffer*>(list.items[i]); }
+
+// Batch count and the last two dims of a buffer of rank >= 2.
+void Dims(const FfiBuffer* x, int64_t* batch, int64_t* rows, int64_t* cols) {
+  *batch = 1;
+  for (int64_t d = 0; d < x->rank - 2; ++d) *batch *= x->dims[d];
+  *rows = x->dims[x->rank - 2];
+  *cols = x->dims[x->rank - 1];
+}
+
+template <typename T>
+void Eigh(const T* a, T* w, T* v, int64_t batch, int n, const char* uplo) {
+  // The matrix is symmetric, so row-major is column-major; LAPACK overwrites it with the
+  // eigenvectors as columns, which land in v transposed.
+  std::vector<T> z(static_cast<size_t>(n) * n);
+  int lwork = -1, liwork = -1, info = 0;
+  T work_size = 0;
+  int iwork_size = 0;
+  syevd<T>()("V", uplo, &n, z.data(), &n, w, &work_size, &lwork, &iwork_size, &liwork, &info);
+  lwork = static_cast<int>(work_size);
+  liwork = iwork_size;
+  std::vector<T> work(std::max(lwork, 1));
+  std::vector<int> iwork(std::max(liwork, 1));
+  const int64_t nn = static_cast<int64_t>(n) * n;
+  for (int64_t b = 0; b < batch; ++b) {
+    std::memcpy(z.data(), a + b * nn, sizeof(T) * nn);
+    syevd<T>()("V", uplo, &n, z.data(), &n, w + b * n, work.data(), &lwork, iwork.data(), &liwork, &info);
+    T* out = v + b * nn;
+    if (info != 0) {
+      FillNaN(w + b * n, n);
+      FillNaN(out, nn);
+      continue;
+    }
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) out[static_cast<int64_t>(i) * n + j] = z[i + static_cast<int64_t>(j) * n];
+  }
+}
+
+// Row-major src (rows x cols) into column-major dst, or back: dst[i + j * rows] = src[i * cols + j].
+template <typename T>
+void ToColumnMajor(const T* src, T* dst, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[i + j * rows] = src[i * cols + j];
+}
+template <typename T>
+void FromColumnMajor(const T* src, T* dst, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = src[i + j * rows];
+}
+
+// LAPACK factors the column-major copy of a, as PyTorch's CPU svd does (factoring a^T, which
+// needs no copy, would flip the signs of some singular vector pairs against it).
+template <typename T>
+void Svd(const T* a, T* u, T* s, T* vh, int64_t batch, int m, int n, char jobz) {
+  const int k = std::min(m, n);
+  const int ucols = jobz == 'A' ? m : k, vrows = jobz == 'A' ? n : k;
+  const int lda = std::max(m, 1), ldu = std::max(m, 1), ldvt = std::max(vrows, 1);
+  std::vector<T> x(static_cast<size_t>(m) * n);
+  std::vector<T> lu(jobz == 'N' ? 1 : static_cast<size_t>(m) * ucols);
+  std::vector<T> lvt(jobz == 'N' ? 1 : static_cast<size_t>(vrows) * n);
+  std::vector<int> iwork(8 * std::max(k, 1));
+  int lwork = -1, info = 0;
+  T work_size = 0;
+  gesdd<T>()(&jobz, &m, &n, x.data(), &lda, s, lu.data(), &ldu, lvt.data(), &ldvt, &work_size, &lwork,
+             iwork.data(), &info);
+  lwork = std::max(static_cast<int>(work_size), 1);
+  std::vector<T> work(lwork);
+  const int64_t mn = static_cast<int64_t>(m) * n;
+  const int64_t u_size = static_cast<int64_t>(m) * ucols, vh_size = static_cast<int64_t>(vrows) * n;
+  for (int64_t b = 0; b < batch; ++b) {
+    ToColumnMajor(a + b * mn, x.data(), m, n);  // gesdd overwrites its input
+    gesdd<T>()(&jobz, &m, &n, x.data(), &lda, s + b * k, lu.data(), &ldu, lvt.data(), &ldvt, work.data(), &lwork,
+               iwork.data(), &info);
+    if (info != 0) {
+      FillNaN(s + b * k, k);
+      if (jobz != 'N') {
+        FillNaN(u + b * u_size, u_size);
+        FillNaN(vh + b * vh_size, vh_size);
+      }
+      continue;
+    }
+    if (jobz == 'N') continue;
+    FromColumnMajor(lu.data(), u + b * u_size, m, ucols);
+    FromColumnMajor(lvt.data(), vh + b * vh_size, vrows, n);
+  }
+}
+
+bool Float(const FfiBuffer* x) { return x->dtype == kFfiF32 || x->dtype == kFfiF64; }
+
+}  // namespace
+
+extern "C" {
+
+// Hands over LAPACK's drivers (all four, or the handlers are not registered).
+__attribute__((visibility("default"))) void torchtpu_set_lapack(void* ssyevd, void* dsyevd, void* sgesdd,
+                                                                void* dgesdd) {
+  g_lapack.ssyevd = reinterpret_cast<Syevd<float>>(ssyevd);
+  g_lapack.dsyevd = reinterpret_cast<Syevd<double>>(dsyevd);
+  g_lapack.sgesdd = reinterpret_cast<Gesdd<float>>(sgesdd);
+  g_lapack.dgesdd = reinterpret_cast<Gesdd<double>>(dgesdd);
+}
+
+// 1 when torchtpu_set_lapack has supplied every driver.
+__attribute__((visibility("default"))) int torchtpu_lapack_available() {
+  return g_lapack.ssyevd && g_lapack.dsyevd && g_lapack.sgesdd && g_lapack.dgesdd ? 1 : 0;
+}
+
+// XLA FFI handler (custom call api_version 4) for torchtpu_eigh_v1.
+__attribute__((visibility("default"))) void* torchtpu_eigh(FfiCallFrame* frame) {
+  if (AnswerMetadata(frame)) return nullptr;
+  const FfiApi* api = frame->api;
+  if (!torchtpu_lapack_available()) return Fail(api, "torchtpu_eigh: LAPACK was not supplied");
+  if (frame->args.size != 2 || frame->rets.size != 2) return Fail(api, "torchtpu_eigh: 2 operands, 2 results");
+  const FfiBuffer *a = Buf(frame->args, 0), *upper = Buf(frame->args, 1);
+  const FfiBuffer *w = Buf(frame->rets, 0), *v = Buf(frame->rets, 1);
+  if (upper->dtype != kFfiS32 || upper->rank != 0) return Fail(api, "torchtpu_eigh: `upper` must be an s32 scalar");
+  const char* uplo = *static_cast<const int32_t*>(upper->data) != 0 ? "U" : "L";
+  if (!Float(a) || w->dtype != a->dtype || v->dtype != a->dtype) return Fail(api, "torchtpu_eigh: f32 or f64 only");
+  if (a->rank != 3 || w->rank != 2 || v->rank != 3) return Fail(api, "torchtpu_eigh: expected [B, n, n] -> [B, n], [B, n, n]");
+  int64_t batch, n, cols;
+  Dims(a, &batch, &n, &cols);
+  if (cols != n || w->dims[0] != batch || w->dims[1] != n || v->dims[0] != batch || v->dims[1] != n || v->dims[2] != n)
+    return Fail(api, "torchtpu_eigh: result shapes do not match a batch of square matrices");
+  if (n > std::numeric_limits<int>::max() / 4) return Fail(api, "torchtpu_eigh: matrix too large for LAPACK");
+  if (batch == 0 || n == 0) return nullptr;
+  if (a->dtype == kFfiF32)
+    Eigh(static_cast<const float*>(a->data), static_cast<float*>(w->data), static_cast<float*>(v->data), batch,
+         static_cast<int>(n), uplo);
+  else
+    Eigh(static_cast<const double*>(a->data), static_cast<double*>(w->data), static_cast<double*>(v->data), batch,
+         static_cast<int>(n), uplo);
+  return nullptr;
+}
+
+// XLA FFI handler (custom call api_version 4) for torchtpu_svd_v1.
+__attribute__((visibility("default"))) void* torchtpu_svd(FfiCallFrame* frame) {
+  if (AnswerMetadata(frame)) return nullptr;
+  const FfiApi* api = frame->api;
+  if (!torchtpu_lapack_available()) return Fail(api, "torchtpu_svd: LAPACK was not supplied");
+  if (frame->args.size != 1 || (frame->rets.size != 1 && frame->rets.size != 3))
+    return Fail(api, "torchtpu_svd: 1 operand, 1 result (s) or 3 (u, s, vh)");
+  const FfiBuffer* a = Buf(frame->args, 0);
+  if (!Float(a) || a->rank != 3) return Fail(api, "torchtpu_svd: f32 or f64 operand [B, m, n]");
+  int64_t batch, m, n;
+  Dims(a, &batch, &m, &n);
+  const int64_t k = std::min(m, n);
+  if (m > std::numeric_limits<int>::max() / 8 || n > std::numeric_limits<int>::max() / 8)
+    return Fail(api, "torchtpu_svd: matrix too large for LAPACK");
+  const bool uv = frame->rets.size == 3;
+  const FfiBuffer* s = Buf(frame->rets, uv ? 1 : 0);
+  const FfiBuffer* u = uv ? Buf(frame->rets, 0) : nullptr;
+  const FfiBuffer* vh = uv ? Buf(frame->rets, 2) : nullptr;
+  for (const FfiBuffer* r : {s, u, vh})
+    if (r != nullptr && (r->dtype != a->dtype || r->rank != (r == s ? 2 : 3) || r->dims[0] != batch))
+      return Fail(api, "torchtpu_svd: results must match the operand's dtype and batch");
+  if (s->dims[1] != k) return Fail(api, "torchtpu_svd: s must be [B, min(m, n)]");
+  char jobz = 'N';
+  if (uv) {
+    const bool reduced = u->dims[1] == m && u->dims[2] == k && vh->dims[1] == k && vh->dims[2] == n;
+    const bool full = u->dims[1] == m && u->dims[2] == m && vh->dims[1] == n && vh->dims[2] == n;
+    if (!reduced && !full) return Fail(api, "torchtpu_svd: u, vh must be [B, m, k], [B, k, n] or [B, m, m], [B, n, n]");
+    jobz = reduced ? 'S' : 'A';
+  }
+  if (batch == 0 || k == 0) return nullptr;  // the lowering handles empty matrices itself
+  if (a->dtype == kFfiF32)
+    Svd(static_cast<const float*>(a->data), uv ? static_cast<float*>(u->data) : nullptr, static_cast<float*>(s->data),
+        uv ? static_cast<float*>(vh->data) : nullptr, batch, static_cast<int>(m), static_cast<int>(n), jobz);
+  else
+    Svd(static_cast<const double*>(a->data), uv ? static_cast<double*>(u->data) : nullptr,
+        static_cast<double*>(s->data), uv ? static_cast<double*>(vh->data) : nullptr, batch, static_cast<int>(m),
+        static_cast<int>(n), jobz);
+  return nullptr;
+}
+
+}  // extern "C"

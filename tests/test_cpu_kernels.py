@@ -196,6 +196,44 @@ def test_lapack_eigh_and_svd_gradients_match_cpu():
             torch.testing.assert_close(gt.cpu(), gc, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(5, 5), (7, 3), (3, 7), (2, 6, 6), (2, 3, 4, 4), (1, 1), (64, 64)])
+def test_lu_runs_lapack_and_matches_cpu(shape, dtype, module_texts):
+    """The CPU-emulated device's LU is LAPACK's getrf, as PyTorch's CPU LU: the same packed factors
+    and pivots, and solve, inv and det built on them match too."""
+    assert _lapack_registered()
+    torch.manual_seed(0)
+    a = torch.randn(shape, dtype=dtype)
+    lu, piv = torch.linalg.lu_factor(a)
+    lut, pivt = torch.linalg.lu_factor(a.to("tpu"))
+    assert any(cpu_kernels.LU_TARGET in t for t in module_texts)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    torch.testing.assert_close(lut.cpu(), lu, **tol)
+    assert torch.equal(pivt.cpu(), piv)
+    p, lo, up = torch.linalg.lu(a.to("tpu"))
+    torch.testing.assert_close(p.cpu() @ lo.cpu() @ up.cpu(), a, **tol)  # (tpu matmuls round to bf16)
+    if shape[-1] == shape[-2]:
+        a = a + shape[-1] * torch.eye(shape[-1], dtype=dtype)  # well conditioned
+        rhs = torch.randn(*shape[:-1], 2, dtype=dtype)
+        torch.testing.assert_close(torch.linalg.solve(a.to("tpu"), rhs.to("tpu")).cpu(), torch.linalg.solve(a, rhs),
+                                   **tol)
+        torch.testing.assert_close(torch.linalg.inv(a.to("tpu")).cpu(), torch.linalg.inv(a), **tol)
+        torch.testing.assert_close(torch.linalg.det(a.to("tpu")).cpu(), torch.linalg.det(a), rtol=1e-4, atol=0)
+
+
+def test_lapack_lu_of_a_singular_matrix_reports_it():
+    """A zero pivot is not a failure: getrf factors on, and info names the first zero pivot."""
+    assert _lapack_registered()
+    a = torch.tensor([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 0.0, 1.0]])
+    want = torch.linalg.lu_factor_ex(a)
+    got = torch.linalg.lu_factor_ex(a.to("tpu"))
+    torch.testing.assert_close(got.LU.cpu(), want.LU)
+    assert torch.equal(got.pivots.cpu(), want.pivots) and torch.equal(got.info.cpu(), want.info)
+    assert int(want.info) == 3
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.inv(a.to("tpu"))
+
+
 def test_lapack_kernels_give_nan_for_nan_input_and_handle_empty():
     """A failed decomposition is NaN, not a crash; empty batches and matrices keep their shapes."""
     assert _lapack_registered()
@@ -204,14 +242,15 @@ def test_lapack_kernels_give_nan_for_nan_input_and_handle_empty():
     assert torch.isnan(w.cpu()).all() and torch.isnan(v.cpu()).all()
     s = torch.linalg.svdvals(a.to("tpu"))
     assert torch.isnan(s.cpu()).all()
+    assert torch.isnan(torch.linalg.lu_factor(a.to("tpu"))[0].cpu()).all()
     for shape in [(0, 4, 4), (3, 0, 0)]:
         e = torch.zeros(shape)
         assert torch.linalg.eigh(e.to("tpu"))[1].shape == torch.linalg.eigh(e)[1].shape
         assert torch.linalg.svd(e.to("tpu"))[0].shape == torch.linalg.svd(e)[0].shape
 
 
-def test_eigh_without_the_kernels_takes_the_portable_lowering():
-    """TORCH_TPU_CPU_KERNELS=0: the Jacobi lowering (the one a TPU runs) still matches CPU."""
+def test_linalg_without_the_kernels_takes_the_portable_lowerings():
+    """TORCH_TPU_CPU_KERNELS=0: the Jacobi and LU-loop lowerings (the ones a TPU runs) still match CPU."""
     code = """
 import torch
 from torchtpu.runtime import cpu_kernels
@@ -224,6 +263,8 @@ torch.testing.assert_close(w.cpu(), wc, rtol=1e-4, atol=1e-4)
 torch.testing.assert_close((v.cpu() @ torch.diag(w.cpu()) @ v.cpu().T), a, rtol=1e-4, atol=1e-4)
 s = torch.linalg.svdvals(a[:, :4].to("tpu"))
 torch.testing.assert_close(s.cpu(), torch.linalg.svdvals(a[:, :4]), rtol=1e-4, atol=1e-4)
+lu, piv = torch.linalg.lu_factor(a.to("tpu"))
+torch.testing.assert_close(lu.cpu(), torch.linalg.lu_factor(a)[0], rtol=1e-4, atol=1e-4)
 print("ok")
 """
     r = run_python(code, env={"TORCH_TPU_CPU_KERNELS": "0"})

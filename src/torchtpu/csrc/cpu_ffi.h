@@ -100,7 +100,7 @@ struct FfiCallFrame {  // XLA_FFI_CallFrame, up to the fields read here
   FfiList rets;
 };
 
-constexpr int kFfiS32 = 4, kFfiBf16 = 16, kFfiF32 = 11, kFfiF64 = 12;  // XLA_FFI_DataType
+constexpr int kFfiS32 = 4, kFfiS64 = 5, kFfiBf16 = 16, kFfiF32 = 11, kFfiF64 = 12;  // XLA_FFI_DataType
 constexpr int kFfiInvalidArgument = 3;                    // XLA_FFI_Error_Code
 
 inline void* Fail(const FfiApi* api, const char* message) {

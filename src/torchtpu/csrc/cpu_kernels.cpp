@@ -235,11 +235,12 @@ __attribute__((visibility("default"))) int torchtpu_cpu_kernels_available() { re
 
 void* torchtpu_eigh(FfiCallFrame* frame);  // cpu_linalg.cpp
 void* torchtpu_svd(FfiCallFrame* frame);
+void* torchtpu_lu(FfiCallFrame* frame);
 int torchtpu_lapack_available();
 
 // Registers the custom calls this process can run with a PJRT plugin's FFI extension for
-// XLA:CPU ("Host"): the transpose where the CPU has its instructions, the eigh and svd where
-// LAPACK was supplied. Returns which (1: transpose, 2: eigh and svd), or -1 when the plugin
+// XLA:CPU ("Host"): the transpose where the CPU has its instructions, the eigh, svd and lu where
+// LAPACK was supplied. Returns which (1: transpose, 2: eigh, svd and lu), or -1 when the plugin
 // has no FFI extension; a PJRT error from the plugin is handed back through *error for the
 // caller to read and destroy.
 __attribute__((visibility("default"))) int torchtpu_register_cpu_kernels(const void* api, void** error) {
@@ -267,7 +268,9 @@ __attribute__((visibility("default"))) int torchtpu_register_cpu_kernels(const v
     registered |= 1;
   }
   if (torchtpu_lapack_available()) {
-    if (!add("torchtpu_eigh_v1", &torchtpu_eigh) || !add("torchtpu_svd_v1", &torchtpu_svd)) return registered;
+    if (!add("torchtpu_eigh_v1", &torchtpu_eigh) || !add("torchtpu_svd_v1", &torchtpu_svd) ||
+        !add("torchtpu_lu_v1", &torchtpu_lu))
+      return registered;
     registered |= 2;
   }
   return registered;

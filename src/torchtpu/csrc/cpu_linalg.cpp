@@ -1,14 +1,18 @@
-// Symmetric eigendecomposition and SVD on the host CPU, for XLA:CPU programs (custom calls).
+// Symmetric eigendecomposition, SVD and LU on the host CPU, for XLA:CPU programs (custom calls).
 //
 // StableHLO has no eigensolver, so the portable lowerings (lowering/eigh.py, svd.py) run
 // parallel Jacobi sweeps built from gathers and elementwise ops: right for a TPU, but on
 // XLA:CPU each of a sweep's n - 1 steps is a pass over the whole matrix, ~10 s for a
-// 512 x 512 eigh against ~10 ms in LAPACK. On the CPU-emulated device these handlers run
-// LAPACK's divide-and-conquer drivers instead, the ones PyTorch's CPU eigh and svd call:
+// 512 x 512 eigh against ~10 ms in LAPACK (LU: one column per while-loop step, 220 ms at 512).
+// On the CPU-emulated device these handlers run the LAPACK drivers PyTorch's CPU kernels call:
 //
 //   torchtpu_eigh_v1(a: T[B, n, n] symmetric, upper: s32[]) -> (w: T[B, n] ascending, v: T[B, n, n])
 //   torchtpu_svd_v1(a: T[B, m, n]) -> s: T[B, k]                        (k = min(m, n))
 //                                  -> (u: T[B, m, j], s: T[B, k], vh: T[B, j, n])   j = k or m|n
+//   torchtpu_lu_v1(a: T[B, m, n]) -> (lu: T[B, m, n], perm: s64[B, m], pivots: s32[B, k])
+//
+// (lu: getrf's packed factors of a itself, row-major; pivots: its 1-based row swaps; perm: the
+// row order they make, a[perm] = L U.)
 //
 // T is f32 or f64. `upper` names the triangle LAPACK reads (the lowering mirrors the one the
 // user named, so both hold the matrix; LAPACK's eigenvectors' signs depend on which it reads,
@@ -17,7 +21,7 @@
 // as failed comes back as NaN, as a diverging Jacobi sweep would.
 //
 // LAPACK itself is not linked: the library that provides it (PyTorch's, in torchtpu) hands
-// its ssyevd_/dsyevd_/sgesdd_/dgesdd_ (Fortran ABI, 32-bit integers) to
+// its ssyevd_/dsyevd_/sgesdd_/dgesdd_/sgetrf_/dgetrf_ (Fortran ABI, 32-bit integers) to
 // torchtpu_set_lapack before the handlers are registered. No PyTorch here.
 
 #include <algorithm>
@@ -37,6 +41,8 @@ template <typename T>
 using Syevd = void (*)(const char* jobz, const char* uplo, const int* n, T* a, const int* lda, T* w, T* work,
                        const int* lwork, int* iwork, const int* liwork, int* info);
 template <typename T>
+using Getrf = void (*)(const int* m, const int* n, T* a, const int* lda, int* ipiv, int* info);
+template <typename T>
 using Gesdd = void (*)(const char* jobz, const int* m, const int* n, T* a, const int* lda, T* s, T* u,
                        const int* ldu, T* vt, const int* ldvt, T* work, const int* lwork, int* iwork, int* info);
 
@@ -45,6 +51,8 @@ struct Lapack {
   Syevd<double> dsyevd = nullptr;
   Gesdd<float> sgesdd = nullptr;
   Gesdd<double> dgesdd = nullptr;
+  Getrf<float> sgetrf = nullptr;
+  Getrf<double> dgetrf = nullptr;
 } g_lapack;
 
 template <typename T>
@@ -59,6 +67,12 @@ template <>
 Gesdd<float> gesdd<float>() { return g_lapack.sgesdd; }
 template <>
 Gesdd<double> gesdd<double>() { return g_lapack.dgesdd; }
+template <typename T>
+Getrf<T> getrf();
+template <>
+Getrf<float> getrf<float>() { return g_lapack.sgetrf; }
+template <>
+Getrf<double> getrf<double>() { return g_lapack.dgetrf; }
 
 template <typename T>
 void FillNaN(T* data, int64_t count) {
@@ -152,6 +166,31 @@ void Svd(const T* a, T* u, T* s, T* vh, int64_t batch, int m, int n, char jobz) 
   }
 }
 
+template <typename T>
+void Lu(const T* a, T* lu, int64_t* perm, int32_t* pivots, int64_t batch, int m, int n) {
+  const int k = std::min(m, n), lda = std::max(m, 1);
+  std::vector<T> x(static_cast<size_t>(m) * n);
+  std::vector<int> ipiv(std::max(k, 1));
+  const int64_t mn = static_cast<int64_t>(m) * n;
+  for (int64_t b = 0; b < batch; ++b) {
+    ToColumnMajor(a + b * mn, x.data(), m, n);
+    int info = 0;
+    getrf<T>()(&m, &n, x.data(), &lda, ipiv.data(), &info);  // info > 0: a zero pivot, still factored
+    int64_t* order = perm + b * m;
+    for (int i = 0; i < m; ++i) order[i] = i;
+    if (info < 0) {
+      FillNaN(lu + b * mn, mn);
+      for (int j = 0; j < k; ++j) pivots[b * k + j] = j + 1;
+      continue;
+    }
+    FromColumnMajor(x.data(), lu + b * mn, m, n);
+    for (int j = 0; j < k; ++j) {
+      pivots[b * k + j] = ipiv[j];
+      std::swap(order[j], order[ipiv[j] - 1]);
+    }
+  }
+}
+
 bool Float(const FfiBuffer* x) { return x->dtype == kFfiF32 || x->dtype == kFfiF64; }
 
 }  // namespace
@@ -160,16 +199,21 @@ extern "C" {
 
 // Hands over LAPACK's drivers (all four, or the handlers are not registered).
 __attribute__((visibility("default"))) void torchtpu_set_lapack(void* ssyevd, void* dsyevd, void* sgesdd,
-                                                                void* dgesdd) {
+                                                                void* dgesdd, void* sgetrf, void* dgetrf) {
   g_lapack.ssyevd = reinterpret_cast<Syevd<float>>(ssyevd);
   g_lapack.dsyevd = reinterpret_cast<Syevd<double>>(dsyevd);
   g_lapack.sgesdd = reinterpret_cast<Gesdd<float>>(sgesdd);
   g_lapack.dgesdd = reinterpret_cast<Gesdd<double>>(dgesdd);
+  g_lapack.sgetrf = reinterpret_cast<Getrf<float>>(sgetrf);
+  g_lapack.dgetrf = reinterpret_cast<Getrf<double>>(dgetrf);
 }
 
 // 1 when torchtpu_set_lapack has supplied every driver.
 __attribute__((visibility("default"))) int torchtpu_lapack_available() {
-  return g_lapack.ssyevd && g_lapack.dsyevd && g_lapack.sgesdd && g_lapack.dgesdd ? 1 : 0;
+  return g_lapack.ssyevd && g_lapack.dsyevd && g_lapack.sgesdd && g_lapack.dgesdd && g_lapack.sgetrf &&
+                 g_lapack.dgetrf
+             ? 1
+             : 0;
 }
 
 // XLA FFI handler (custom call api_version 4) for torchtpu_eigh_v1.
@@ -236,6 +280,35 @@ __attribute__((visibility("default"))) void* torchtpu_svd(FfiCallFrame* frame) {
     Svd(static_cast<const double*>(a->data), uv ? static_cast<double*>(u->data) : nullptr,
         static_cast<double*>(s->data), uv ? static_cast<double*>(vh->data) : nullptr, batch, static_cast<int>(m),
         static_cast<int>(n), jobz);
+  return nullptr;
+}
+
+// XLA FFI handler (custom call api_version 4) for torchtpu_lu_v1.
+__attribute__((visibility("default"))) void* torchtpu_lu(FfiCallFrame* frame) {
+  if (AnswerMetadata(frame)) return nullptr;
+  const FfiApi* api = frame->api;
+  if (!torchtpu_lapack_available()) return Fail(api, "torchtpu_lu: LAPACK was not supplied");
+  if (frame->args.size != 1 || frame->rets.size != 3) return Fail(api, "torchtpu_lu: 1 operand, 3 results");
+  const FfiBuffer* a = Buf(frame->args, 0);
+  const FfiBuffer *lu = Buf(frame->rets, 0), *perm = Buf(frame->rets, 1), *pivots = Buf(frame->rets, 2);
+  if (!Float(a) || a->rank != 3 || lu->dtype != a->dtype || lu->rank != 3)
+    return Fail(api, "torchtpu_lu: f32 or f64 [B, m, n] operand and LU");
+  int64_t batch, m, n;
+  Dims(a, &batch, &m, &n);
+  const int64_t k = std::min(m, n);
+  if (m > std::numeric_limits<int>::max() || n > std::numeric_limits<int>::max())
+    return Fail(api, "torchtpu_lu: matrix too large for LAPACK");
+  if (lu->dims[0] != batch || lu->dims[1] != m || lu->dims[2] != n || perm->dtype != kFfiS64 || perm->rank != 2 ||
+      perm->dims[0] != batch || perm->dims[1] != m || pivots->dtype != kFfiS32 || pivots->rank != 2 ||
+      pivots->dims[0] != batch || pivots->dims[1] != k)
+    return Fail(api, "torchtpu_lu: results must be T[B, m, n], s64[B, m], s32[B, min(m, n)]");
+  if (batch == 0 || m == 0 || n == 0) return nullptr;  // the lowering handles empty matrices itself
+  if (a->dtype == kFfiF32)
+    Lu(static_cast<const float*>(a->data), static_cast<float*>(lu->data), static_cast<int64_t*>(perm->data),
+       static_cast<int32_t*>(pivots->data), batch, static_cast<int>(m), static_cast<int>(n));
+  else
+    Lu(static_cast<const double*>(a->data), static_cast<double*>(lu->data), static_cast<int64_t*>(perm->data),
+       static_cast<int32_t*>(pivots->data), batch, static_cast<int>(m), static_cast<int>(n));
   return nullptr;
 }
 

@@ -80,7 +80,7 @@ def _linalg_eigh(ctx: LoweringContext, a: Value, uplo: str = "L", compute_v: boo
     kernels = cpu_kernels.linalg_targets() if target.xla_cpu() else None
     if kernels is not None:  # the CPU-emulated device: LAPACK's syevd (csrc/cpu_linalg.cpp)
         upper = b.constant(int(uplo.upper() == "U"), torch.int32)  # the triangle LAPACK reads: eigenvector signs
-        w, v = b.custom_call_results(kernels[0], [x, upper], [((batch, n), acc), ((batch, n, n), acc)])
+        w, v = b.custom_call_results(kernels.eigh, [x, upper], [((batch, n), acc), ((batch, n, n), acc)])
         w = b.convert(b.reshape(w, w_shape), w_dtype)
         if not compute_v:
             return w, b.constant(0, v_dtype, v_shape)

@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from ..runtime import cpu_kernels
+from . import target
 from .builder import Builder, Value
 from .registry import LoweringContext, register
 
@@ -176,6 +178,14 @@ def lu_factor(b: Builder, a: Value) -> tuple[Value, Value, Value]:
     """
     *batch, m, n = a.shape
     k = min(m, n)
+    kernels = cpu_kernels.linalg_targets() if target.xla_cpu() else None
+    if kernels is not None and a.dtype in (torch.float32, torch.float64) and m * n:
+        # the CPU-emulated device: LAPACK's getrf (csrc/cpu_linalg.cpp), ~50x this loop at 512
+        count = math.prod(batch)
+        lu, perm, piv = b.custom_call_results(kernels.lu, [b.reshape(a, (count, m, n))], [
+            ((count, m, n), a.dtype), ((count, m), torch.int64), ((count, k), torch.int32)])
+        return (b.reshape(lu, a.shape), b.reshape(perm, (*batch, m)),
+                b.reshape(b.convert(piv, torch.int64), (*batch, k)))
     shape = a.shape
     r = len(shape)
     bshape = tuple(batch)

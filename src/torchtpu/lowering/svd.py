@@ -90,9 +90,9 @@ def _linalg_svd(ctx: LoweringContext, a: Value, full_matrices: bool = True, comp
     kernels = cpu_kernels.linalg_targets() if target.xla_cpu() else None
     if kernels is not None:  # the CPU-emulated device: LAPACK's gesdd (csrc/cpu_linalg.cpp)
         if not compute_uv:
-            return empty(0), out(1, b.custom_call_results(kernels[1], [x], [((batch, k), acc)])[0]), empty(2)
+            return empty(0), out(1, b.custom_call_results(kernels.svd, [x], [((batch, k), acc)])[0]), empty(2)
         j_u, j_v = (m, n) if full_matrices else (k, k)
-        u, s, vh = b.custom_call_results(kernels[1], [x], [((batch, m, j_u), acc), ((batch, k), acc),
+        u, s, vh = b.custom_call_results(kernels.svd, [x], [((batch, m, j_u), acc), ((batch, k), acc),
                                                             ((batch, j_v, n), acc)])
         return out(0, u), out(1, s), out(2, vh)
     wide = m < n

@@ -3,8 +3,8 @@
 The native library (``torchtpu/_cpu_kernels*.so``, built from
 ``csrc/cpu_kernels.cpp`` and ``csrc/cpu_linalg.cpp``) holds a transpose that
 XLA's CPU backend otherwise emits as a strided elemental loop, and LAPACK's
-symmetric eigendecomposition and SVD, which the portable lowerings build from
-Jacobi sweeps that XLA:CPU runs ~1000x slower (see the C++ files). They are
+symmetric eigendecomposition, SVD and LU, which the portable lowerings build from
+Jacobi sweeps and column loops that XLA:CPU runs 50-1000x slower (see the C++ files). They are
 registered with the CPU plugin through the PJRT FFI extension when a client is
 created; lowerings ask :func:`transpose_target` and :func:`linalg_targets`
 whether they may emit them. The LAPACK drivers come from whoever calls
@@ -21,7 +21,7 @@ import glob
 import os
 import threading
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,7 +31,8 @@ ENV_VAR = "TORCH_TPU_CPU_KERNELS"
 TRANSPOSE_TARGET = "torchtpu_transpose_v1"
 EIGH_TARGET = "torchtpu_eigh_v1"
 SVD_TARGET = "torchtpu_svd_v1"
-LAPACK_DRIVERS = ("ssyevd_", "dsyevd_", "sgesdd_", "dgesdd_")
+LU_TARGET = "torchtpu_lu_v1"
+LAPACK_DRIVERS = ("ssyevd_", "dsyevd_", "sgesdd_", "dgesdd_", "sgetrf_", "dgetrf_")
 _TRANSPOSE, _LINALG = 1, 2  # what torchtpu_register_cpu_kernels reports it registered
 
 _lock = threading.Lock()
@@ -61,7 +62,7 @@ def _load() -> Any:
     lib.torchtpu_transpose_host.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                             ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
     lib.torchtpu_lapack_available.restype = ctypes.c_int
-    lib.torchtpu_set_lapack.argtypes = [ctypes.c_void_p] * 4
+    lib.torchtpu_set_lapack.argtypes = [ctypes.c_void_p] * len(LAPACK_DRIVERS)
     return lib
 
 
@@ -118,9 +119,15 @@ def transpose_target() -> str | None:
     return TRANSPOSE_TARGET if _registered_with_all(_TRANSPOSE) else None
 
 
-def linalg_targets() -> tuple[str, str] | None:
-    """The custom-call targets (eigh, svd) of the LAPACK kernels, if registered with the CPU plugin."""
-    return (EIGH_TARGET, SVD_TARGET) if _registered_with_all(_LINALG) else None
+class LinalgTargets(NamedTuple):
+    eigh: str
+    svd: str
+    lu: str
+
+
+def linalg_targets() -> LinalgTargets | None:
+    """The custom-call targets of the LAPACK kernels, if registered with the CPU plugin."""
+    return LinalgTargets(EIGH_TARGET, SVD_TARGET, LU_TARGET) if _registered_with_all(_LINALG) else None
 
 
 def transpose_host(x: np.ndarray, out_dtype: Any) -> np.ndarray:

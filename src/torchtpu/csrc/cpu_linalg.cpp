@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_ffi.h"
@@ -55,24 +56,19 @@ struct Lapack {
   Getrf<double> dgetrf = nullptr;
 } g_lapack;
 
+// The driver of each kind for T (float: s..., double: d...).
 template <typename T>
-Syevd<T> syevd();
-template <>
-Syevd<float> syevd<float>() { return g_lapack.ssyevd; }
-template <>
-Syevd<double> syevd<double>() { return g_lapack.dsyevd; }
+Syevd<T> syevd() {
+  if constexpr (std::is_same_v<T, float>) return g_lapack.ssyevd; else return g_lapack.dsyevd;
+}
 template <typename T>
-Gesdd<T> gesdd();
-template <>
-Gesdd<float> gesdd<float>() { return g_lapack.sgesdd; }
-template <>
-Gesdd<double> gesdd<double>() { return g_lapack.dgesdd; }
+Gesdd<T> gesdd() {
+  if constexpr (std::is_same_v<T, float>) return g_lapack.sgesdd; else return g_lapack.dgesdd;
+}
 template <typename T>
-Getrf<T> getrf();
-template <>
-Getrf<float> getrf<float>() { return g_lapack.sgetrf; }
-template <>
-Getrf<double> getrf<double>() { return g_lapack.dgetrf; }
+Getrf<T> getrf() {
+  if constexpr (std::is_same_v<T, float>) return g_lapack.sgetrf; else return g_lapack.dgetrf;
+}
 
 template <typename T>
 void FillNaN(T* data, int64_t count) {
@@ -193,6 +189,15 @@ void Lu(const T* a, T* lu, int64_t* perm, int32_t* pivots, int64_t batch, int m,
 
 bool Float(const FfiBuffer* x) { return x->dtype == kFfiF32 || x->dtype == kFfiF64; }
 
+// Calls f with a value of the C++ type of an f32 or f64 buffer's elements (the tag picks T).
+template <typename F>
+void WithElementType(int dtype, F&& f) {
+  if (dtype == kFfiF32)
+    f(float{});
+  else
+    f(double{});
+}
+
 }  // namespace
 
 extern "C" {
@@ -234,12 +239,11 @@ __attribute__((visibility("default"))) void* torchtpu_eigh(FfiCallFrame* frame) 
     return Fail(api, "torchtpu_eigh: result shapes do not match a batch of square matrices");
   if (n > std::numeric_limits<int>::max() / 4) return Fail(api, "torchtpu_eigh: matrix too large for LAPACK");
   if (batch == 0 || n == 0) return nullptr;
-  if (a->dtype == kFfiF32)
-    Eigh(static_cast<const float*>(a->data), static_cast<float*>(w->data), static_cast<float*>(v->data), batch,
+  WithElementType(a->dtype, [&](auto tag) {
+    using T = decltype(tag);
+    Eigh(static_cast<const T*>(a->data), static_cast<T*>(w->data), static_cast<T*>(v->data), batch,
          static_cast<int>(n), uplo);
-  else
-    Eigh(static_cast<const double*>(a->data), static_cast<double*>(w->data), static_cast<double*>(v->data), batch,
-         static_cast<int>(n), uplo);
+  });
   return nullptr;
 }
 
@@ -273,13 +277,11 @@ __attribute__((visibility("default"))) void* torchtpu_svd(FfiCallFrame* frame) {
     jobz = reduced ? 'S' : 'A';
   }
   if (batch == 0 || k == 0) return nullptr;  // the lowering handles empty matrices itself
-  if (a->dtype == kFfiF32)
-    Svd(static_cast<const float*>(a->data), uv ? static_cast<float*>(u->data) : nullptr, static_cast<float*>(s->data),
-        uv ? static_cast<float*>(vh->data) : nullptr, batch, static_cast<int>(m), static_cast<int>(n), jobz);
-  else
-    Svd(static_cast<const double*>(a->data), uv ? static_cast<double*>(u->data) : nullptr,
-        static_cast<double*>(s->data), uv ? static_cast<double*>(vh->data) : nullptr, batch, static_cast<int>(m),
-        static_cast<int>(n), jobz);
+  WithElementType(a->dtype, [&](auto tag) {
+    using T = decltype(tag);
+    Svd(static_cast<const T*>(a->data), uv ? static_cast<T*>(u->data) : nullptr, static_cast<T*>(s->data),
+        uv ? static_cast<T*>(vh->data) : nullptr, batch, static_cast<int>(m), static_cast<int>(n), jobz);
+  });
   return nullptr;
 }
 
@@ -303,12 +305,11 @@ __attribute__((visibility("default"))) void* torchtpu_lu(FfiCallFrame* frame) {
       pivots->dims[0] != batch || pivots->dims[1] != k)
     return Fail(api, "torchtpu_lu: results must be T[B, m, n], s64[B, m], s32[B, min(m, n)]");
   if (batch == 0 || m == 0 || n == 0) return nullptr;  // the lowering handles empty matrices itself
-  if (a->dtype == kFfiF32)
-    Lu(static_cast<const float*>(a->data), static_cast<float*>(lu->data), static_cast<int64_t*>(perm->data),
+  WithElementType(a->dtype, [&](auto tag) {
+    using T = decltype(tag);
+    Lu(static_cast<const T*>(a->data), static_cast<T*>(lu->data), static_cast<int64_t*>(perm->data),
        static_cast<int32_t*>(pivots->data), batch, static_cast<int>(m), static_cast<int>(n));
-  else
-    Lu(static_cast<const double*>(a->data), static_cast<double*>(lu->data), static_cast<int64_t*>(perm->data),
-       static_cast<int32_t*>(pivots->data), batch, static_cast<int>(m), static_cast<int>(n));
+  });
   return nullptr;
 }
 

@@ -221,6 +221,31 @@ def test_lu_runs_lapack_and_matches_cpu(shape, dtype, module_texts):
         torch.testing.assert_close(torch.linalg.det(a.to("tpu")).cpu(), torch.linalg.det(a), rtol=1e-4, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(5, 5), (7, 3), (3, 7), (2, 6, 4), (2, 3, 4, 9), (1, 1), (48, 40)])
+def test_qr_runs_lapack_and_matches_cpu(shape, dtype, module_texts):
+    """The CPU-emulated device's QR is LAPACK's geqrf and orgqr, as PyTorch's CPU QR: the same Q
+    and R in every mode, and the same reflectors from geqrf and Q from householder_product."""
+    assert _lapack_registered()
+    torch.manual_seed(0)
+    a = torch.randn(shape, dtype=dtype)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    for mode in ("reduced", "complete", "r"):
+        q, r = torch.linalg.qr(a, mode=mode)
+        qt, rt = torch.linalg.qr(a.to("tpu"), mode=mode)
+        torch.testing.assert_close(rt.cpu(), r, **tol)
+        if mode != "r":
+            torch.testing.assert_close(qt.cpu(), q, **tol)
+    assert any(cpu_kernels.GEQRF_TARGET in t and cpu_kernels.ORGQR_TARGET in t for t in module_texts)
+    packed, tau = torch.geqrf(a)
+    packed_t, tau_t = torch.geqrf(a.to("tpu"))
+    torch.testing.assert_close(packed_t.cpu(), packed, **tol)
+    torch.testing.assert_close(tau_t.cpu(), tau, **tol)
+    if shape[-2] >= shape[-1]:
+        torch.testing.assert_close(torch.linalg.householder_product(packed_t, tau_t).cpu(),
+                                   torch.linalg.householder_product(packed, tau), **tol)
+
+
 def test_lapack_lu_of_a_singular_matrix_reports_it():
     """A zero pivot is not a failure: getrf factors on, and info names the first zero pivot."""
     assert _lapack_registered()
@@ -243,6 +268,7 @@ def test_lapack_kernels_give_nan_for_nan_input_and_handle_empty():
     s = torch.linalg.svdvals(a.to("tpu"))
     assert torch.isnan(s.cpu()).all()
     assert torch.isnan(torch.linalg.lu_factor(a.to("tpu"))[0].cpu()).all()
+    assert torch.isnan(torch.linalg.qr(a.to("tpu"))[1].cpu()).any()
     for shape in [(0, 4, 4), (3, 0, 0)]:
         e = torch.zeros(shape)
         assert torch.linalg.eigh(e.to("tpu"))[1].shape == torch.linalg.eigh(e)[1].shape
@@ -250,7 +276,7 @@ def test_lapack_kernels_give_nan_for_nan_input_and_handle_empty():
 
 
 def test_linalg_without_the_kernels_takes_the_portable_lowerings():
-    """TORCH_TPU_CPU_KERNELS=0: the Jacobi and LU-loop lowerings (the ones a TPU runs) still match CPU."""
+    """TORCH_TPU_CPU_KERNELS=0: the Jacobi, LU and QR loops (the lowerings a TPU runs) still match CPU."""
     code = """
 import torch
 from torchtpu.runtime import cpu_kernels
@@ -265,6 +291,10 @@ s = torch.linalg.svdvals(a[:, :4].to("tpu"))
 torch.testing.assert_close(s.cpu(), torch.linalg.svdvals(a[:, :4]), rtol=1e-4, atol=1e-4)
 lu, piv = torch.linalg.lu_factor(a.to("tpu"))
 torch.testing.assert_close(lu.cpu(), torch.linalg.lu_factor(a)[0], rtol=1e-4, atol=1e-4)
+q, r = torch.linalg.qr(a[:, :4].to("tpu"))
+qc, rc = torch.linalg.qr(a[:, :4])
+torch.testing.assert_close(q.cpu(), qc, rtol=1e-4, atol=1e-4)
+torch.testing.assert_close(r.cpu(), rc, rtol=1e-4, atol=1e-4)
 print("ok")
 """
     r = run_python(code, env={"TORCH_TPU_CPU_KERNELS": "0"})

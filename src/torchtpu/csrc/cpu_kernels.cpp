@@ -236,11 +236,13 @@ __attribute__((visibility("default"))) int torchtpu_cpu_kernels_available() { re
 void* torchtpu_eigh(FfiCallFrame* frame);  // cpu_linalg.cpp
 void* torchtpu_svd(FfiCallFrame* frame);
 void* torchtpu_lu(FfiCallFrame* frame);
+void* torchtpu_geqrf(FfiCallFrame* frame);
+void* torchtpu_orgqr(FfiCallFrame* frame);
 int torchtpu_lapack_available();
 
 // Registers the custom calls this process can run with a PJRT plugin's FFI extension for
-// XLA:CPU ("Host"): the transpose where the CPU has its instructions, the eigh, svd and lu where
-// LAPACK was supplied. Returns which (1: transpose, 2: eigh, svd and lu), or -1 when the plugin
+// XLA:CPU ("Host"): the transpose where the CPU has its instructions, the LAPACK kernels where
+// LAPACK was supplied. Returns which (1: transpose, 2: LAPACK's), or -1 when the plugin
 // has no FFI extension; a PJRT error from the plugin is handed back through *error for the
 // caller to read and destroy.
 __attribute__((visibility("default"))) int torchtpu_register_cpu_kernels(const void* api, void** error) {
@@ -269,7 +271,8 @@ __attribute__((visibility("default"))) int torchtpu_register_cpu_kernels(const v
   }
   if (torchtpu_lapack_available()) {
     if (!add("torchtpu_eigh_v1", &torchtpu_eigh) || !add("torchtpu_svd_v1", &torchtpu_svd) ||
-        !add("torchtpu_lu_v1", &torchtpu_lu))
+        !add("torchtpu_lu_v1", &torchtpu_lu) || !add("torchtpu_geqrf_v1", &torchtpu_geqrf) ||
+        !add("torchtpu_orgqr_v1", &torchtpu_orgqr))
       return registered;
     registered |= 2;
   }

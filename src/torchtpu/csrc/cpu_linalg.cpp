@@ -10,9 +10,13 @@
 //   torchtpu_svd_v1(a: T[B, m, n]) -> s: T[B, k]                        (k = min(m, n))
 //                                  -> (u: T[B, m, j], s: T[B, k], vh: T[B, j, n])   j = k or m|n
 //   torchtpu_lu_v1(a: T[B, m, n]) -> (lu: T[B, m, n], perm: s64[B, m], pivots: s32[B, k])
+//   torchtpu_geqrf_v1(a: T[B, m, n]) -> (packed: T[B, m, n], tau: T[B, k])
+//   torchtpu_orgqr_v1(packed: T[B, m, n], tau: T[B, t]) -> q: T[B, m, c]      t <= c <= m
 //
 // (lu: getrf's packed factors of a itself, row-major; pivots: its 1-based row swaps; perm: the
-// row order they make, a[perm] = L U.)
+// row order they make, a[perm] = L U. geqrf: R and the Householder reflectors packed, and
+// their scales; orgqr: the first c columns of the reflectors' product, as linalg.qr and
+// householder_product use them.)
 //
 // T is f32 or f64. `upper` names the triangle LAPACK reads (the lowering mirrors the one the
 // user named, so both hold the matrix; LAPACK's eigenvectors' signs depend on which it reads,
@@ -21,7 +25,7 @@
 // as failed comes back as NaN, as a diverging Jacobi sweep would.
 //
 // LAPACK itself is not linked: the library that provides it (PyTorch's, in torchtpu) hands
-// its ssyevd_/dsyevd_/sgesdd_/dgesdd_/sgetrf_/dgetrf_ (Fortran ABI, 32-bit integers) to
+// its {s,d}syevd_, {s,d}gesdd_, {s,d}getrf_, {s,d}geqrf_, {s,d}orgqr_ (Fortran ABI, 32-bit integers) to
 // torchtpu_set_lapack before the handlers are registered. No PyTorch here.
 
 #include <algorithm>
@@ -44,6 +48,11 @@ using Syevd = void (*)(const char* jobz, const char* uplo, const int* n, T* a, c
 template <typename T>
 using Getrf = void (*)(const int* m, const int* n, T* a, const int* lda, int* ipiv, int* info);
 template <typename T>
+using Geqrf = void (*)(const int* m, const int* n, T* a, const int* lda, T* tau, T* work, const int* lwork, int* info);
+template <typename T>
+using Orgqr = void (*)(const int* m, const int* n, const int* k, T* a, const int* lda, const T* tau, T* work,
+                       const int* lwork, int* info);
+template <typename T>
 using Gesdd = void (*)(const char* jobz, const int* m, const int* n, T* a, const int* lda, T* s, T* u,
                        const int* ldu, T* vt, const int* ldvt, T* work, const int* lwork, int* iwork, int* info);
 
@@ -54,6 +63,10 @@ struct Lapack {
   Gesdd<double> dgesdd = nullptr;
   Getrf<float> sgetrf = nullptr;
   Getrf<double> dgetrf = nullptr;
+  Geqrf<float> sgeqrf = nullptr;
+  Geqrf<double> dgeqrf = nullptr;
+  Orgqr<float> sorgqr = nullptr;
+  Orgqr<double> dorgqr = nullptr;
 } g_lapack;
 
 // The driver of each kind for T (float: s..., double: d...).
@@ -68,6 +81,14 @@ Gesdd<T> gesdd() {
 template <typename T>
 Getrf<T> getrf() {
   if constexpr (std::is_same_v<T, float>) return g_lapack.sgetrf; else return g_lapack.dgetrf;
+}
+template <typename T>
+Geqrf<T> geqrf() {
+  if constexpr (std::is_same_v<T, float>) return g_lapack.sgeqrf; else return g_lapack.dgeqrf;
+}
+template <typename T>
+Orgqr<T> orgqr() {
+  if constexpr (std::is_same_v<T, float>) return g_lapack.sorgqr; else return g_lapack.dorgqr;
 }
 
 template <typename T>
@@ -187,6 +208,54 @@ void Lu(const T* a, T* lu, int64_t* perm, int32_t* pivots, int64_t batch, int m,
   }
 }
 
+template <typename T>
+void Qr(const T* a, T* packed, T* tau, int64_t batch, int m, int n) {
+  const int k = std::min(m, n), lda = std::max(m, 1);
+  std::vector<T> x(static_cast<size_t>(m) * n);
+  int lwork = -1, info = 0;
+  T work_size = 0;
+  geqrf<T>()(&m, &n, x.data(), &lda, tau, &work_size, &lwork, &info);
+  lwork = std::max(static_cast<int>(work_size), 1);
+  std::vector<T> work(lwork);
+  const int64_t mn = static_cast<int64_t>(m) * n;
+  for (int64_t b = 0; b < batch; ++b) {
+    ToColumnMajor(a + b * mn, x.data(), m, n);
+    geqrf<T>()(&m, &n, x.data(), &lda, tau + b * k, work.data(), &lwork, &info);
+    if (info != 0) {
+      FillNaN(packed + b * mn, mn);
+      FillNaN(tau + b * k, k);
+      continue;
+    }
+    FromColumnMajor(x.data(), packed + b * mn, m, n);
+  }
+}
+
+// The reflectors' columns (the first min(n, c) of packed, the rest zero) are where orgqr
+// builds the c columns of Q.
+template <typename T>
+void QFactor(const T* packed, const T* tau, T* q, int64_t batch, int m, int n, int t, int c) {
+  const int lda = std::max(m, 1), used = std::min(n, c);
+  std::vector<T> x(static_cast<size_t>(m) * c);
+  int lwork = -1, info = 0;
+  T work_size = 0;
+  orgqr<T>()(&m, &c, &t, x.data(), &lda, tau, &work_size, &lwork, &info);
+  lwork = std::max(static_cast<int>(work_size), 1);
+  std::vector<T> work(lwork);
+  const int64_t mn = static_cast<int64_t>(m) * n, mc = static_cast<int64_t>(m) * c;
+  for (int64_t b = 0; b < batch; ++b) {
+    std::fill(x.begin(), x.end(), T(0));
+    const T* src = packed + b * mn;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < used; ++j) x[i + j * m] = src[i * n + j];
+    orgqr<T>()(&m, &c, &t, x.data(), &lda, tau + b * t, work.data(), &lwork, &info);
+    if (info != 0) {
+      FillNaN(q + b * mc, mc);
+      continue;
+    }
+    FromColumnMajor(x.data(), q + b * mc, m, c);
+  }
+}
+
 bool Float(const FfiBuffer* x) { return x->dtype == kFfiF32 || x->dtype == kFfiF64; }
 
 // Calls f with a value of the C++ type of an f32 or f64 buffer's elements (the tag picks T).
@@ -204,19 +273,26 @@ extern "C" {
 
 // Hands over LAPACK's drivers (all four, or the handlers are not registered).
 __attribute__((visibility("default"))) void torchtpu_set_lapack(void* ssyevd, void* dsyevd, void* sgesdd,
-                                                                void* dgesdd, void* sgetrf, void* dgetrf) {
+                                                                void* dgesdd, void* sgetrf, void* dgetrf,
+                                                                void* sgeqrf, void* dgeqrf, void* sorgqr,
+                                                                void* dorgqr) {
   g_lapack.ssyevd = reinterpret_cast<Syevd<float>>(ssyevd);
   g_lapack.dsyevd = reinterpret_cast<Syevd<double>>(dsyevd);
   g_lapack.sgesdd = reinterpret_cast<Gesdd<float>>(sgesdd);
   g_lapack.dgesdd = reinterpret_cast<Gesdd<double>>(dgesdd);
   g_lapack.sgetrf = reinterpret_cast<Getrf<float>>(sgetrf);
   g_lapack.dgetrf = reinterpret_cast<Getrf<double>>(dgetrf);
+  g_lapack.sgeqrf = reinterpret_cast<Geqrf<float>>(sgeqrf);
+  g_lapack.dgeqrf = reinterpret_cast<Geqrf<double>>(dgeqrf);
+  g_lapack.sorgqr = reinterpret_cast<Orgqr<float>>(sorgqr);
+  g_lapack.dorgqr = reinterpret_cast<Orgqr<double>>(dorgqr);
 }
 
 // 1 when torchtpu_set_lapack has supplied every driver.
 __attribute__((visibility("default"))) int torchtpu_lapack_available() {
-  return g_lapack.ssyevd && g_lapack.dsyevd && g_lapack.sgesdd && g_lapack.dgesdd && g_lapack.sgetrf &&
-                 g_lapack.dgetrf
+  const Lapack& l = g_lapack;
+  return l.ssyevd && l.dsyevd && l.sgesdd && l.dgesdd && l.sgetrf && l.dgetrf && l.sgeqrf && l.dgeqrf && l.sorgqr &&
+                 l.dorgqr
              ? 1
              : 0;
 }
@@ -309,6 +385,59 @@ __attribute__((visibility("default"))) void* torchtpu_lu(FfiCallFrame* frame) {
     using T = decltype(tag);
     Lu(static_cast<const T*>(a->data), static_cast<T*>(lu->data), static_cast<int64_t*>(perm->data),
        static_cast<int32_t*>(pivots->data), batch, static_cast<int>(m), static_cast<int>(n));
+  });
+  return nullptr;
+}
+
+// XLA FFI handler (custom call api_version 4) for torchtpu_geqrf_v1.
+__attribute__((visibility("default"))) void* torchtpu_geqrf(FfiCallFrame* frame) {
+  if (AnswerMetadata(frame)) return nullptr;
+  const FfiApi* api = frame->api;
+  if (!torchtpu_lapack_available()) return Fail(api, "torchtpu_geqrf: LAPACK was not supplied");
+  if (frame->args.size != 1 || frame->rets.size != 2) return Fail(api, "torchtpu_geqrf: 1 operand, 2 results");
+  const FfiBuffer *a = Buf(frame->args, 0), *packed = Buf(frame->rets, 0), *tau = Buf(frame->rets, 1);
+  if (!Float(a) || a->rank != 3 || packed->dtype != a->dtype || tau->dtype != a->dtype || packed->rank != 3 ||
+      tau->rank != 2)
+    return Fail(api, "torchtpu_geqrf: f32 or f64 [B, m, n] -> [B, m, n], [B, k]");
+  int64_t batch, m, n;
+  Dims(a, &batch, &m, &n);
+  const int64_t k = std::min(m, n);
+  if (m > std::numeric_limits<int>::max() || n > std::numeric_limits<int>::max())
+    return Fail(api, "torchtpu_geqrf: matrix too large for LAPACK");
+  if (packed->dims[0] != batch || packed->dims[1] != m || packed->dims[2] != n || tau->dims[0] != batch ||
+      tau->dims[1] != k)
+    return Fail(api, "torchtpu_geqrf: results must be [B, m, n] and [B, min(m, n)]");
+  if (batch == 0 || k == 0) return nullptr;  // the lowering handles empty matrices itself
+  WithElementType(a->dtype, [&](auto tag) {
+    using T = decltype(tag);
+    Qr(static_cast<const T*>(a->data), static_cast<T*>(packed->data), static_cast<T*>(tau->data), batch,
+       static_cast<int>(m), static_cast<int>(n));
+  });
+  return nullptr;
+}
+
+// XLA FFI handler (custom call api_version 4) for torchtpu_orgqr_v1.
+__attribute__((visibility("default"))) void* torchtpu_orgqr(FfiCallFrame* frame) {
+  if (AnswerMetadata(frame)) return nullptr;
+  const FfiApi* api = frame->api;
+  if (!torchtpu_lapack_available()) return Fail(api, "torchtpu_orgqr: LAPACK was not supplied");
+  if (frame->args.size != 2 || frame->rets.size != 1) return Fail(api, "torchtpu_orgqr: 2 operands, 1 result");
+  const FfiBuffer *packed = Buf(frame->args, 0), *tau = Buf(frame->args, 1), *q = Buf(frame->rets, 0);
+  if (!Float(packed) || packed->rank != 3 || tau->dtype != packed->dtype || q->dtype != packed->dtype ||
+      tau->rank != 2 || q->rank != 3)
+    return Fail(api, "torchtpu_orgqr: f32 or f64 [B, m, n], [B, t] -> [B, m, c]");
+  int64_t batch, m, n;
+  Dims(packed, &batch, &m, &n);
+  const int64_t t = tau->dims[1], c = q->dims[2];
+  if (m > std::numeric_limits<int>::max() || n > std::numeric_limits<int>::max())
+    return Fail(api, "torchtpu_orgqr: matrix too large for LAPACK");
+  if (tau->dims[0] != batch || q->dims[0] != batch || q->dims[1] != m || t > c || c > m || t > n)
+    return Fail(api, "torchtpu_orgqr: needs tau [B, t] and q [B, m, c] with t <= min(n, c), c <= m");
+  if (batch == 0 || m == 0 || c == 0) return nullptr;  // the lowering handles empty matrices itself
+  WithElementType(packed->dtype, [&](auto tag) {
+    using T = decltype(tag);
+    QFactor(static_cast<const T*>(packed->data), static_cast<const T*>(tau->data), static_cast<T*>(q->data), batch,
+            static_cast<int>(m), static_cast<int>(n), static_cast<int>(t), static_cast<int>(c));
   });
   return nullptr;
 }

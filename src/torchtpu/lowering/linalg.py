@@ -169,6 +169,14 @@ def eye_like(b: Builder, shape: tuple[int, ...], dtype: torch.dtype) -> Value:
     return b.convert(b.compare(rows, cols, "EQ"), dtype)
 
 
+def lapack_kernels(dtype: torch.dtype) -> cpu_kernels.LinalgTargets | None:
+    """The LAPACK custom calls for ``dtype`` on the CPU-emulated device (csrc/cpu_linalg.cpp), or
+    None where the portable lowering must run (a TPU, f16/bf16, the kernels off)."""
+    if dtype not in (torch.float32, torch.float64) or not target.xla_cpu():
+        return None
+    return cpu_kernels.linalg_targets()
+
+
 def lu_factor(b: Builder, a: Value) -> tuple[Value, Value, Value]:
     """(LU packed, perm (..., m) int64 with A[perm] = L U, pivots (..., k) int64 1-based), as LAPACK getrf.
 
@@ -178,9 +186,9 @@ def lu_factor(b: Builder, a: Value) -> tuple[Value, Value, Value]:
     """
     *batch, m, n = a.shape
     k = min(m, n)
-    kernels = cpu_kernels.linalg_targets() if target.xla_cpu() else None
-    if kernels is not None and a.dtype in (torch.float32, torch.float64) and m * n:
-        # the CPU-emulated device: LAPACK's getrf (csrc/cpu_linalg.cpp), ~50x this loop at 512
+    kernels = lapack_kernels(a.dtype)
+    if kernels is not None and m * n:
+        # the CPU-emulated device: LAPACK's getrf (csrc/cpu_linalg.cpp), ~40x this loop at 512
         count = math.prod(batch)
         lu, perm, piv = b.custom_call_results(kernels.lu, [b.reshape(a, (count, m, n))], [
             ((count, m, n), a.dtype), ((count, m), torch.int64), ((count, k), torch.int32)])
@@ -730,6 +738,12 @@ def householder_qr(b: Builder, a: Value) -> tuple[Value, Value]:
     """(packed R and reflectors, tau) of ``a`` (..., m, n), as LAPACK's geqrf computes them."""
     *batch, m, n = a.shape
     k = min(m, n)
+    kernels = lapack_kernels(a.dtype)
+    if kernels is not None and k:  # LAPACK's geqrf itself, ~10x this loop at 512
+        count = math.prod(batch)
+        packed, tau = b.custom_call_results(kernels.geqrf, [b.reshape(a, (count, m, n))],
+                                            [((count, m, n), a.dtype), ((count, k), a.dtype)])
+        return b.reshape(packed, a.shape), b.reshape(tau, (*batch, k))
     shape = a.shape
     r = a.rank
     nb = len(batch)
@@ -788,8 +802,15 @@ def householder_qr(b: Builder, a: Value) -> tuple[Value, Value]:
 
 def householder_q(b: Builder, refl: Value, tau: Value, ncols: int) -> Value:
     """The first ``ncols`` columns of H_0 H_1 ... H_{k-1} (LAPACK orgqr), applied right to left to I."""
-    *batch, m, _ = refl.shape
+    *batch, m, n = refl.shape
     k = tau.shape[-1]
+    kernels = lapack_kernels(refl.dtype)
+    # LAPACK's orgqr itself, where it applies: k reflectors building 0 < ncols <= m columns
+    if kernels is not None and k <= min(n, ncols) and 0 < ncols <= m and tuple(tau.shape[:-1]) == tuple(batch):
+        count = math.prod(batch)
+        q = b.custom_call_results(kernels.orgqr, [b.reshape(refl, (count, m, n)), b.reshape(tau, (count, k))],
+                                  [((count, m, ncols), refl.dtype)])[0]
+        return b.reshape(q, (*batch, m, ncols))
     nb = len(batch)
     qshape = (*batch, m, ncols)
     r = len(qshape)

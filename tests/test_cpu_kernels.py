@@ -246,6 +246,38 @@ def test_qr_runs_lapack_and_matches_cpu(shape, dtype, module_texts):
                                    torch.linalg.householder_product(packed, tau), **tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(5, 5), (2, 6, 6), (2, 3, 4, 4), (1, 1), (40, 40)])
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_runs_lapack_and_matches_cpu(shape, dtype, upper, module_texts):
+    """The CPU-emulated device's Cholesky is LAPACK's potrf, reading the triangle the CPU reads.
+    Regression: upper=True factored the lower triangle, wrong for an input whose triangles
+    differ (the CPU reads only the upper one)."""
+    assert _lapack_registered()
+    torch.manual_seed(0)
+    a = torch.randn(shape, dtype=dtype)
+    spd = a @ a.mT + shape[-1] * torch.eye(shape[-1], dtype=dtype)
+    spd = spd + torch.triu(torch.randn(shape, dtype=dtype), 1) * (-1 if upper else 1)  # the unread triangle differs
+    want = torch.linalg.cholesky_ex(spd, upper=upper)
+    got = torch.linalg.cholesky_ex(spd.to("tpu"), upper=upper)
+    assert any(cpu_kernels.CHOLESKY_TARGET in t for t in module_texts)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    torch.testing.assert_close(got.L.cpu(), want.L, **tol)
+    assert torch.equal(got.info.cpu(), want.info)
+    torch.testing.assert_close(torch.cholesky(spd.to("tpu"), upper=upper).cpu(), torch.cholesky(spd, upper=upper), **tol)
+
+
+def test_lapack_cholesky_of_an_indefinite_matrix_reports_it():
+    """info names the first leading minor that is not positive definite, as on CPU; the strict
+    factor raises the CPU's error."""
+    assert _lapack_registered()
+    a = torch.tensor([[4.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 3.0]])  # second minor singular
+    want, got = torch.linalg.cholesky_ex(a), torch.linalg.cholesky_ex(a.to("tpu"))
+    assert torch.equal(got.info.cpu(), want.info) and int(want.info) == 2
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.cholesky(a.to("tpu"))
+
+
 def test_lapack_lu_of_a_singular_matrix_reports_it():
     """A zero pivot is not a failure: getrf factors on, and info names the first zero pivot."""
     assert _lapack_registered()
@@ -276,7 +308,8 @@ def test_lapack_kernels_give_nan_for_nan_input_and_handle_empty():
 
 
 def test_linalg_without_the_kernels_takes_the_portable_lowerings():
-    """TORCH_TPU_CPU_KERNELS=0: the Jacobi, LU and QR loops (the lowerings a TPU runs) still match CPU."""
+    """TORCH_TPU_CPU_KERNELS=0: the Jacobi, LU, QR and Cholesky lowerings (the ones a TPU runs) still
+    match CPU, Cholesky reading the triangle the CPU reads."""
     code = """
 import torch
 from torchtpu.runtime import cpu_kernels
@@ -295,6 +328,10 @@ q, r = torch.linalg.qr(a[:, :4].to("tpu"))
 qc, rc = torch.linalg.qr(a[:, :4])
 torch.testing.assert_close(q.cpu(), qc, rtol=1e-4, atol=1e-4)
 torch.testing.assert_close(r.cpu(), rc, rtol=1e-4, atol=1e-4)
+spd = a @ a.T + 6 * torch.eye(6) + torch.triu(torch.randn(6, 6), 1)  # triangles differ
+for upper in (False, True):
+    torch.testing.assert_close(torch.linalg.cholesky(spd.to("tpu"), upper=upper).cpu(),
+                               torch.linalg.cholesky(spd, upper=upper), rtol=1e-4, atol=1e-4)
 print("ok")
 """
     r = run_python(code, env={"TORCH_TPU_CPU_KERNELS": "0"})

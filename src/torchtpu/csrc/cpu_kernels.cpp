@@ -238,6 +238,7 @@ void* torchtpu_svd(FfiCallFrame* frame);
 void* torchtpu_lu(FfiCallFrame* frame);
 void* torchtpu_geqrf(FfiCallFrame* frame);
 void* torchtpu_orgqr(FfiCallFrame* frame);
+void* torchtpu_cholesky(FfiCallFrame* frame);
 int torchtpu_lapack_available();
 
 // Registers the custom calls this process can run with a PJRT plugin's FFI extension for
@@ -272,7 +273,7 @@ __attribute__((visibility("default"))) int torchtpu_register_cpu_kernels(const v
   if (torchtpu_lapack_available()) {
     if (!add("torchtpu_eigh_v1", &torchtpu_eigh) || !add("torchtpu_svd_v1", &torchtpu_svd) ||
         !add("torchtpu_lu_v1", &torchtpu_lu) || !add("torchtpu_geqrf_v1", &torchtpu_geqrf) ||
-        !add("torchtpu_orgqr_v1", &torchtpu_orgqr))
+        !add("torchtpu_orgqr_v1", &torchtpu_orgqr) || !add("torchtpu_cholesky_v1", &torchtpu_cholesky))
       return registered;
     registered |= 2;
   }

@@ -12,11 +12,14 @@
 //   torchtpu_lu_v1(a: T[B, m, n]) -> (lu: T[B, m, n], perm: s64[B, m], pivots: s32[B, k])
 //   torchtpu_geqrf_v1(a: T[B, m, n]) -> (packed: T[B, m, n], tau: T[B, k])
 //   torchtpu_orgqr_v1(packed: T[B, m, n], tau: T[B, t]) -> q: T[B, m, c]      t <= c <= m
+//   torchtpu_cholesky_v1(a: T[B, n, n]) -> (l: T[B, n, n], info: s32[B])
 //
 // (lu: getrf's packed factors of a itself, row-major; pivots: its 1-based row swaps; perm: the
 // row order they make, a[perm] = L U. geqrf: R and the Householder reflectors packed, and
 // their scales; orgqr: the first c columns of the reflectors' product, as linalg.qr and
-// householder_product use them.)
+// householder_product use them. cholesky: potrf's lower factor from a's lower triangle, its
+// strict upper triangle zero, and potrf's info: the order of the first leading minor that is
+// not positive definite, 0 if none.)
 //
 // T is f32 or f64. `upper` names the triangle LAPACK reads (the lowering mirrors the one the
 // user named, so both hold the matrix; LAPACK's eigenvectors' signs depend on which it reads,
@@ -25,7 +28,7 @@
 // as failed comes back as NaN, as a diverging Jacobi sweep would.
 //
 // LAPACK itself is not linked: the library that provides it (PyTorch's, in torchtpu) hands
-// its {s,d}syevd_, {s,d}gesdd_, {s,d}getrf_, {s,d}geqrf_, {s,d}orgqr_ (Fortran ABI, 32-bit integers) to
+// its {s,d}syevd_, gesdd_, getrf_, geqrf_, orgqr_ and potrf_ (Fortran ABI, 32-bit integers) to
 // torchtpu_set_lapack before the handlers are registered. No PyTorch here.
 
 #include <algorithm>
@@ -53,6 +56,8 @@ template <typename T>
 using Orgqr = void (*)(const int* m, const int* n, const int* k, T* a, const int* lda, const T* tau, T* work,
                        const int* lwork, int* info);
 template <typename T>
+using Potrf = void (*)(const char* uplo, const int* n, T* a, const int* lda, int* info);
+template <typename T>
 using Gesdd = void (*)(const char* jobz, const int* m, const int* n, T* a, const int* lda, T* s, T* u,
                        const int* ldu, T* vt, const int* ldvt, T* work, const int* lwork, int* iwork, int* info);
 
@@ -67,6 +72,8 @@ struct Lapack {
   Geqrf<double> dgeqrf = nullptr;
   Orgqr<float> sorgqr = nullptr;
   Orgqr<double> dorgqr = nullptr;
+  Potrf<float> spotrf = nullptr;
+  Potrf<double> dpotrf = nullptr;
 } g_lapack;
 
 // The driver of each kind for T (float: s..., double: d...).
@@ -89,6 +96,10 @@ Geqrf<T> geqrf() {
 template <typename T>
 Orgqr<T> orgqr() {
   if constexpr (std::is_same_v<T, float>) return g_lapack.sorgqr; else return g_lapack.dorgqr;
+}
+template <typename T>
+Potrf<T> potrf() {
+  if constexpr (std::is_same_v<T, float>) return g_lapack.spotrf; else return g_lapack.dpotrf;
 }
 
 template <typename T>
@@ -256,6 +267,23 @@ void QFactor(const T* packed, const T* tau, T* q, int64_t batch, int m, int n, i
   }
 }
 
+template <typename T>
+void Cholesky(const T* a, T* l, int32_t* info, int64_t batch, int n) {
+  const int lda = std::max(n, 1);
+  std::vector<T> x(static_cast<size_t>(n) * n);
+  const int64_t nn = static_cast<int64_t>(n) * n;
+  for (int64_t b = 0; b < batch; ++b) {
+    ToColumnMajor(a + b * nn, x.data(), n, n);
+    int status = 0;
+    potrf<T>()("L", &n, x.data(), &lda, &status);
+    info[b] = status;
+    T* out = l + b * nn;
+    FromColumnMajor(x.data(), out, n, n);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = i + 1; j < n; ++j) out[i * n + j] = T(0);
+  }
+}
+
 bool Float(const FfiBuffer* x) { return x->dtype == kFfiF32 || x->dtype == kFfiF64; }
 
 // Calls f with a value of the C++ type of an f32 or f64 buffer's elements (the tag picks T).
@@ -275,7 +303,7 @@ extern "C" {
 __attribute__((visibility("default"))) void torchtpu_set_lapack(void* ssyevd, void* dsyevd, void* sgesdd,
                                                                 void* dgesdd, void* sgetrf, void* dgetrf,
                                                                 void* sgeqrf, void* dgeqrf, void* sorgqr,
-                                                                void* dorgqr) {
+                                                                void* dorgqr, void* spotrf, void* dpotrf) {
   g_lapack.ssyevd = reinterpret_cast<Syevd<float>>(ssyevd);
   g_lapack.dsyevd = reinterpret_cast<Syevd<double>>(dsyevd);
   g_lapack.sgesdd = reinterpret_cast<Gesdd<float>>(sgesdd);
@@ -286,13 +314,15 @@ __attribute__((visibility("default"))) void torchtpu_set_lapack(void* ssyevd, vo
   g_lapack.dgeqrf = reinterpret_cast<Geqrf<double>>(dgeqrf);
   g_lapack.sorgqr = reinterpret_cast<Orgqr<float>>(sorgqr);
   g_lapack.dorgqr = reinterpret_cast<Orgqr<double>>(dorgqr);
+  g_lapack.spotrf = reinterpret_cast<Potrf<float>>(spotrf);
+  g_lapack.dpotrf = reinterpret_cast<Potrf<double>>(dpotrf);
 }
 
 // 1 when torchtpu_set_lapack has supplied every driver.
 __attribute__((visibility("default"))) int torchtpu_lapack_available() {
   const Lapack& l = g_lapack;
   return l.ssyevd && l.dsyevd && l.sgesdd && l.dgesdd && l.sgetrf && l.dgetrf && l.sgeqrf && l.dgeqrf && l.sorgqr &&
-                 l.dorgqr
+                 l.dorgqr && l.spotrf && l.dpotrf
              ? 1
              : 0;
 }
@@ -438,6 +468,29 @@ __attribute__((visibility("default"))) void* torchtpu_orgqr(FfiCallFrame* frame)
     using T = decltype(tag);
     QFactor(static_cast<const T*>(packed->data), static_cast<const T*>(tau->data), static_cast<T*>(q->data), batch,
             static_cast<int>(m), static_cast<int>(n), static_cast<int>(t), static_cast<int>(c));
+  });
+  return nullptr;
+}
+
+// XLA FFI handler (custom call api_version 4) for torchtpu_cholesky_v1.
+__attribute__((visibility("default"))) void* torchtpu_cholesky(FfiCallFrame* frame) {
+  if (AnswerMetadata(frame)) return nullptr;
+  const FfiApi* api = frame->api;
+  if (!torchtpu_lapack_available()) return Fail(api, "torchtpu_cholesky: LAPACK was not supplied");
+  if (frame->args.size != 1 || frame->rets.size != 2) return Fail(api, "torchtpu_cholesky: 1 operand, 2 results");
+  const FfiBuffer *a = Buf(frame->args, 0), *l = Buf(frame->rets, 0), *info = Buf(frame->rets, 1);
+  if (!Float(a) || a->rank != 3 || l->dtype != a->dtype || l->rank != 3 || info->dtype != kFfiS32 || info->rank != 1)
+    return Fail(api, "torchtpu_cholesky: f32 or f64 [B, n, n] -> [B, n, n], s32[B]");
+  int64_t batch, n, cols;
+  Dims(a, &batch, &n, &cols);
+  if (cols != n || n > std::numeric_limits<int>::max()) return Fail(api, "torchtpu_cholesky: square matrices only");
+  if (l->dims[0] != batch || l->dims[1] != n || l->dims[2] != n || info->dims[0] != batch)
+    return Fail(api, "torchtpu_cholesky: results must be [B, n, n] and [B]");
+  if (batch == 0 || n == 0) return nullptr;  // the lowering handles empty matrices itself
+  WithElementType(a->dtype, [&](auto tag) {
+    using T = decltype(tag);
+    Cholesky(static_cast<const T*>(a->data), static_cast<T*>(l->data), static_cast<int32_t*>(info->data), batch,
+             static_cast<int>(n));
   });
   return nullptr;
 }

@@ -31,11 +31,25 @@ def _mT(b: Builder, v: Value) -> Value:
 
 
 def cholesky_lower(b: Builder, a: Value) -> Value:
-    """Lower Cholesky factor; the strict upper triangle zeroed (XLA leaves it unspecified)."""
+    """Lower Cholesky factor of ``a``'s lower triangle; the strict upper triangle zeroed (XLA
+    leaves it unspecified)."""
+    return _cholesky_with_info(b, a)[0]
+
+
+def _cholesky_with_info(b: Builder, a: Value) -> tuple[Value, Value]:
+    """(lower Cholesky factor of ``a``'s lower triangle, LAPACK's info: see _info)."""
+    *batch, n, _ = a.shape
+    kernels = lapack_kernels(a.dtype)
+    if kernels is not None and n:  # LAPACK's potrf itself, ~10x XLA's expansion at 512
+        count = math.prod(batch)
+        lfac, info = b.custom_call_results(kernels.cholesky, [b.reshape(a, (count, n, n))],
+                                           [((count, n, n), a.dtype), ((count,), torch.int32)])
+        return b.reshape(lfac, a.shape), b.reshape(info, tuple(batch))
     r = b.op1("stablehlo.cholesky", [a], a.shape, a.dtype, attrs="lower = true")
     rows = b.iota(a.shape, a.rank - 2, torch.int64)
     cols = b.iota(a.shape, a.rank - 1, torch.int64)
-    return b.select(b.compare(cols, rows, "LE"), r, b.constant(0, a.dtype, a.shape))
+    lfac = b.select(b.compare(cols, rows, "LE"), r, b.constant(0, a.dtype, a.shape))
+    return lfac, _info(b, lfac)
 
 
 def _broadcast_batch(b: Builder, a: Value, x: Value) -> tuple[Value, Value]:
@@ -75,17 +89,16 @@ def _cholesky_ex(ctx: LoweringContext, a: Value, upper: bool = False, check_erro
                  ) -> tuple[Value, Value]:
     b = ctx.b
     v = b.convert(a, _acc(a.dtype))
-    lfac = cholesky_lower(b, v)
-    info = _info(b, lfac)
-    if upper:
-        lfac = _mT(b, lfac)
-    return b.convert(lfac, ctx.out_dtype(0)), info
+    # upper: A = U^T U from A's upper triangle, which is the lower one of A^T (as the CPU reads it)
+    lfac, info = _cholesky_with_info(b, _mT(b, v) if upper else v)
+    return b.convert(_mT(b, lfac) if upper else lfac, ctx.out_dtype(0)), info
 
 
 @register(aten.cholesky.default)
 def _cholesky(ctx: LoweringContext, a: Value, upper: bool = False) -> Value:
     b = ctx.b
-    lfac = cholesky_lower(b, b.convert(a, _acc(a.dtype)))
+    v = b.convert(a, _acc(a.dtype))
+    lfac = cholesky_lower(b, _mT(b, v) if upper else v)
     return b.convert(_mT(b, lfac) if upper else lfac, ctx.out_dtype())
 
 

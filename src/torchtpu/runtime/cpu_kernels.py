@@ -3,8 +3,9 @@
 The native library (``torchtpu/_cpu_kernels*.so``, built from
 ``csrc/cpu_kernels.cpp`` and ``csrc/cpu_linalg.cpp``) holds a transpose that
 XLA's CPU backend otherwise emits as a strided elemental loop, and LAPACK's
-symmetric eigendecomposition, SVD, LU and QR, which the portable lowerings build from
-Jacobi sweeps and column loops that XLA:CPU runs 50-1000x slower (see the C++ files). They are
+symmetric eigendecomposition, SVD, LU, QR and Cholesky, which the portable lowerings
+build from Jacobi sweeps and column loops that XLA:CPU runs 7-1000x slower (see the
+C++ files). They are
 registered with the CPU plugin through the PJRT FFI extension when a client is
 created; lowerings ask :func:`transpose_target` and :func:`linalg_targets`
 whether they may emit them. The LAPACK drivers come from whoever calls
@@ -34,8 +35,9 @@ SVD_TARGET = "torchtpu_svd_v1"
 LU_TARGET = "torchtpu_lu_v1"
 GEQRF_TARGET = "torchtpu_geqrf_v1"
 ORGQR_TARGET = "torchtpu_orgqr_v1"
+CHOLESKY_TARGET = "torchtpu_cholesky_v1"
 LAPACK_DRIVERS = ("ssyevd_", "dsyevd_", "sgesdd_", "dgesdd_", "sgetrf_", "dgetrf_", "sgeqrf_", "dgeqrf_",
-                  "sorgqr_", "dorgqr_")
+                  "sorgqr_", "dorgqr_", "spotrf_", "dpotrf_")
 _TRANSPOSE, _LINALG = 1, 2  # what torchtpu_register_cpu_kernels reports it registered
 
 _lock = threading.Lock()
@@ -128,13 +130,14 @@ class LinalgTargets(NamedTuple):
     lu: str
     geqrf: str
     orgqr: str
+    cholesky: str
 
 
 def linalg_targets() -> LinalgTargets | None:
     """The custom-call targets of the LAPACK kernels, if registered with the CPU plugin."""
     if not _registered_with_all(_LINALG):
         return None
-    return LinalgTargets(EIGH_TARGET, SVD_TARGET, LU_TARGET, GEQRF_TARGET, ORGQR_TARGET)
+    return LinalgTargets(EIGH_TARGET, SVD_TARGET, LU_TARGET, GEQRF_TARGET, ORGQR_TARGET, CHOLESKY_TARGET)
 
 
 def transpose_host(x: np.ndarray, out_dtype: Any) -> np.ndarray:

@@ -61,45 +61,33 @@ template <typename T>
 using Gesdd = void (*)(const char* jobz, const int* m, const int* n, T* a, const int* lda, T* s, T* u,
                        const int* ldu, T* vt, const int* ldvt, T* work, const int* lwork, int* iwork, int* info);
 
-struct Lapack {
-  Syevd<float> ssyevd = nullptr;
-  Syevd<double> dsyevd = nullptr;
-  Gesdd<float> sgesdd = nullptr;
-  Gesdd<double> dgesdd = nullptr;
-  Getrf<float> sgetrf = nullptr;
-  Getrf<double> dgetrf = nullptr;
-  Geqrf<float> sgeqrf = nullptr;
-  Geqrf<double> dgeqrf = nullptr;
-  Orgqr<float> sorgqr = nullptr;
-  Orgqr<double> dorgqr = nullptr;
-  Potrf<float> spotrf = nullptr;
-  Potrf<double> dpotrf = nullptr;
-} g_lapack;
+// One precision's drivers, in the order torchtpu_set_lapack receives them.
+template <typename T>
+struct Drivers {
+  static constexpr int kCount = 6;
+  Syevd<T> syevd = nullptr;
+  Gesdd<T> gesdd = nullptr;
+  Getrf<T> getrf = nullptr;
+  Geqrf<T> geqrf = nullptr;
+  Orgqr<T> orgqr = nullptr;
+  Potrf<T> potrf = nullptr;
 
-// The driver of each kind for T (float: s..., double: d...).
+  void Set(void* const* p) {
+    syevd = reinterpret_cast<Syevd<T>>(p[0]);
+    gesdd = reinterpret_cast<Gesdd<T>>(p[1]);
+    getrf = reinterpret_cast<Getrf<T>>(p[2]);
+    geqrf = reinterpret_cast<Geqrf<T>>(p[3]);
+    orgqr = reinterpret_cast<Orgqr<T>>(p[4]);
+    potrf = reinterpret_cast<Potrf<T>>(p[5]);
+  }
+  bool Complete() const { return syevd && gesdd && getrf && geqrf && orgqr && potrf; }
+};
+Drivers<float> g_float;    // LAPACK's s... drivers
+Drivers<double> g_double;  // and its d... drivers
+
 template <typename T>
-Syevd<T> syevd() {
-  if constexpr (std::is_same_v<T, float>) return g_lapack.ssyevd; else return g_lapack.dsyevd;
-}
-template <typename T>
-Gesdd<T> gesdd() {
-  if constexpr (std::is_same_v<T, float>) return g_lapack.sgesdd; else return g_lapack.dgesdd;
-}
-template <typename T>
-Getrf<T> getrf() {
-  if constexpr (std::is_same_v<T, float>) return g_lapack.sgetrf; else return g_lapack.dgetrf;
-}
-template <typename T>
-Geqrf<T> geqrf() {
-  if constexpr (std::is_same_v<T, float>) return g_lapack.sgeqrf; else return g_lapack.dgeqrf;
-}
-template <typename T>
-Orgqr<T> orgqr() {
-  if constexpr (std::is_same_v<T, float>) return g_lapack.sorgqr; else return g_lapack.dorgqr;
-}
-template <typename T>
-Potrf<T> potrf() {
-  if constexpr (std::is_same_v<T, float>) return g_lapack.spotrf; else return g_lapack.dpotrf;
+const Drivers<T>& lapack() {
+  if constexpr (std::is_same_v<T, float>) return g_float; else return g_double;
 }
 
 template <typename T>
@@ -125,7 +113,7 @@ void Eigh(const T* a, T* w, T* v, int64_t batch, int n, const char* uplo) {
   int lwork = -1, liwork = -1, info = 0;
   T work_size = 0;
   int iwork_size = 0;
-  syevd<T>()("V", uplo, &n, z.data(), &n, w, &work_size, &lwork, &iwork_size, &liwork, &info);
+  lapack<T>().syevd("V", uplo, &n, z.data(), &n, w, &work_size, &lwork, &iwork_size, &liwork, &info);
   lwork = static_cast<int>(work_size);
   liwork = iwork_size;
   std::vector<T> work(std::max(lwork, 1));
@@ -133,7 +121,7 @@ void Eigh(const T* a, T* w, T* v, int64_t batch, int n, const char* uplo) {
   const int64_t nn = static_cast<int64_t>(n) * n;
   for (int64_t b = 0; b < batch; ++b) {
     std::memcpy(z.data(), a + b * nn, sizeof(T) * nn);
-    syevd<T>()("V", uplo, &n, z.data(), &n, w + b * n, work.data(), &lwork, iwork.data(), &liwork, &info);
+    lapack<T>().syevd("V", uplo, &n, z.data(), &n, w + b * n, work.data(), &lwork, iwork.data(), &liwork, &info);
     T* out = v + b * nn;
     if (info != 0) {
       FillNaN(w + b * n, n);
@@ -170,7 +158,7 @@ void Svd(const T* a, T* u, T* s, T* vh, int64_t batch, int m, int n, char jobz) 
   std::vector<int> iwork(8 * std::max(k, 1));
   int lwork = -1, info = 0;
   T work_size = 0;
-  gesdd<T>()(&jobz, &m, &n, x.data(), &lda, s, lu.data(), &ldu, lvt.data(), &ldvt, &work_size, &lwork,
+  lapack<T>().gesdd(&jobz, &m, &n, x.data(), &lda, s, lu.data(), &ldu, lvt.data(), &ldvt, &work_size, &lwork,
              iwork.data(), &info);
   lwork = std::max(static_cast<int>(work_size), 1);
   std::vector<T> work(lwork);
@@ -178,7 +166,7 @@ void Svd(const T* a, T* u, T* s, T* vh, int64_t batch, int m, int n, char jobz) 
   const int64_t u_size = static_cast<int64_t>(m) * ucols, vh_size = static_cast<int64_t>(vrows) * n;
   for (int64_t b = 0; b < batch; ++b) {
     ToColumnMajor(a + b * mn, x.data(), m, n);  // gesdd overwrites its input
-    gesdd<T>()(&jobz, &m, &n, x.data(), &lda, s + b * k, lu.data(), &ldu, lvt.data(), &ldvt, work.data(), &lwork,
+    lapack<T>().gesdd(&jobz, &m, &n, x.data(), &lda, s + b * k, lu.data(), &ldu, lvt.data(), &ldvt, work.data(), &lwork,
                iwork.data(), &info);
     if (info != 0) {
       FillNaN(s + b * k, k);
@@ -203,7 +191,7 @@ void Lu(const T* a, T* lu, int64_t* perm, int32_t* pivots, int64_t batch, int m,
   for (int64_t b = 0; b < batch; ++b) {
     ToColumnMajor(a + b * mn, x.data(), m, n);
     int info = 0;
-    getrf<T>()(&m, &n, x.data(), &lda, ipiv.data(), &info);  // info > 0: a zero pivot, still factored
+    lapack<T>().getrf(&m, &n, x.data(), &lda, ipiv.data(), &info);  // info > 0: a zero pivot, still factored
     int64_t* order = perm + b * m;
     for (int i = 0; i < m; ++i) order[i] = i;
     if (info < 0) {
@@ -225,13 +213,13 @@ void Qr(const T* a, T* packed, T* tau, int64_t batch, int m, int n) {
   std::vector<T> x(static_cast<size_t>(m) * n);
   int lwork = -1, info = 0;
   T work_size = 0;
-  geqrf<T>()(&m, &n, x.data(), &lda, tau, &work_size, &lwork, &info);
+  lapack<T>().geqrf(&m, &n, x.data(), &lda, tau, &work_size, &lwork, &info);
   lwork = std::max(static_cast<int>(work_size), 1);
   std::vector<T> work(lwork);
   const int64_t mn = static_cast<int64_t>(m) * n;
   for (int64_t b = 0; b < batch; ++b) {
     ToColumnMajor(a + b * mn, x.data(), m, n);
-    geqrf<T>()(&m, &n, x.data(), &lda, tau + b * k, work.data(), &lwork, &info);
+    lapack<T>().geqrf(&m, &n, x.data(), &lda, tau + b * k, work.data(), &lwork, &info);
     if (info != 0) {
       FillNaN(packed + b * mn, mn);
       FillNaN(tau + b * k, k);
@@ -249,7 +237,7 @@ void QFactor(const T* packed, const T* tau, T* q, int64_t batch, int m, int n, i
   std::vector<T> x(static_cast<size_t>(m) * c);
   int lwork = -1, info = 0;
   T work_size = 0;
-  orgqr<T>()(&m, &c, &t, x.data(), &lda, tau, &work_size, &lwork, &info);
+  lapack<T>().orgqr(&m, &c, &t, x.data(), &lda, tau, &work_size, &lwork, &info);
   lwork = std::max(static_cast<int>(work_size), 1);
   std::vector<T> work(lwork);
   const int64_t mn = static_cast<int64_t>(m) * n, mc = static_cast<int64_t>(m) * c;
@@ -258,7 +246,7 @@ void QFactor(const T* packed, const T* tau, T* q, int64_t batch, int m, int n, i
     const T* src = packed + b * mn;
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < used; ++j) x[i + j * m] = src[i * n + j];
-    orgqr<T>()(&m, &c, &t, x.data(), &lda, tau + b * t, work.data(), &lwork, &info);
+    lapack<T>().orgqr(&m, &c, &t, x.data(), &lda, tau + b * t, work.data(), &lwork, &info);
     if (info != 0) {
       FillNaN(q + b * mc, mc);
       continue;
@@ -275,7 +263,7 @@ void Cholesky(const T* a, T* l, int32_t* info, int64_t batch, int n) {
   for (int64_t b = 0; b < batch; ++b) {
     ToColumnMajor(a + b * nn, x.data(), n, n);
     int status = 0;
-    potrf<T>()("L", &n, x.data(), &lda, &status);
+    lapack<T>().potrf("L", &n, x.data(), &lda, &status);
     info[b] = status;
     T* out = l + b * nn;
     FromColumnMajor(x.data(), out, n, n);
@@ -299,32 +287,19 @@ void WithElementType(int dtype, F&& f) {
 
 extern "C" {
 
-// Hands over LAPACK's drivers (all four, or the handlers are not registered).
-__attribute__((visibility("default"))) void torchtpu_set_lapack(void* ssyevd, void* dsyevd, void* sgesdd,
-                                                                void* dgesdd, void* sgetrf, void* dgetrf,
-                                                                void* sgeqrf, void* dgeqrf, void* sorgqr,
-                                                                void* dorgqr, void* spotrf, void* dpotrf) {
-  g_lapack.ssyevd = reinterpret_cast<Syevd<float>>(ssyevd);
-  g_lapack.dsyevd = reinterpret_cast<Syevd<double>>(dsyevd);
-  g_lapack.sgesdd = reinterpret_cast<Gesdd<float>>(sgesdd);
-  g_lapack.dgesdd = reinterpret_cast<Gesdd<double>>(dgesdd);
-  g_lapack.sgetrf = reinterpret_cast<Getrf<float>>(sgetrf);
-  g_lapack.dgetrf = reinterpret_cast<Getrf<double>>(dgetrf);
-  g_lapack.sgeqrf = reinterpret_cast<Geqrf<float>>(sgeqrf);
-  g_lapack.dgeqrf = reinterpret_cast<Geqrf<double>>(dgeqrf);
-  g_lapack.sorgqr = reinterpret_cast<Orgqr<float>>(sorgqr);
-  g_lapack.dorgqr = reinterpret_cast<Orgqr<double>>(dorgqr);
-  g_lapack.spotrf = reinterpret_cast<Potrf<float>>(spotrf);
-  g_lapack.dpotrf = reinterpret_cast<Potrf<double>>(dpotrf);
+// Hands over LAPACK's drivers: `count` pointers, the s... drivers then the d... ones, each in
+// Drivers' order (syevd, gesdd, getrf, geqrf, orgqr, potrf). The handlers are registered only
+// once all are there.
+__attribute__((visibility("default"))) int torchtpu_set_lapack(void* const* drivers, int count) {
+  if (count != 2 * Drivers<float>::kCount) return -1;
+  g_float.Set(drivers);
+  g_double.Set(drivers + Drivers<float>::kCount);
+  return 0;
 }
 
 // 1 when torchtpu_set_lapack has supplied every driver.
 __attribute__((visibility("default"))) int torchtpu_lapack_available() {
-  const Lapack& l = g_lapack;
-  return l.ssyevd && l.dsyevd && l.sgesdd && l.dgesdd && l.sgetrf && l.dgetrf && l.sgeqrf && l.dgeqrf && l.sorgqr &&
-                 l.dorgqr && l.spotrf && l.dpotrf
-             ? 1
-             : 0;
+  return g_float.Complete() && g_double.Complete() ? 1 : 0;
 }
 
 // XLA FFI handler (custom call api_version 4) for torchtpu_eigh_v1.
@@ -338,7 +313,8 @@ __attribute__((visibility("default"))) void* torchtpu_eigh(FfiCallFrame* frame) 
   if (upper->dtype != kFfiS32 || upper->rank != 0) return Fail(api, "torchtpu_eigh: `upper` must be an s32 scalar");
   const char* uplo = *static_cast<const int32_t*>(upper->data) != 0 ? "U" : "L";
   if (!Float(a) || w->dtype != a->dtype || v->dtype != a->dtype) return Fail(api, "torchtpu_eigh: f32 or f64 only");
-  if (a->rank != 3 || w->rank != 2 || v->rank != 3) return Fail(api, "torchtpu_eigh: expected [B, n, n] -> [B, n], [B, n, n]");
+  if (a->rank != 3 || w->rank != 2 || v->rank != 3)
+    return Fail(api, "torchtpu_eigh: expected [B, n, n] -> [B, n], [B, n, n]");
   int64_t batch, n, cols;
   Dims(a, &batch, &n, &cols);
   if (cols != n || w->dims[0] != batch || w->dims[1] != n || v->dims[0] != batch || v->dims[1] != n || v->dims[2] != n)

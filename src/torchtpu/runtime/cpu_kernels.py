@@ -36,8 +36,8 @@ LU_TARGET = "torchtpu_lu_v1"
 GEQRF_TARGET = "torchtpu_geqrf_v1"
 ORGQR_TARGET = "torchtpu_orgqr_v1"
 CHOLESKY_TARGET = "torchtpu_cholesky_v1"
-LAPACK_DRIVERS = ("ssyevd_", "dsyevd_", "sgesdd_", "dgesdd_", "sgetrf_", "dgetrf_", "sgeqrf_", "dgeqrf_",
-                  "sorgqr_", "dorgqr_", "spotrf_", "dpotrf_")
+# in the order torchtpu_set_lapack takes them: single precision, then double
+LAPACK_DRIVERS = tuple(f"{p}{kind}_" for p in "sd" for kind in ("syevd", "gesdd", "getrf", "geqrf", "orgqr", "potrf"))
 _TRANSPOSE, _LINALG = 1, 2  # what torchtpu_register_cpu_kernels reports it registered
 
 _lock = threading.Lock()
@@ -67,7 +67,8 @@ def _load() -> Any:
     lib.torchtpu_transpose_host.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                             ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
     lib.torchtpu_lapack_available.restype = ctypes.c_int
-    lib.torchtpu_set_lapack.argtypes = [ctypes.c_void_p] * len(LAPACK_DRIVERS)
+    lib.torchtpu_set_lapack.restype = ctypes.c_int
+    lib.torchtpu_set_lapack.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
     return lib
 
 
@@ -86,10 +87,11 @@ def set_lapack(library_path: str) -> bool:
         return False
     try:
         lapack = ctypes.CDLL(library_path)
-        drivers = [ctypes.cast(getattr(lapack, name), ctypes.c_void_p) for name in LAPACK_DRIVERS]
+        drivers = [ctypes.cast(getattr(lapack, name), ctypes.c_void_p).value for name in LAPACK_DRIVERS]
     except (OSError, AttributeError):
         return False
-    lib.torchtpu_set_lapack(*drivers)
+    if lib.torchtpu_set_lapack((ctypes.c_void_p * len(drivers))(*drivers), len(drivers)) != 0:
+        return False
     return bool(lib.torchtpu_lapack_available())
 
 

@@ -267,3 +267,22 @@ def test_reading_a_view_cuts_it_on_the_host():
     for view, ref in ((x[2:5, 1:9:3], base[2:5, 1:9:3]), (x.t()[3], base.t()[3]), (x[:, 4], base[:, 4])):
         assert torch.equal(view.cpu(), ref)
     assert torch.tpu.compile_cache_stats()["misses"] == before
+
+
+def test_synchronize_waits_for_a_launch_whose_last_output_was_dropped():
+    """Regression: synchronize() waited on each launch's last output only, so keeping just the
+    singular values of an svd (U and Vh dropped) returned before the decomposition had run.
+    (The portable Jacobi svd: tens of milliseconds on the CPU-emulated device, and launched
+    asynchronously.)"""
+    code = """
+import torch
+from torchtpu import storage as st
+x = torch.randn(128, 128).to("tpu")
+torch.tpu.synchronize()
+s = torch.linalg.svdvals(x)  # _linalg_svd's U and Vh outputs are dropped at once
+torch.tpu.synchronize()
+print(st.storage_buffer(s.untyped_storage()).ready_event().is_ready())
+"""
+    r = run_python(code, env={"TORCH_TPU_CPU_KERNELS": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "True"

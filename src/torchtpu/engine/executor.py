@@ -80,7 +80,7 @@ class Entry:
 
 _cache: dict[_C.OpKey, Entry] = {}  # op key -> its program
 _cache_lock = threading.Lock()
-_pending: deque = deque()
+_pending: deque = deque()  # per recent launch: a weakref to its output, or a tuple of them (see launch)
 _MAX_PENDING = 256
 
 
@@ -791,7 +791,9 @@ def launch(executable: Any, buffers: list[Any], device: int, donate: Any = ()) -
         return outs
     outs, _ = executable.execute(buffers, device, donate, with_event=False)
     if outs:
-        _pending.append(weakref.ref(outs[-1]))
+        # Any one output still alive at synchronize() stands for the launch (an execution's outputs
+        # are ready together): a multi-output op's caller may keep only one (svdvals, max.dim).
+        _pending.append(weakref.ref(outs[0]) if len(outs) == 1 else tuple(map(weakref.ref, outs)))
         if len(_pending) > _MAX_PENDING:
             _pending.popleft()  # untracked; a read of its outputs still waits for them
     return outs
@@ -801,9 +803,12 @@ def synchronize(device: int | None = None) -> None:
     """Wait for every launched op (errors raised by the device surface here)."""
     _deferred().flush()
     while _pending:
-        buf = _pending.popleft()()
-        if buf is not None and not buf.is_deleted:
-            buf.block_until_ready()
+        refs = _pending.popleft()
+        for ref in refs if isinstance(refs, tuple) else (refs,):
+            buf = ref()
+            if buf is not None and not buf.is_deleted:
+                buf.block_until_ready()
+                break
     release_donated()  # everything has finished: their destroys no longer wait
     index_checks.raise_pending()
 

@@ -228,3 +228,28 @@ def test_set_float32_matmul_precision_selects_passes():
     finally:
         torch.set_float32_matmul_precision("highest")
         precision.set_global(saved)
+
+
+def test_index_checks_under_vmap():
+    """Batched (vmap) indexing ops match CPU and still report an out-of-range index as the CPU does
+    (the check op is dispatched from inside the kernel, below the batching rule)."""
+    x = torch.arange(24.0).reshape(2, 3, 4)
+    idx = torch.tensor([[0, 2], [1, 3]])
+
+    def pick(xx, ii):
+        return torch.gather(xx, 1, ii.unsqueeze(0).expand(3, -1))
+
+    assert torch.equal(torch.vmap(pick)(x.to("tpu"), idx.to("tpu")).cpu(), torch.vmap(pick)(x, idx))
+    weight = torch.randn(5, 3)
+
+    def embed(w, i):
+        return torch.nn.functional.embedding(i, w)
+
+    batched = torch.vmap(embed, in_dims=(None, 0))
+    assert torch.equal(batched(weight.to("tpu"), idx.to("tpu")).cpu(), batched(weight, idx))
+    bad = torch.tensor([[0, 2], [1, 7]])
+    with pytest.raises(IndexError) as cpu_error:
+        batched(weight, bad)
+    with pytest.raises(IndexError) as tpu_error:
+        batched(weight.to("tpu"), bad.to("tpu")).cpu()
+    assert str(tpu_error.value).startswith(str(cpu_error.value))

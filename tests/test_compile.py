@@ -333,3 +333,26 @@ def bucketing_plan() -> type:
     from torchtpu.engine import bucketing
 
     return bucketing.Plan
+
+
+def test_compiled_linalg_checks_raise_the_cpu_error():
+    """Regression: torch.compile of linalg.inv, cholesky and lu_factor failed ("cannot lower graph
+    node with_effects": AOTAutograd wraps their LAPACK-info check in an effect). They now run, and
+    a singular or indefinite input raises the CPU's exception and message at the next read."""
+    sing = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
+    good = torch.tensor([[4.0, 1.0], [1.0, 3.0]])
+    cases = [(torch.linalg.inv, sing), (torch.linalg.cholesky, -torch.eye(2)),
+             (lambda x: torch.linalg.lu_factor(x)[0], sing),
+             (torch.linalg.inv, torch.stack([good, sing, sing]))]  # batched: names the element
+    for f, bad in cases:
+        torch._dynamo.reset()
+        cf = torch.compile(f, backend="tpu")
+        torch.testing.assert_close(cf(good.to("tpu")).cpu(), f(good))
+        with pytest.raises(RuntimeError) as cpu_error:
+            f(bad)
+        out = cf(bad.to("tpu"))
+        with pytest.raises(RuntimeError) as tpu_error:
+            out.cpu()
+        assert type(tpu_error.value) is type(cpu_error.value)
+        assert str(tpu_error.value).startswith(str(cpu_error.value))
+        torch.testing.assert_close(cf(good.to("tpu")).cpu(), f(good))  # reported once

@@ -23,7 +23,7 @@ from .. import _C
 from .._config import config
 from ..lowering import decompose
 from ..lowering.builder import Builder, Value
-from ..lowering.index_bounds import fold_bound
+from ..lowering.index_bounds import fold_bound, linalg_check_bounds
 from ..lowering.views import (
     ViewSpec,
     contiguous_strides,
@@ -307,10 +307,14 @@ class GraphProgram:
             return examples.get(a) if isinstance(a, torch.fx.Node) else a
 
         for node in self.bounded:
-            plan = plan_for(node.target)
-            values = normalize_args(plan, torch.fx.node.map_aggregate(node.args, example),
-                                    torch.fx.node.map_aggregate(node.kwargs, example))
-            for bound in plan.index_bounds(*[values[i] for i in plan.func_arg_positions]):
+            if _is_linalg_check(node):  # info must be 0; raised as PyTorch's own check raises
+                bounds = linalg_check_bounds(example(node.args[2]), node.args[3], node.kwargs.get("is_matrix", True))
+            else:
+                plan = plan_for(node.target)
+                values = normalize_args(plan, torch.fx.node.map_aggregate(node.args, example),
+                                        torch.fx.node.map_aggregate(node.kwargs, example))
+                bounds = plan.index_bounds(*[values[i] for i in plan.func_arg_positions])
+            for bound in bounds:
                 source = node_of.get(id(bound.index))
                 index = env.get(source) if source is not None else None
                 if not isinstance(index, Value) or not index.numel:
@@ -324,7 +328,19 @@ class GraphProgram:
         return flag
 
 
+_WITH_EFFECTS = torch.ops.higher_order.with_effects
+_LINALG_CHECK = torch.ops.aten._linalg_check_errors.default
+
+
+def _is_linalg_check(node: torch.fx.Node) -> bool:
+    """AOTAutograd's ``with_effects(token, _linalg_check_errors, info, api_name, is_matrix=...)``:
+    linalg.inv/cholesky/lu_factor... raising on a nonzero LAPACK info."""
+    return node.op == "call_function" and node.target is _WITH_EFFECTS and node.args[1] is _LINALG_CHECK
+
+
 def _index_bounds_of(node: torch.fx.Node) -> Any:
+    if _is_linalg_check(node):
+        return linalg_check_bounds
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return None
     return plan_for(node.target).index_bounds

@@ -10,7 +10,8 @@ op's own result is already computed (XLA clamps the index), and the error
 surfaces before any value reaches the host.
 
 Graphs compiled with ``torch.compile`` fold the checks of their indexing nodes into the
-same flag (engine/graph_runner.py). A graph run at bucket sizes (dynamic shapes) checks only
+same flag (engine/graph_runner.py), and their LAPACK-info checks too (linalg.inv, cholesky,
+lu_factor...: ``_linalg_check_errors``, which raises PyTorch's own message). A graph run at bucket sizes (dynamic shapes) checks only
 the ranges that do not depend on a symbolic size.
 """
 

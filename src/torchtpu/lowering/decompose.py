@@ -115,6 +115,9 @@ def _out_meta(val: Any) -> Any:
     return None
 
 
+_with_effects = torch.ops.higher_order.with_effects
+
+
 def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precision: str,
                 extras: dict | None = None, mutations: dict | None = None, vals: dict | None = None,
                 hook: Any = None, env: dict | None = None) -> Any:
@@ -164,6 +167,11 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
                 mutations[positions[dst]] = src
                 env[dst] = src
                 env[node] = src
+                continue
+            if target is _with_effects and node.args[1] is _aten._linalg_check_errors.default:
+                # The check itself is folded into the index-check flag (engine/graph_runner.py);
+                # the effect token passes through.
+                env[node] = (args[0],)
                 continue
             if isinstance(target, type) and issubclass(target, tuple):
                 # A decomposition's named result (e.g. var_mean's), built in the graph.

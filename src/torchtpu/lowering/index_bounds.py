@@ -161,3 +161,25 @@ def _nll_loss_bounds(x: torch.Tensor, target: torch.Tensor, weight: Any, reducti
                      ignore_index: int) -> list[Bound]:
     classes = x.shape[-1] if x.dim() < 2 else x.shape[1]
     return [Bound(target, 0, classes, IndexError, "Target {value} is out of bounds.", exempt=ignore_index)]
+
+
+# -- LAPACK-style info checks (aten._linalg_check_errors) in compiled graphs ----------------
+_SENTINEL = 987654321  # an info value no message of PyTorch's contains by itself
+
+
+def linalg_check_bounds(info: torch.Tensor, api_name: str, is_matrix: bool) -> list[Bound]:
+    """``_linalg_check_errors(info, api_name, is_matrix)`` as a Bound: info must be 0 (in [0, 1)).
+
+    The message is PyTorch's own: its CPU check is run once on a sentinel info, and the
+    sentinel (and, for a batch, the element's number) become the flag's value and position.
+    """
+    probe = torch.zeros(max(info.numel(), 1), dtype=torch.int32)
+    probe[0] = _SENTINEL
+    try:
+        torch.ops.aten._linalg_check_errors(probe.reshape(info.shape) if info.numel() else probe[0],
+                                            api_name, is_matrix=is_matrix)
+        return []  # (no message for this api: PyTorch itself would not raise)
+    except RuntimeError as e:  # LinAlgError, or RuntimeError for lu_factor
+        error, message = type(e), str(e).replace("{", "{{").replace("}", "}}")
+    message = message.replace(str(_SENTINEL), "{value}").replace("(Batch element 0)", "(Batch element {position})")
+    return [Bound(info, 0, 1, error, message)]

@@ -105,6 +105,18 @@ void Dims(const FfiBuffer* x, int64_t* batch, int64_t* rows, int64_t* cols) {
   *cols = x->dims[x->rank - 1];
 }
 
+// Row-major src (rows x cols) into column-major dst, or back: dst[i + j * rows] = src[i * cols + j].
+template <typename T>
+void ToColumnMajor(const T* src, T* dst, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[i + j * rows] = src[i * cols + j];
+}
+template <typename T>
+void FromColumnMajor(const T* src, T* dst, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = src[i + j * rows];
+}
+
 template <typename T>
 void Eigh(const T* a, T* w, T* v, int64_t batch, int n, const char* uplo) {
   // The matrix is symmetric, so row-major is column-major; LAPACK overwrites it with the
@@ -122,27 +134,13 @@ void Eigh(const T* a, T* w, T* v, int64_t batch, int n, const char* uplo) {
   for (int64_t b = 0; b < batch; ++b) {
     std::memcpy(z.data(), a + b * nn, sizeof(T) * nn);
     lapack<T>().syevd("V", uplo, &n, z.data(), &n, w + b * n, work.data(), &lwork, iwork.data(), &liwork, &info);
-    T* out = v + b * nn;
     if (info != 0) {
       FillNaN(w + b * n, n);
-      FillNaN(out, nn);
+      FillNaN(v + b * nn, nn);
       continue;
     }
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j) out[static_cast<int64_t>(i) * n + j] = z[i + static_cast<int64_t>(j) * n];
+    FromColumnMajor(z.data(), v + b * nn, n, n);
   }
-}
-
-// Row-major src (rows x cols) into column-major dst, or back: dst[i + j * rows] = src[i * cols + j].
-template <typename T>
-void ToColumnMajor(const T* src, T* dst, int64_t rows, int64_t cols) {
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) dst[i + j * rows] = src[i * cols + j];
-}
-template <typename T>
-void FromColumnMajor(const T* src, T* dst, int64_t rows, int64_t cols) {
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = src[i + j * rows];
 }
 
 // LAPACK factors the column-major copy of a, as PyTorch's CPU svd does (factoring a^T, which
@@ -159,15 +157,15 @@ void Svd(const T* a, T* u, T* s, T* vh, int64_t batch, int m, int n, char jobz) 
   int lwork = -1, info = 0;
   T work_size = 0;
   lapack<T>().gesdd(&jobz, &m, &n, x.data(), &lda, s, lu.data(), &ldu, lvt.data(), &ldvt, &work_size, &lwork,
-             iwork.data(), &info);
+                    iwork.data(), &info);
   lwork = std::max(static_cast<int>(work_size), 1);
   std::vector<T> work(lwork);
   const int64_t mn = static_cast<int64_t>(m) * n;
   const int64_t u_size = static_cast<int64_t>(m) * ucols, vh_size = static_cast<int64_t>(vrows) * n;
   for (int64_t b = 0; b < batch; ++b) {
     ToColumnMajor(a + b * mn, x.data(), m, n);  // gesdd overwrites its input
-    lapack<T>().gesdd(&jobz, &m, &n, x.data(), &lda, s + b * k, lu.data(), &ldu, lvt.data(), &ldvt, work.data(), &lwork,
-               iwork.data(), &info);
+    lapack<T>().gesdd(&jobz, &m, &n, x.data(), &lda, s + b * k, lu.data(), &ldu, lvt.data(), &ldvt, work.data(),
+                      &lwork, iwork.data(), &info);
     if (info != 0) {
       FillNaN(s + b * k, k);
       if (jobz != 'N') {

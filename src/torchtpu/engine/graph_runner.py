@@ -307,7 +307,7 @@ class GraphProgram:
             return examples.get(a) if isinstance(a, torch.fx.Node) else a
 
         for node in self.bounded:
-            if _is_linalg_check(node):  # info must be 0; raised as PyTorch's own check raises
+            if decompose.is_linalg_check(node):  # info must be 0; raised as PyTorch's own check raises
                 bounds = linalg_check_bounds(example(node.args[2]), node.args[3], node.kwargs.get("is_matrix", True))
             else:
                 plan = plan_for(node.target)
@@ -328,18 +328,8 @@ class GraphProgram:
         return flag
 
 
-_WITH_EFFECTS = torch.ops.higher_order.with_effects
-_LINALG_CHECK = torch.ops.aten._linalg_check_errors.default
-
-
-def _is_linalg_check(node: torch.fx.Node) -> bool:
-    """AOTAutograd's ``with_effects(token, _linalg_check_errors, info, api_name, is_matrix=...)``:
-    linalg.inv/cholesky/lu_factor... raising on a nonzero LAPACK info."""
-    return node.op == "call_function" and node.target is _WITH_EFFECTS and node.args[1] is _LINALG_CHECK
-
-
 def _index_bounds_of(node: torch.fx.Node) -> Any:
-    if _is_linalg_check(node):
+    if decompose.is_linalg_check(node):
         return linalg_check_bounds
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return None

@@ -118,6 +118,13 @@ def _out_meta(val: Any) -> Any:
 _with_effects = torch.ops.higher_order.with_effects
 
 
+def is_linalg_check(node: torch.fx.Node) -> bool:
+    """AOTAutograd's ``with_effects(token, _linalg_check_errors, info, api_name, is_matrix=...)``:
+    linalg.inv/cholesky/lu_factor... raising on a nonzero LAPACK info."""
+    return (node.op == "call_function" and node.target is _with_effects
+            and node.args[1] is _aten._linalg_check_errors.default)
+
+
 def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precision: str,
                 extras: dict | None = None, mutations: dict | None = None, vals: dict | None = None,
                 hook: Any = None, env: dict | None = None) -> Any:
@@ -168,7 +175,7 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
                 env[dst] = src
                 env[node] = src
                 continue
-            if target is _with_effects and node.args[1] is _aten._linalg_check_errors.default:
+            if is_linalg_check(node):
                 # The check itself is folded into the index-check flag (engine/graph_runner.py);
                 # the effect token passes through.
                 env[node] = (args[0],)

@@ -19,11 +19,10 @@ import math
 
 import torch
 
-from ..runtime import cpu_kernels
-from . import jacobi, target
+from . import jacobi
 from .builder import Builder, Value
 from .indexing import take_per_batch, take_rows
-from .linalg import diagonal, eye_like
+from .linalg import diagonal, eye_like, lapack_kernels
 from .registry import LoweringContext, register
 from .sort import sort_with_indices
 
@@ -77,7 +76,7 @@ def _linalg_eigh(ctx: LoweringContext, a: Value, uplo: str = "L", compute_v: boo
     rows, cols = b.iota((batch, n, n), 1, torch.int64), b.iota((batch, n, n), 2, torch.int64)
     keep = b.compare(rows, cols, "GE" if uplo.upper() == "L" else "LE")
     x = b.select(keep, x, b.transpose(x, [0, 2, 1]))
-    kernels = cpu_kernels.linalg_targets() if target.xla_cpu() else None
+    kernels = lapack_kernels(acc)
     if kernels is not None:  # the CPU-emulated device: LAPACK's syevd (csrc/cpu_linalg.cpp)
         upper = b.constant(int(uplo.upper() == "U"), torch.int32)  # the triangle LAPACK reads: eigenvector signs
         w, v = b.custom_call_results(kernels.eigh, [x, upper], [((batch, n), acc), ((batch, n, n), acc)])

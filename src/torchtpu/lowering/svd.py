@@ -18,11 +18,10 @@ import math
 
 import torch
 
-from ..runtime import cpu_kernels
-from . import jacobi, target
+from . import jacobi
 from .builder import Builder, Value
 from .indexing import take_per_batch, take_rows
-from .linalg import diagonal, eye_like, householder_q, householder_qr
+from .linalg import diagonal, eye_like, householder_q, householder_qr, lapack_kernels
 from .registry import LoweringContext, register
 from .sort import sort_with_indices
 
@@ -87,7 +86,7 @@ def _linalg_svd(ctx: LoweringContext, a: Value, full_matrices: bool = True, comp
         vh = out(2, eye_like(b, (batch, n, n), acc)) if full_matrices and batch else empty(2)
         return u, s, vh
     x = b.reshape(b.convert(a, acc), (batch, m, n))
-    kernels = cpu_kernels.linalg_targets() if target.xla_cpu() else None
+    kernels = lapack_kernels(acc)
     if kernels is not None:  # the CPU-emulated device: LAPACK's gesdd (csrc/cpu_linalg.cpp)
         if not compute_uv:
             return empty(0), out(1, b.custom_call_results(kernels.svd, [x], [((batch, k), acc)])[0]), empty(2)

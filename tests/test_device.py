@@ -269,6 +269,30 @@ def test_reading_a_view_cuts_it_on_the_host():
     assert torch.tpu.compile_cache_stats()["misses"] == before
 
 
+def test_synchronize_waits_for_launches_whose_outputs_were_all_dropped():
+    """Regression: synchronize() waited only for launches with an output still alive, so the
+    timing loop ``f(x)`` (result discarded) then ``synchronize()`` returned while the device
+    was still computing. (The portable Jacobi svd of 256x256: about a second, asynchronous.)"""
+    code = """
+import torch
+from torchtpu import storage as st
+import time
+x = torch.randn(256, 256).to("tpu")
+torch.tpu.synchronize()
+s = torch.linalg.svdvals(x)  # ~1 s
+ready = st.storage_buffer(s.untyped_storage()).ready_event()
+del s  # every output of the launch is dropped
+torch.tpu.synchronize()
+deadline = time.monotonic() + 0.05  # the event is set by a callback once the buffer is ready
+while not ready.is_ready() and time.monotonic() < deadline:
+    time.sleep(0.001)
+print(ready.is_ready())
+"""
+    r = run_python(code, env={"TORCH_TPU_CPU_KERNELS": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "True"
+
+
 def test_synchronize_waits_for_a_launch_whose_last_output_was_dropped():
     """Regression: synchronize() waited on each launch's last output only, so keeping just the
     singular values of an svd (U and Vh dropped) returned before the decomposition had run.

@@ -82,6 +82,11 @@ _cache: dict[_C.OpKey, Entry] = {}  # op key -> its program
 _cache_lock = threading.Lock()
 _pending: deque = deque()  # per recent launch: a weakref to its output, or a tuple of them (see launch)
 _MAX_PENDING = 256
+# device index -> an output of its latest launch, held until synchronize(). A device runs its
+# launches in order (PJRT's CPU client queues them; GPU and TPU plugins use one compute stream),
+# so waiting for the latest one covers the earlier launches whose outputs were all dropped: the
+# timing loop ``for _ in range(n): f(x)`` then ``synchronize()`` keeps no output at all.
+_latest: dict[int, Any] = {}
 
 
 # ---------------------------------------------------------------------------
@@ -791,6 +796,7 @@ def launch(executable: Any, buffers: list[Any], device: int, donate: Any = ()) -
         return outs
     outs, _ = executable.execute(buffers, device, donate, with_event=False)
     if outs:
+        _latest[device] = outs[0]
         # Any one output still alive at synchronize() stands for the launch (an execution's outputs
         # are ready together): a multi-output op's caller may keep only one (svdvals, max.dim).
         _pending.append(weakref.ref(outs[0]) if len(outs) == 1 else tuple(map(weakref.ref, outs)))
@@ -802,6 +808,10 @@ def launch(executable: Any, buffers: list[Any], device: int, donate: Any = ()) -
 def synchronize(device: int | None = None) -> None:
     """Wait for every launched op (errors raised by the device surface here)."""
     _deferred().flush()
+    while _latest:
+        _, buf = _latest.popitem()
+        if not buf.is_deleted:  # (donated to a later launch, which is then the latest)
+            buf.block_until_ready()
     while _pending:
         refs = _pending.popleft()
         for ref in refs if isinstance(refs, tuple) else (refs,):

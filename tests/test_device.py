@@ -310,3 +310,15 @@ print(st.storage_buffer(s.untyped_storage()).ready_event().is_ready())
     r = run_python(code, env={"TORCH_TPU_CPU_KERNELS": "0"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "True"
+
+
+def test_empty_cache_drops_the_output_held_for_synchronize():
+    """synchronize() holds each device's latest launch output; empty_cache() must not leave it
+    counted once the user has dropped every tensor."""
+    x = torch.randn(64, 64).to("tpu")
+    torch.tpu.empty_cache()
+    before = torch.tpu.device_memory_in_use()[0]
+    y = x * 2
+    del y
+    torch.tpu.empty_cache()
+    assert torch.tpu.device_memory_in_use()[0] == before

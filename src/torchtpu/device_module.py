@@ -199,8 +199,10 @@ def reset_peak_device_memory() -> None:
 
 
 def empty_cache() -> None:
-    """Free what is kept for reuse: device copies of Python scalars, and on the CPU plugin the
-    pooled host memory of freed buffers. Live storages are never cached."""
+    """Free what is kept for reuse: device copies of Python scalars, the output of each device's
+    latest launch (held for synchronize(), once it has run), and on the CPU plugin the pooled
+    host memory of freed buffers. Live storages are never cached."""
+    executor.wait_latest()
     executor.clear_scalar_buffers()
     host_memory.release_freed_memory()
 

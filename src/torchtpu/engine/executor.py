@@ -805,13 +805,18 @@ def launch(executable: Any, buffers: list[Any], device: int, donate: Any = ()) -
     return outs
 
 
-def synchronize(device: int | None = None) -> None:
-    """Wait for every launched op (errors raised by the device surface here)."""
-    _deferred().flush()
+def wait_latest() -> None:
+    """Wait for each device's latest launch, then stop holding its output (see ``_latest``)."""
     while _latest:
         _, buf = _latest.popitem()
         if not buf.is_deleted:  # (donated to a later launch, which is then the latest)
             buf.block_until_ready()
+
+
+def synchronize(device: int | None = None) -> None:
+    """Wait for every launched op (errors raised by the device surface here)."""
+    _deferred().flush()
+    wait_latest()
     while _pending:
         refs = _pending.popleft()
         for ref in refs if isinstance(refs, tuple) else (refs,):

@@ -1,5 +1,6 @@
 """Whole models on tpu against the CPU, step by step."""
 
+import contextlib
 import copy
 
 import pytest
@@ -86,3 +87,88 @@ def test_bfloat16_model_and_autocast():
     assert y.dtype == torch.bfloat16
     y.float().sum().backward()
     assert m2.net[0].weight.grad.dtype == torch.float32
+
+
+def _unscale_on(device, grads, found0, inv):
+    g = [x.clone().to(device) for x in grads]
+    found = torch.tensor([found0], device=device)
+    torch._amp_foreach_non_finite_check_and_unscale_(g, found, torch.tensor([inv], device=device))
+    return [x.cpu() for x in g], found.cpu()
+
+
+@pytest.mark.parametrize("found0", [0.0, 1.0])
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_amp_unscale_matches_cpu(found0, mode):
+    """GradScaler.unscale_'s kernel (regression: it was not implemented for tpu)."""
+    lists = [[torch.randn(5), torch.randn(2, 3, dtype=torch.float64), torch.randn(4).to(torch.bfloat16)],
+             [torch.tensor([1.0, float("inf"), 3.0]), torch.randn(3, 2, dtype=torch.float16)],
+             [torch.tensor([float("nan")]), torch.randn(2)]]
+    with torch.tpu.eager_mode(mode):
+        for grads in lists:
+            want_g, want_found = _unscale_on("cpu", grads, found0, 0.125)
+            got_g, got_found = _unscale_on("tpu", grads, found0, 0.125)
+            for w, g in zip(want_g, got_g):
+                assert g.dtype == w.dtype
+                torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+            assert torch.equal(got_found, want_found)
+
+
+@pytest.mark.parametrize("found", [0.0, 1.0, float("nan")])
+@pytest.mark.parametrize("tracker", [0, 1, 2])
+@pytest.mark.parametrize("scale", [65536.0, 3.0e38])
+def test_amp_update_scale_matches_cpu(found, tracker, scale):
+    """GradScaler.update's kernel: back off, count, grow (not past f32's range)."""
+    out = []
+    for device in ("cpu", "tpu"):
+        s = torch.tensor([scale], device=device)
+        t = torch.tensor([tracker], dtype=torch.int32, device=device)
+        r = torch._amp_update_scale_(s, t, torch.tensor([found], device=device), 2.0, 0.5, 3)
+        assert r is s
+        out.append((s.cpu(), t.cpu()))
+    assert torch.equal(out[1][0], out[0][0]) and torch.equal(out[1][1], out[0][1])
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch._amp_foreach_non_finite_check_and_unscale_([torch.ones(3, device=d)],
+                                                               torch.zeros(2, device=d), torch.ones(1, device=d)),
+    lambda d: torch._amp_foreach_non_finite_check_and_unscale_(
+        [torch.ones(3, device=d)], torch.zeros(1, device=d), torch.ones(1, dtype=torch.float64, device=d)),
+    lambda d: torch._amp_foreach_non_finite_check_and_unscale_([torch.ones(3, dtype=torch.int64, device=d)],
+                                                               torch.zeros(1, device=d), torch.ones(1, device=d)),
+    lambda d: torch._amp_update_scale_(torch.ones(2, device=d), torch.zeros(1, dtype=torch.int32, device=d),
+                                       torch.zeros(1, device=d), 2.0, 0.5, 3),
+    lambda d: torch._amp_update_scale_(torch.ones(1, device=d), torch.zeros(1, device=d),
+                                       torch.zeros(1, device=d), 2.0, 0.5, 3),
+])
+def test_amp_kernel_errors_match_cpu(call):
+    with pytest.raises(Exception) as want:
+        call("cpu")
+    with pytest.raises(type(want.value), match=str(want.value).replace("'", ".").replace('"', ".")):
+        call("tpu")
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_grad_scaler_training_matches_cpu(mode):
+    """torch.amp.GradScaler("tpu") end to end: an overflowing step is skipped and the scale backs
+    off, then grows again after growth_interval good steps, as on CPU."""
+    runs = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        model = MLP().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 16, growth_interval=2)
+        x = torch.randn(8, 32).to(device)
+        scales = []
+        mode_ctx = torch.tpu.eager_mode(mode) if device == "tpu" else contextlib.nullcontext()
+        with mode_ctx, torch.tpu.precision("highest"):
+            for step in range(5):
+                opt.zero_grad()
+                loss = model(x).square().mean() * (1e38 if step == 1 else 1.0)  # step 1 overflows
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                scales.append(scaler.get_scale())
+        runs[device] = (scales, [p.detach().cpu() for p in model.parameters()])
+    assert runs["tpu"][0] == runs["cpu"][0] == [65536.0, 32768.0, 32768.0, 65536.0, 65536.0]
+    for p_tpu, p_cpu in zip(runs["tpu"][1], runs["cpu"][1]):
+        torch.testing.assert_close(p_tpu, p_cpu, rtol=1e-4, atol=1e-5)

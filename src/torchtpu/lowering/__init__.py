@@ -1,6 +1,7 @@
 """ATen -> StableHLO lowerings, one module per op family (importing fills the registry)."""
 
 from . import (  # noqa: F401
+    amp,
     conv,
     ctc,
     data_dependent,

@@ -172,3 +172,23 @@ def test_grad_scaler_training_matches_cpu(mode):
     assert runs["tpu"][0] == runs["cpu"][0] == [65536.0, 32768.0, 32768.0, 65536.0, 65536.0]
     for p_tpu, p_cpu in zip(runs["tpu"][1], runs["cpu"][1]):
         torch.testing.assert_close(p_tpu, p_cpu, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_replays_dropout(reentrant):
+    """Regression: torch.utils.checkpoint restores the device RNG state only where
+    ``torch.<device>._initialized`` is true; torch.tpu had no such flag, so the recomputed
+    dropout drew a new mask and the gradients were those of another network."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 4)).to("tpu")
+    x = torch.randn(5, 8, device="tpu", requires_grad=True)
+    grads = []
+    for use_checkpoint in (False, True):
+        torch.manual_seed(1)
+        x.grad = None
+        y = checkpoint(model, x, use_reentrant=reentrant) if use_checkpoint else model(x)
+        y.sum().backward()
+        grads.append(x.grad.cpu())
+    assert torch.equal(grads[1], grads[0])

@@ -28,6 +28,15 @@ def is_initialized() -> bool:
     return _device_state.is_initialized()
 
 
+def __getattr__(name: str) -> Any:
+    # ``torch.cuda._initialized`` is a plain flag that PyTorch code reads directly: activation
+    # checkpointing saves and restores the device RNG state only where it is true, so without
+    # it a recomputed dropout drew a different mask than the forward did.
+    if name == "_initialized":
+        return _device_state.is_initialized()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _is_in_bad_fork() -> bool:
     return False
 

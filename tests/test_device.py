@@ -322,3 +322,58 @@ def test_empty_cache_drops_the_output_held_for_synchronize():
     del y
     torch.tpu.empty_cache()
     assert torch.tpu.device_memory_in_use()[0] == before
+
+
+def test_memory_info_mirrors_cuda():
+    """torch.cuda's memory queries that training scripts call (regression: missing on tpu)."""
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < free <= total
+    assert torch.tpu.get_device_properties(0).total_memory == total
+    t = torch.empty(1024, device="tpu")
+    assert torch.tpu.memory_reserved() == torch.tpu.memory_allocated() >= 4096
+    assert torch.tpu.max_memory_reserved() >= torch.tpu.memory_reserved()
+    torch.tpu.reset_max_memory_allocated()
+    assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()
+    assert "tpu storages, current" in torch.tpu.memory_summary()
+    del t
+    assert torch.tpu.is_bf16_supported()
+    torch.tpu.init()
+    assert torch.tpu.OutOfMemoryError is torch.OutOfMemoryError
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_timing_events_measure_device_work(mode):
+    """torch.tpu.Event(enable_timing=True) as torch.cuda.Event: record() marks the work launched
+    so far, elapsed_time() is the time between the marks' completions (the device's work, not
+    the host's dispatch). Regression: torch.tpu.Event did not exist."""
+    x = torch.randn(1024, 1024).to("tpu") / 32
+    torch.tpu.synchronize()
+    with torch.tpu.eager_mode(mode):
+        start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+        start.record()
+        y = x
+        for _ in range(8):  # tens of milliseconds of dependent products
+            y = y @ x
+        end.record()
+        assert not end.query()  # launched, not run yet: record() does not wait
+        assert start.elapsed_time(end) > 0
+        assert end.query()
+        assert y.isfinite().all().item()
+
+
+def test_events_without_work_and_their_errors():
+    a, b = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    assert a.query()  # never recorded: nothing to wait for, as on CUDA
+    torch.tpu.synchronize()
+    a.record()
+    b.record()
+    assert a.query() and b.query()
+    assert 0 <= a.elapsed_time(b) < 1000
+    with pytest.raises(RuntimeError, match="enable_timing=True"):
+        torch.tpu.Event().elapsed_time(b)
+    with pytest.raises(RuntimeError, match="must be recorded"):
+        torch.tpu.Event(enable_timing=True).elapsed_time(b)
+    s = torch.tpu.current_stream()
+    e = s.record_event()
+    e.synchronize()
+    assert s.query()

@@ -13,6 +13,7 @@ from ._config import config
 from .engine import deferred, executor
 from .engine.precision import precision  # noqa: F401  (public: torch.tpu.precision)
 from .runtime import host_memory
+from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
 
 
 def _lazy_init() -> None:
@@ -104,7 +105,20 @@ def get_device_name(device: int | str | torch.device | None = None) -> str:
 def get_device_properties(device: int | str | torch.device | None = None) -> Any:
     from types import SimpleNamespace
 
-    return SimpleNamespace(name=get_device_name(device), type="tpu", index=_index(device))
+    return SimpleNamespace(name=get_device_name(device), type="tpu", index=_index(device),
+                           total_memory=mem_get_info(device)[1])
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True  # the matrix units' own format
+
+
+def init() -> None:
+    """Initialize the device now (it is otherwise initialized on first use)."""
+    _lazy_init()
+
+
+OutOfMemoryError = torch.OutOfMemoryError
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
@@ -188,6 +202,46 @@ def memory_stats(device: int | str | torch.device | None = None) -> dict[str, in
     return {"allocated_bytes.all.current": s["allocated_bytes"], "allocated_bytes.all.peak": s["peak_bytes"],
             "allocation.all.current": s["allocations"], "allocation.all.allocated": s["total_allocations"],
             "allocation.all.freed": s["total_frees"]}
+
+
+def memory_reserved(device: int | str | torch.device | None = None) -> int:
+    """Bytes reserved for tpu storages: what they hold, as no caching allocator sits in between
+    (PJRT owns device memory)."""
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device: int | str | torch.device | None = None) -> int:
+    return max_memory_allocated(device)
+
+
+def reset_max_memory_allocated(device: int | str | torch.device | None = None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def mem_get_info(device: int | str | torch.device | None = None) -> tuple[int, int]:
+    """(free, total) bytes of the device's memory: from the plugin's allocator where it reports a
+    limit (TPU, GPU), else the host's memory, which is the CPU-emulated device's."""
+    stats = _device_state.client().memory_stats(_index(device))
+    if stats is not None and "bytes_limit" in stats:
+        return stats["bytes_limit"] - stats["bytes_in_use"], stats["bytes_limit"]
+    return host_memory.available_and_total()
+
+
+def memory_summary(device: int | str | torch.device | None = None, abbreviated: bool = False) -> str:
+    """A short report of the memory counters (``torch.cuda.memory_summary``'s role)."""
+    index = _index(device)
+    stats = memory_stats(index)
+    buffers, peak_buffers = device_memory_in_use()
+    free, total = mem_get_info(index)
+    rows = [("tpu storages, current", stats["allocated_bytes.all.current"]),
+            ("tpu storages, peak", stats["allocated_bytes.all.peak"]),
+            ("device buffers (all devices), current", buffers),
+            ("device buffers (all devices), peak", peak_buffers),
+            ("device memory free", free), ("device memory total", total)]
+    lines = [f"torch.tpu memory summary, device {index}"]
+    lines += [f"  {name:<40} {value / 2**20:12.2f} MiB" for name, value in rows]
+    lines.append(f"  {'live storages':<40} {stats['allocation.all.current']:12d}")
+    return "\n".join(lines)
 
 
 def device_memory_in_use() -> tuple[int, int]:
@@ -306,32 +360,3 @@ def clear_compile_cache(tier: int | None = None) -> None:
         executor.cache_clear()
         deferred.cache_clear()
     compile_cache.clear(tier)
-
-
-# Streams and events are placeholders (PJRT orders work per device itself),
-# provided so code written for torch.cuda runs unchanged.
-class Stream:
-    def __init__(self, device: Any = None, priority: int = 0) -> None:
-        self.device = torch.device("tpu", _index(device))
-
-    def synchronize(self) -> None:
-        synchronize()
-
-    def wait_stream(self, stream: Stream) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-
-def current_stream(device: Any = None) -> Stream:
-    return Stream(device)
-
-
-def default_stream(device: Any = None) -> Stream:
-    return Stream(device)
-
-
-@contextlib.contextmanager
-def stream(s: Stream | None) -> Iterator[None]:
-    yield

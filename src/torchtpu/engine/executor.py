@@ -805,6 +805,11 @@ def launch(executable: Any, buffers: list[Any], device: int, donate: Any = ()) -
     return outs
 
 
+def latest_output(device: int) -> Any:
+    """An output of the device's latest launch not yet synchronized, or None (see ``_latest``)."""
+    return _latest.get(device)
+
+
 def wait_latest() -> None:
     """Wait for each device's latest launch, then stop holding its output (see ``_latest``)."""
     while _latest:

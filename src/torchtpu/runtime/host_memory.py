@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import threading
 from typing import Any
 
@@ -69,3 +70,18 @@ def release_freed_memory() -> None:
     """Return pooled free memory to the operating system (no-op when not pooled)."""
     if _pooled:
         _glibc().malloc_trim(0)
+
+
+def available_and_total() -> tuple[int, int]:
+    """(available, total) bytes of the host's physical memory: Linux's MemAvailable (what can be
+    allocated without swapping, page cache included) where readable, else free pages."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = page * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, total
+    except OSError:
+        pass
+    return page * os.sysconf("SC_AVPHYS_PAGES"), total

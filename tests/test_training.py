@@ -192,3 +192,43 @@ def test_activation_checkpointing_replays_dropout(reentrant):
         y.sum().backward()
         grads.append(x.grad.cpu())
     assert torch.equal(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN, nn.LSTMCell, nn.GRUCell])
+def test_recurrent_layers_match_cpu(cls, bias, mode):
+    """Regression: nn.LSTM and nn.GRU failed on tpu. On an accelerator ATen hands each cell's
+    element-wise part to _thnn_fused_lstm_cell / _thnn_fused_gru_cell (and their backwards),
+    which PyTorch implements for CUDA only."""
+    torch.manual_seed(0)
+    cell = cls in (nn.LSTMCell, nn.GRUCell)
+    model = cls(4, 8, bias=bias) if cell else cls(4, 8, num_layers=2, batch_first=True, bidirectional=True, bias=bias)
+    x = torch.randn(3, 4) if cell else torch.randn(3, 5, 4)
+    tpu_model = copy.deepcopy(model).to("tpu")
+    want = model(x)
+    want = want[0] if isinstance(want, tuple) else want
+    want.square().sum().backward()
+    with torch.tpu.eager_mode(mode), torch.tpu.precision("highest"):
+        got = tpu_model(x.to("tpu"))
+        got = got[0] if isinstance(got, tuple) else got
+        got.square().sum().backward()
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+    for p_cpu, p_tpu in zip(model.parameters(), tpu_model.parameters()):
+        torch.testing.assert_close(p_tpu.grad.cpu(), p_cpu.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_lstm_matches_cpu():
+    torch.manual_seed(0)
+    model = nn.LSTM(4, 6, batch_first=True)
+    x = torch.randn(3, 5, 4)
+    lengths = torch.tensor([5, 3, 2])
+    outs = []
+    for device, m in (("cpu", model), ("tpu", copy.deepcopy(model).to("tpu"))):
+        packed = nn.utils.rnn.pack_padded_sequence(x.to(device), lengths, batch_first=True)
+        with torch.tpu.precision("highest"):
+            out, (h, c) = m(packed)
+        padded, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        outs.append((padded.detach().cpu(), h.detach().cpu(), c.detach().cpu()))
+    for got, want in zip(outs[1], outs[0]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

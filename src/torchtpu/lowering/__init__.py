@@ -23,6 +23,7 @@ from . import (  # noqa: F401
     prims,
     random_ops,
     reductions,
+    rnn,
     shape,
     sort,
     special,

@@ -20,6 +20,7 @@ from . import (  # noqa: F401
     matmul,
     meta_checks,
     normalization,
+    optimizers,
     prims,
     random_ops,
     reductions,

@@ -101,6 +101,8 @@ def _neg(ctx: LoweringContext, x: Value) -> Value:
 def _abs(ctx: LoweringContext, x: Value) -> Value:
     if x.dtype == torch.bool:
         return x
+    if x.dtype.is_complex:  # the modulus, a real tensor
+        return ctx.b.op1("stablehlo.abs", [x], x.shape, x.dtype.to_real())
     return ctx.b.unary("abs", x)
 
 

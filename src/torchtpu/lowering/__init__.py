@@ -22,6 +22,7 @@ from . import (  # noqa: F401
     normalization,
     optimizers,
     prims,
+    random_gamma,
     random_ops,
     reductions,
     rnn,

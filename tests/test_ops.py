@@ -899,3 +899,36 @@ def test_gamma_and_dirichlet_edge_values_match_cpu():
     torch.testing.assert_close(d.mean(0), torch.tensor([0.5, 2.0, 5.0]) / 7.5, atol=3e-3, rtol=0)
     beta = torch.distributions.Beta(torch.tensor(2.0, device="tpu"), torch.tensor(3.0, device="tpu"))
     assert abs(beta.sample((100_000,)).mean().item() - 0.4) < 3e-3
+
+
+_COMPLEX_CASES = {
+    "addmm": lambda x, y: torch.addmm(x, x, y, beta=0.5, alpha=2.0),
+    "linear": lambda x, y: F.linear(x, y, x[0]),
+    "matmul": lambda x, y: x @ y,
+    "vdot": lambda x, y: torch.vdot(x[0], y[1]),
+    "div": lambda x, y: x / y,
+    "eq_ne": lambda x, y: torch.stack([x == y, x != x.conj()]),
+    "isclose": lambda x, y: torch.isclose(x, x + 1e-9),
+    "any_nonzero": lambda x, y: torch.stack([(x * 0).any(), x.all()]),
+    "var_std": lambda x, y: torch.stack([x.var(), x.std(0).sum(), torch.var_mean(x, 1)[0].sum()]),
+    "angle": lambda x, y: x.angle(),
+    "logsumexp": lambda x, y: x.logsumexp(1),
+    "norms": lambda x, y: torch.stack([torch.linalg.vector_norm(x), torch.linalg.norm(x), x.norm(p=1),
+                                       torch.linalg.vector_norm(x, float("inf"))]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_COMPLEX_CASES))
+def test_complex_ops_match_cpu(name):
+    """Regression: complex inputs silently lost their imaginary parts (addmm/linear took the
+    product in f32, division computed in f32, var/std squared instead of taking |x|^2, norms
+    converted before the modulus, logsumexp, angle) or failed to compile (comparisons)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 4, dtype=torch.complex64, generator=g)
+    y = torch.randn(4, 4, dtype=torch.complex64, generator=g)
+    fn = _COMPLEX_CASES[name]
+    want = fn(x, y)
+    with torch.tpu.precision("highest"):
+        got = fn(x.to("tpu"), y.to("tpu")).cpu()
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

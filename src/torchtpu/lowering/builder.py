@@ -292,7 +292,7 @@ class Builder:
         assert a.shape == b.shape and a.dtype == b.dtype, (a, b)
         if a.dtype == torch.bool or a.dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
             kind = "UNSIGNED"
-        elif a.dtype.is_floating_point:
+        elif a.dtype.is_floating_point or a.dtype.is_complex:  # complex: EQ/NE only, as float pairs
             kind = "FLOAT"
         else:
             kind = "SIGNED"

@@ -22,6 +22,21 @@ def opmath(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _LOW else dtype
 
 
+def real_part(b: Builder, v: Value) -> Value:
+    return b.op1("stablehlo.real", [v], v.shape, v.dtype.to_real()) if v.dtype.is_complex else v
+
+
+def imag_part(b: Builder, v: Value) -> Value:
+    return b.op1("stablehlo.imag", [v], v.shape, v.dtype.to_real())
+
+
+def modulus(b: Builder, v: Value) -> Value:
+    """|v|: for a complex value its (real) modulus."""
+    if v.dtype.is_complex:
+        return b.op1("stablehlo.abs", [v], v.shape, v.dtype.to_real())
+    return b.unary("abs", v)
+
+
 def operand(ctx: LoweringContext, x: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> Value:
     """An argument (Value or Python number) converted to ``dtype`` and broadcast to ``shape``."""
     return ctx.scalar(x, dtype, shape)
@@ -101,9 +116,7 @@ def _neg(ctx: LoweringContext, x: Value) -> Value:
 def _abs(ctx: LoweringContext, x: Value) -> Value:
     if x.dtype == torch.bool:
         return x
-    if x.dtype.is_complex:  # the modulus, a real tensor
-        return ctx.b.op1("stablehlo.abs", [x], x.shape, x.dtype.to_real())
-    return ctx.b.unary("abs", x)
+    return modulus(ctx.b, x)
 
 
 @register(aten.sign.default, aten.sgn.default)
@@ -228,7 +241,7 @@ def _div(ctx: LoweringContext, a: Any, c: Any, rounding_mode: str | None = None)
     out = ctx.out_dtype()
     shape = _shape(ctx)
     if rounding_mode is None or out.is_floating_point:
-        compute = opmath(out) if out.is_floating_point else torch.float32
+        compute = opmath(out) if out.is_floating_point or out.is_complex else torch.float32
         x, y = operand(ctx, a, compute, shape), operand(ctx, c, compute, shape)
         q = b.div(x, y)
         if rounding_mode == "trunc":
@@ -434,7 +447,8 @@ def _lerp(ctx: LoweringContext, start: Value, end: Value, weight: Any) -> Value:
     diff = b.sub(e, s)
     low = b.add(s, b.mul(w, diff))
     high = b.sub(e, b.mul(diff, b.sub(b.constant(1.0, c, shape), w)))
-    r = b.select(b.compare(b.unary("abs", w), b.constant(0.5, c, shape), "LT"), low, high)
+    small = modulus(b, w)
+    r = b.select(b.compare(small, b.constant(0.5, small.dtype, shape), "LT"), low, high)
     return b.convert(r, out)
 
 
@@ -756,9 +770,11 @@ def _frexp(ctx: LoweringContext, x: Value) -> tuple[Value, Value]:
 
 @register(aten.angle.default)
 def _angle(ctx: LoweringContext, x: Value) -> Value:
-    # real input: 0 for x >= 0, pi for x < 0, NaN stays NaN
     b = ctx.b
     out = ctx.out_dtype()
+    if x.dtype.is_complex:
+        return b.convert(b.binary("atan2", imag_part(b, x), real_part(b, x)), out)
+    # real input: 0 for x >= 0, pi for x < 0, NaN stays NaN
     v = b.convert(x, opmath(out))
     zero = b.constant(0.0, v.dtype, v.shape)
     r = b.select(b.compare(v, zero, "LT"), b.constant(math.pi, v.dtype, v.shape), zero)

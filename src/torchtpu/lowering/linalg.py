@@ -24,6 +24,13 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
+def real_only(v: Value, what: str) -> None:
+    """These factorizations are written for real matrices (no conjugates in their reflectors and
+    updates): a complex one raises instead of returning a wrong factorization."""
+    if v.dtype.is_complex:
+        raise NotImplementedError(f"torchtpu: {what} of a complex matrix is not implemented")
+
+
 def _mT(b: Builder, v: Value) -> Value:
     perm = list(range(v.rank))
     perm[-2], perm[-1] = perm[-1], perm[-2]
@@ -197,6 +204,7 @@ def lu_factor(b: Builder, a: Value) -> tuple[Value, Value, Value]:
     the column below the pivot is scaled by it and the trailing block updated.
     A zero pivot leaves the column unscaled (LAPACK reports it in ``info``).
     """
+    real_only(a, "LU factorization (det, slogdet, solve, inv, lu_factor)")
     *batch, m, n = a.shape
     k = min(m, n)
     kernels = lapack_kernels(a.dtype)
@@ -470,7 +478,7 @@ def _det(ctx: LoweringContext, a: Value) -> tuple[Value, Value, Value]:
 @register(aten._linalg_slogdet.default)
 def _slogdet(ctx: LoweringContext, a: Value) -> tuple[Value, Value, Value, Value]:
     b = ctx.b
-    acc = _acc(ctx.out_dtype(1))
+    acc = _acc(ctx.out_dtype(0))  # the sign's: the input's (logabsdet is real for a complex input)
     av = b.convert(a, acc)
     lu, _, piv = lu_factor(b, _mT(b, av) if _factor_transposed(ctx) else av)
     n = lu.shape[-1]
@@ -494,6 +502,7 @@ def _slogdet(ctx: LoweringContext, a: Value) -> tuple[Value, Value, Value, Value
 def _linalg_lu_solve(ctx: LoweringContext, lu: Value, pivots: Value, rhs: Value, left: bool = True,
                      adjoint: bool = False) -> Value:
     b = ctx.b
+    real_only(lu, "linalg.lu_solve")
     acc = _acc(ctx.out_dtype())
     luv = b.convert(lu, acc)
     perm = _perm_from_pivots(b, pivots, lu.shape[-2])
@@ -708,6 +717,7 @@ def _bmm(b: Builder, x: Value, y: Value) -> Value:
 def _matrix_exp(ctx: LoweringContext, a: Value) -> Value:
     """exp(A): A scaled by 2^-s so its 1-norm is at most 1, Taylor to order 18 (error ~1e-16), then
     squared s times in a stablehlo.while (s comes from the data)."""
+    real_only(a, "matrix_exp")
     b = ctx.b
     out = ctx.out_dtype()
     acc = torch.float64 if out == torch.float64 else torch.float32
@@ -749,6 +759,7 @@ def _col(b: Builder, a: Value, cols: Value, j: Value) -> Value:
 
 def householder_qr(b: Builder, a: Value) -> tuple[Value, Value]:
     """(packed R and reflectors, tau) of ``a`` (..., m, n), as LAPACK's geqrf computes them."""
+    real_only(a, "QR (geqrf, qr)")
     *batch, m, n = a.shape
     k = min(m, n)
     kernels = lapack_kernels(a.dtype)
@@ -815,6 +826,7 @@ def householder_qr(b: Builder, a: Value) -> tuple[Value, Value]:
 
 def householder_q(b: Builder, refl: Value, tau: Value, ncols: int) -> Value:
     """The first ``ncols`` columns of H_0 H_1 ... H_{k-1} (LAPACK orgqr), applied right to left to I."""
+    real_only(refl, "householder_product")
     *batch, m, n = refl.shape
     k = tau.shape[-1]
     kernels = lapack_kernels(refl.dtype)

@@ -17,6 +17,7 @@ import torch
 from ..runtime import cpu_kernels
 from . import target
 from .builder import Builder, Value
+from .fft import conj
 from .registry import LoweringContext, register
 
 aten = torch.ops.aten
@@ -145,9 +146,21 @@ def _mv(ctx: LoweringContext, a: Value, v: Value) -> Value:
     return dot(ctx, a, v, ([], []), ([1], [0]), ctx.out_dtype())
 
 
-@register(aten.dot.default, aten.vdot.default)
+@register(aten.dot.default)
 def _dot(ctx: LoweringContext, a: Value, v: Value) -> Value:
     return dot(ctx, a, v, ([], []), ([0], [0]), ctx.out_dtype())
+
+
+@register(aten.vdot.default)
+def _vdot(ctx: LoweringContext, a: Value, v: Value) -> Value:
+    """dot with the first operand conjugated."""
+    return dot(ctx, conj(ctx.b, a), v, ([], []), ([0], [0]), ctx.out_dtype())
+
+
+def _product_dtype(out: torch.dtype) -> torch.dtype:
+    """The dtype an addmm-style product is taken in before its scaled sum: f32 for the
+    float types below it, else the output's own (f64, complex)."""
+    return out if out == torch.float64 or out.is_complex else torch.float32
 
 
 def _scaled_sum(ctx: LoweringContext, inp: Value, prod: Value, beta: Any, alpha: Any) -> Value:
@@ -168,19 +181,19 @@ def _scaled_sum(ctx: LoweringContext, inp: Value, prod: Value, beta: Any, alpha:
 
 @register(aten.addmm.default)
 def _addmm(ctx: LoweringContext, inp: Value, a: Value, c: Value, beta: Any = 1, alpha: Any = 1) -> Value:
-    prod = dot(ctx, a, c, ([], []), ([1], [0]), torch.float32 if ctx.out_dtype() != torch.float64 else torch.float64)
+    prod = dot(ctx, a, c, ([], []), ([1], [0]), _product_dtype(ctx.out_dtype()))
     return _scaled_sum(ctx, inp, prod, beta, alpha)
 
 
 @register(aten.baddbmm.default)
 def _baddbmm(ctx: LoweringContext, inp: Value, a: Value, c: Value, beta: Any = 1, alpha: Any = 1) -> Value:
-    prod = dot(ctx, a, c, ([0], [0]), ([2], [1]), torch.float32 if ctx.out_dtype() != torch.float64 else torch.float64)
+    prod = dot(ctx, a, c, ([0], [0]), ([2], [1]), _product_dtype(ctx.out_dtype()))
     return _scaled_sum(ctx, inp, prod, beta, alpha)
 
 
 @register(aten.addmv.default)
 def _addmv(ctx: LoweringContext, inp: Value, a: Value, v: Value, beta: Any = 1, alpha: Any = 1) -> Value:
-    prod = dot(ctx, a, v, ([], []), ([1], [0]), torch.float32 if ctx.out_dtype() != torch.float64 else torch.float64)
+    prod = dot(ctx, a, v, ([], []), ([1], [0]), _product_dtype(ctx.out_dtype()))
     return _scaled_sum(ctx, inp, prod, beta, alpha)
 
 
@@ -198,8 +211,7 @@ def _addbmm(ctx: LoweringContext, inp: Value, a: Value, c: Value, beta: Any = 1,
             r = _scaled_sum(ctx, inp, prod, beta, alpha) if r is None else _scaled_sum(ctx, r, prod, 1, alpha)
         return r
     # Sum over the batch too: one dot_general contracting (batch, k).
-    prod = dot(ctx, a, c, ([], []), ([0, 2], [0, 1]), torch.float32 if ctx.out_dtype() != torch.float64
-               else torch.float64)
+    prod = dot(ctx, a, c, ([], []), ([0, 2], [0, 1]), _product_dtype(ctx.out_dtype()))
     return _scaled_sum(ctx, inp, prod, beta, alpha)
 
 

@@ -9,12 +9,13 @@ and reduction prims) are a few lines each.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from .builder import Value
+from .elementwise import opmath
+from .reductions import variance
 from .registry import LoweringContext, lookup
 from .registry import register_graph_only as register  # prims never reach the dispatcher: graph-only
 
@@ -180,15 +181,5 @@ register(prims.amin.default)(_reduction("amin"))
 @register(prims.var.default)
 def _var(ctx: LoweringContext, inp: Value, dims: Any, correction: Any = 1, output_dtype: Any = None) -> Value:
     b = ctx.b
-    out = ctx.out_dtype()
-    acc = torch.float32 if inp.dtype in (torch.bfloat16, torch.float16) else inp.dtype
-    d = _dims(dims, inp.rank)
-    v = b.convert(inp, acc)
-    n = math.prod(inp.shape[i] for i in d)
-    red = [s for i, s in enumerate(inp.shape) if i not in d]
-    mean = b.div(b.reduce(v, d, b.constant(0, acc), "stablehlo.add"), b.constant(float(n), acc, red))
-    centered = b.sub(v, b.broadcast_in_dim(mean, inp.shape, [i for i in range(inp.rank) if i not in d]))
-    ss = b.reduce(b.mul(centered, centered), d, b.constant(0, acc), "stablehlo.add")
-    denom = n - (1 if correction is None else correction)
-    r = b.div(ss, b.constant(float(denom) if denom > 0 else 0.0, acc, red))
-    return b.convert(r, out)
+    r = variance(b, b.convert(inp, opmath(inp.dtype)), _dims(dims, inp.rank), correction)
+    return b.convert(r, ctx.out_dtype())

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .builder import Builder, Value
-from .elementwise import opmath
+from .elementwise import imag_part, modulus, opmath, real_part
 from .registry import LoweringContext, register
 
 aten = torch.ops.aten
@@ -175,37 +175,44 @@ def _any_all(ctx: LoweringContext, x: Value, dim: Any = None, keepdim: bool = Fa
     return b.convert(_keep(b, r, x.shape, d, keepdim), ctx.out_dtype())
 
 
+def variance(b: Builder, v: Value, d: Sequence[int], correction: Any) -> Value:
+    """The variance of ``v`` (already in its op math type) over dims ``d``, dropped: the mean
+    squared modulus of ``v - mean`` (real for a complex ``v``), divided by n - correction."""
+    n = math.prod(v.shape[i] for i in d)
+    mean = b.div(reduce_sum(b, v, d), b.constant(float(n), v.dtype, [s for i, s in enumerate(v.shape) if i not in d]))
+    keep_shape = [1 if i in d else s for i, s in enumerate(v.shape)]
+    centered = b.sub(v, b.broadcast_to(b.reshape(mean, keep_shape), v.shape))
+    if centered.dtype.is_complex:
+        re, im = real_part(b, centered), imag_part(b, centered)
+        ss = reduce_sum(b, b.add(b.mul(re, re), b.mul(im, im)), d)
+    else:
+        ss = reduce_sum(b, b.mul(centered, centered), d)
+    denom = max(n - (1 if correction is None else correction), 0)
+    return b.div(ss, b.constant(float(denom) if denom else 0.0, ss.dtype, ss.shape))
+
+
 @register(aten.var.correction, aten.std.correction)
 def _var(ctx: LoweringContext, x: Value, dim: Any = None, correction: Any = None, keepdim: bool = False
          ) -> Value:
     b = ctx.b
-    out = ctx.out_dtype()
-    acc = opmath(x.dtype)
-    v = b.convert(x, acc)
     d = norm_dims(dim, x.rank)
-    n = math.prod(x.shape[i] for i in d)
-    mean = b.div(reduce_sum(b, v, d), b.constant(float(n), acc, [s for i, s in enumerate(x.shape) if i not in d]))
-    keep_shape = [1 if i in d else s for i, s in enumerate(x.shape)]
-    centered = b.sub(v, b.broadcast_to(b.reshape(mean, keep_shape), x.shape))
-    ss = reduce_sum(b, b.mul(centered, centered), d)
-    corr = 1 if correction is None else correction
-    denom = max(n - corr, 0)
-    r = b.div(ss, b.constant(float(denom) if denom else 0.0, acc, ss.shape))
+    r = variance(b, b.convert(x, opmath(x.dtype)), d, correction)
     if ctx.op.overloadpacket is aten.std:
         r = b.unary("sqrt", r)
-    return b.convert(_keep(b, r, x.shape, d, keepdim), out)
+    return b.convert(_keep(b, r, x.shape, d, keepdim), ctx.out_dtype())
 
 
 @register(aten.logsumexp.default)
 def _logsumexp(ctx: LoweringContext, x: Value, dim: Any, keepdim: bool = False) -> Value:
     b = ctx.b
     out = ctx.out_dtype()
-    acc = opmath(out) if out.is_floating_point else torch.float32
+    acc = opmath(out) if out.is_floating_point or out.is_complex else torch.float32
     v = b.convert(x, acc)
     d = norm_dims(dim, x.rank)
-    m = reduce_max(b, v, d)
+    m = reduce_max(b, real_part(b, v), d)  # complex: shifted by the real parts' max, as CPU
     keep_shape = [1 if i in d else s for i, s in enumerate(x.shape)]
-    finite = b.select(b.op1("stablehlo.is_finite", [m], m.shape, torch.bool), m, b.constant(0.0, acc, m.shape))
+    finite = b.select(b.op1("stablehlo.is_finite", [m], m.shape, torch.bool), m, b.constant(0.0, m.dtype, m.shape))
+    finite = b.convert(finite, acc)
     mb = b.broadcast_to(b.reshape(finite, keep_shape), x.shape)
     s = reduce_sum(b, b.unary("exponential", b.sub(v, mb)), d)
     r = b.add(b.unary("log", s), finite)
@@ -326,7 +333,8 @@ def _vector_norm(ctx: LoweringContext, x: Value, ord: Any = 2, dim: Any = None, 
     b = ctx.b
     out = ctx.out_dtype()
     acc = opmath(out)
-    v = b.unary("abs", b.convert(x, acc))
+    source = opmath(x.dtype) if x.dtype.is_complex else acc  # the modulus first: it is real
+    v = b.convert(modulus(b, b.convert(x, source)), acc)
     d = norm_dims(dim, x.rank)
     o = float(ord)
     if o == math.inf:

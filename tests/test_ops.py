@@ -932,3 +932,27 @@ def test_complex_ops_match_cpu(name):
         got = fn(x.to("tpu"), y.to("tpu")).cpu()
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rate", [0.3, 2.0, 9.9, 10.0, 35.0, 1000.0])
+def test_poisson_samples_have_the_poisson_moments(rate):
+    """Regression: torch.poisson (and distributions.Poisson.sample) raised NotImplementedError.
+    Both of PyTorch's methods (below and above rate 10): integer samples whose mean and
+    variance are the rate, within 5 standard errors of 200k samples (seeded)."""
+    torch.manual_seed(0)
+    n = 200_000
+    s = torch.poisson(torch.full((n,), rate, device="tpu")).cpu().double()
+    assert torch.equal(s, s.round()) and s.min() >= 0
+    assert abs(s.mean() - rate) < 5 * math.sqrt(rate / n)
+    assert abs(s.var() - rate) < 5 * math.sqrt((rate + 2 * rate ** 2) / n)  # mu4 - sigma^4 = rate + 2 rate^2
+
+
+def test_poisson_edge_rates():
+    out = torch.poisson(torch.tensor([0.0, -1.0, float("nan")], device="tpu")).cpu()
+    assert out[0] == 0 and out[1:].isnan().all()  # CPU raises for the last two; the device cannot
+    with torch.tpu.launch_blocking(), pytest.raises(RuntimeError, match="invalid Poisson rate"):
+        torch.poisson(torch.tensor([1.0, -1.0], device="tpu"))
+    torch.manual_seed(3)
+    first = torch.poisson(torch.full((6,), 4.0, device="tpu")).cpu()
+    torch.manual_seed(3)
+    assert torch.equal(torch.poisson(torch.full((6,), 4.0, device="tpu")).cpu(), first)

@@ -448,8 +448,9 @@ def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], l
     except NotImplementedError as e:
         if "meta" in str(e).lower():
             raise NotImplementedError(
-                f"torchtpu: aten::{plan.op.__name__} has data-dependent output shapes and is not supported "
-                f"yet on tpu ({e}). Set TORCH_TPU_CPU_FALLBACK=1 to run it on the CPU.") from None
+                f"torchtpu: aten::{plan.op.__name__} is not supported yet on tpu: PyTorch has no meta kernel "
+                f"for it, which gives torchtpu its output shapes (ops with data-dependent output shapes have "
+                f"none) ({e}). Set TORCH_TPU_CPU_FALLBACK=1 to run it on the CPU.") from None
         raise
     is_list_out = isinstance(meta_out, (list, tuple))
     metas = _flatten_tensors(meta_out) if is_list_out else [meta_out]

@@ -21,21 +21,23 @@ aten = torch.ops.aten
 _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _one_element_float(t: torch.Tensor, name: str) -> None:
-    if t.numel() != 1:
-        raise RuntimeError(f"{name} must be a 1-element tensor.")
+def _check_scalars(one_element: list[tuple[torch.Tensor, str]],
+                   typed: list[tuple[torch.Tensor, str, torch.dtype]]) -> None:
+    """CPU's checks, in its order: every one-element check, then every dtype check."""
+    for t, name in one_element:
+        if t.numel() != 1:
+            raise RuntimeError(f"{name} must be a 1-element tensor.")
+    for t, name, dtype in typed:
+        if t.dtype != dtype:
+            raise RuntimeError(f"{name} must be {'a float' if dtype == torch.float32 else 'an int'} tensor.")
 
 
 @register_meta_check(aten._amp_foreach_non_finite_check_and_unscale.default)
 def _check_unscale(grads: list, found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
     if not grads:
         return
-    _one_element_float(inv_scale, "inv_scale")
-    _one_element_float(found_inf, "found_inf")
-    if inv_scale.dtype != torch.float32:
-        raise RuntimeError("inv_scale must be a float tensor.")
-    if found_inf.dtype != torch.float32:
-        raise RuntimeError("found_inf must be a float tensor.")
+    _check_scalars([(inv_scale, "inv_scale"), (found_inf, "found_inf")],
+                   [(inv_scale, "inv_scale", torch.float32), (found_inf, "found_inf", torch.float32)])
     for g in grads:
         if g.dtype not in _FLOATING:
             raise NotImplementedError(f'"_amp_foreach_non_finite_check_and_unscale_cpu" not implemented for '
@@ -66,15 +68,9 @@ def _unscale(ctx: LoweringContext, grads: list, found_inf: Value, inv_scale: Val
 @register_meta_check(aten._amp_update_scale.default)
 def _check_update_scale(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: torch.Tensor,
                         *factors: Any) -> None:
-    _one_element_float(growth_tracker, "growth_tracker")
-    _one_element_float(scale, "current_scale")
-    _one_element_float(found_inf, "found_inf")
-    if growth_tracker.dtype != torch.int32:
-        raise RuntimeError("growth_tracker must be an int tensor.")
-    if scale.dtype != torch.float32:
-        raise RuntimeError("current_scale must be a float tensor.")
-    if found_inf.dtype != torch.float32:
-        raise RuntimeError("found_inf must be a float tensor.")
+    _check_scalars([(growth_tracker, "growth_tracker"), (scale, "current_scale"), (found_inf, "found_inf")],
+                   [(growth_tracker, "growth_tracker", torch.int32), (scale, "current_scale", torch.float32),
+                    (found_inf, "found_inf", torch.float32)])
 
 
 @register(aten._amp_update_scale.default)

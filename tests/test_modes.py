@@ -156,6 +156,26 @@ def test_debug_mode_raises_on_integer_division_by_zero_like_cpu():
         assert (x // 2).cpu().tolist() == [0, 1]
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "compile"])
+def test_integer_division_by_zero_raises_like_cpu_in_every_mode(mode):
+    """Regression: outside Debug mode an integer quotient or remainder by zero returned XLA's junk
+    silently. The divisor is now checked on the device and CPU's error raised at the next read."""
+    x = torch.tensor([1, 2, 3], device="tpu")
+    zero_in_middle = torch.tensor([1, 0, 2], device="tpu")
+    ops = [lambda a, c: a // c, lambda a, c: torch.remainder(a, c), lambda a, c: torch.fmod(a, c),
+           lambda a, c: torch.div(a, c, rounding_mode="trunc"), lambda a, c: a.clone().floor_divide_(c)]
+    for op in ops:
+        fn = torch.compile(op, backend="tpu") if mode == "compile" else op
+        with torch.tpu.eager_mode("strict" if mode == "compile" else mode):
+            with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+                fn(x, zero_in_middle).cpu()
+            divisor = torch.tensor([2, -1, 2], device="tpu")
+            assert torch.equal(fn(x, divisor).cpu(), op(x.cpu(), divisor.cpu()))  # nonzero divisors: as CPU
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        x // 0  # a divisor known on the host raises at once
+    assert torch.div(x, torch.zeros_like(x)).cpu().isinf().all()  # true division is not checked
+
+
 def test_exception_in_backward_does_not_crash():
     r = run_python("""
         import torch

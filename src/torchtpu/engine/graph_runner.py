@@ -324,7 +324,8 @@ class GraphProgram:
                     if index is None:
                         continue
                 code = index_checks.code_for(bound.error, bound.message)
-                flag = fold_bound(b, flag, index, bound.low, bound.high, bound.exempt, code)
+                flag = fold_bound(b, flag, index, bound.low, bound.high, bound.exempt, code,
+                                  bound.nonzero)
         return flag
 
 

@@ -1,4 +1,4 @@
-"""Index checks: out-of-range indices raise, as on the CPU, in every mode.
+"""Index checks: out-of-range indices (and integer division by zero) raise, as on the CPU, in every mode.
 
 Debug mode reads the index to the host as the (synchronous) op returns and raises
 there, naming the offending value. Strict and DeferAndFuse must not wait for the
@@ -27,7 +27,7 @@ from .. import storage as st
 from ..lowering.index_bounds import INDEX_BOUNDS_FLAG, Bound
 from ..runtime import Buffer
 
-_ASYNC_NOTE = (" (torchtpu: detected on the device by an earlier indexing op and reported at this synchronization; "
+_ASYNC_NOTE = (" (torchtpu: detected on the device by an earlier op and reported at this synchronization; "
                "run with TORCH_TPU_LAUNCH_BLOCKING=1 to raise at the op itself)")
 
 _lock = threading.Lock()
@@ -45,7 +45,7 @@ def check_on_host(bounds: Sequence[Bound]) -> None:
         if bound.index.numel() == 0:
             continue
         host = bound.index.cpu().reshape(-1).to(torch.int64)
-        bad = (host < bound.low) | (host >= bound.high)
+        bad = host == 0 if bound.nonzero else (host < bound.low) | (host >= bound.high)
         if bound.exempt is not None:
             bad &= host != bound.exempt
         if bool(bad.any()):
@@ -65,7 +65,7 @@ def check_on_device(bounds: Sequence[Bound]) -> None:
         code = code_for(bound.error, bound.message)
         with _lock:
             _flags[index.device] = INDEX_BOUNDS_FLAG(current_flag(index.device), index, bound.low, bound.high,
-                                                     bound.exempt, code)
+                                                     bound.exempt, code, bound.nonzero)
 
 
 def current_flag(device: torch.device) -> torch.Tensor:

@@ -25,8 +25,9 @@ aten = torch.ops.aten
 @dataclass(frozen=True)
 class Bound:
     """``index`` must lie in [low, high) (``exempt``, e.g. nll_loss's ignore_index, is allowed
-    too); otherwise the op raises ``error(message.format(value=v, position=p))`` for the first
-    offending value ``v``, at flat position ``p`` of ``index``."""
+    too), or with ``nonzero`` (a divisor) be nonzero, low and high unused; otherwise the op
+    raises ``error(message.format(value=v, position=p))`` for the first offending value ``v``,
+    at flat position ``p`` of ``index``."""
 
     index: torch.Tensor
     low: int
@@ -34,26 +35,32 @@ class Bound:
     error: type[Exception]
     message: str
     exempt: int | None = None
+    nonzero: bool = False
 
 
 # The flag is int64 [code, value, position]: code 0 while every check passed, else the code of the
 # first failed check (engine/index_checks.py maps codes to messages), its first offending index
 # value and that value's flat position in the index.
 _lib = torch.library.Library("torchtpu", "DEF")
-_lib.define("index_bounds_flag(Tensor flag, Tensor index, int low, int high, int? exempt, int code) -> Tensor")
-_lib.impl("index_bounds_flag", lambda flag, index, low, high, exempt, code: torch.empty_like(flag), "Meta")
+_lib.define("index_bounds_flag(Tensor flag, Tensor index, int low, int high, int? exempt, int code, "
+            "bool nonzero=False) -> Tensor")
+_lib.impl("index_bounds_flag", lambda flag, index, low, high, exempt, code, nonzero=False: torch.empty_like(flag),
+          "Meta")
 INDEX_BOUNDS_FLAG = torch.ops.torchtpu.index_bounds_flag.default
 _INT64_MIN = torch.iinfo(torch.int64).min
 
 
-def fold_bound(b: Builder, flag: Value, index: Value, low: int, high: int, exempt: int | None, code: int) -> Value:
+def fold_bound(b: Builder, flag: Value, index: Value, low: int, high: int, exempt: int | None, code: int,
+               nonzero: bool = False) -> Value:
     """``flag`` with this check folded in: unchanged unless it is still clear and some value of
-    ``index`` lies outside [low, high) (other than ``exempt``)."""
+    ``index`` lies outside [low, high) (other than ``exempt``), or with ``nonzero`` is zero."""
     n = index.numel
     idx = b.reshape(b.convert(index, torch.int64), (n,))
     shape = idx.shape
     bad = b.binary("or", b.compare(idx, b.constant(low, torch.int64, shape), "LT"),
                    b.compare(idx, b.constant(high, torch.int64, shape), "GE"))
+    if nonzero:
+        bad = b.compare(idx, b.constant(0, torch.int64, shape), "EQ")
     if exempt is not None:
         bad = b.binary("and", bad, b.compare(idx, b.constant(exempt, torch.int64, shape), "NE"))
     # the first offending position (n when none) and the value there, as the CPU reports them
@@ -72,8 +79,8 @@ def fold_bound(b: Builder, flag: Value, index: Value, low: int, high: int, exemp
 
 @register(INDEX_BOUNDS_FLAG)
 def _index_bounds_flag(ctx: LoweringContext, flag: Value, index: Value, low: int, high: int, exempt: int | None,
-                       code: int) -> Value:
-    return fold_bound(ctx.b, flag, index, low, high, exempt, code)
+                       code: int, nonzero: bool = False) -> Value:
+    return fold_bound(ctx.b, flag, index, low, high, exempt, code, nonzero)
 
 
 # -- the ranges of each op's index arguments, as the CPU kernels check them ----------------
@@ -161,6 +168,23 @@ def _nll_loss_bounds(x: torch.Tensor, target: torch.Tensor, weight: Any, reducti
                      ignore_index: int) -> list[Bound]:
     classes = x.shape[-1] if x.dim() < 2 else x.shape[1]
     return [Bound(target, 0, classes, IndexError, "Target {value} is out of bounds.", exempt=ignore_index)]
+
+
+# -- integer division by zero -----------------------------------------------------------------
+# CPU raises for an integer quotient or remainder by zero; XLA returns junk. The divisor must
+# be nonzero: the same flag reports it at the next synchronization, and a divisor known on the
+# host (a Python number) raises at once.
+@register_index_bounds(aten.div.Tensor_mode, aten.div.Scalar_mode, aten.floor_divide.default,
+                       aten.floor_divide.Scalar, aten.remainder.Tensor, aten.remainder.Scalar,
+                       aten.remainder.Scalar_Tensor, aten.fmod.Tensor, aten.fmod.Scalar)
+def _divisor_bounds(a: Any, c: Any, rounding_mode: Any = "floor") -> list[Bound]:
+    if rounding_mode is None or not (isinstance(a, torch.Tensor) or isinstance(c, torch.Tensor)):
+        return []
+    dtype = torch.result_type(a, c)
+    if dtype.is_floating_point or dtype.is_complex:
+        return []
+    divisor = c if isinstance(c, torch.Tensor) else torch.tensor(c)
+    return [Bound(divisor, 0, 0, RuntimeError, "ZeroDivisionError", nonzero=True)]
 
 
 # -- LAPACK-style info checks (aten._linalg_check_errors) in compiled graphs ----------------

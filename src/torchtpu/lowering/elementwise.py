@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .builder import Builder, Value
-from .registry import LoweringContext, register, register_debug_check
+from .registry import LoweringContext, register
 
 aten = torch.ops.aten
 _LOW = (torch.bfloat16, torch.float16)
@@ -261,21 +261,6 @@ def _div(ctx: LoweringContext, a: Any, c: Any, rounding_mode: str | None = None)
                           b.compare(b.compare(r, zero, "LT"), b.compare(y, zero, "LT"), "NE"))
         q = b.select(adjust, b.sub(q, b.constant(1, out, shape)), q)
     return q
-
-
-@register_debug_check(aten.div.Tensor_mode, aten.div.Scalar_mode, aten.floor_divide.default,
-                      aten.floor_divide.Scalar, aten.remainder.Tensor, aten.remainder.Scalar,
-                      aten.remainder.Scalar_Tensor, aten.fmod.Tensor, aten.fmod.Scalar)
-def _check_integer_division(a: Any, c: Any, rounding_mode: Any = "floor") -> None:
-    """Debug mode: integer division or remainder by zero raises, as on CPU (the device returns junk)."""
-    if rounding_mode is None or not isinstance(a, torch.Tensor) and not isinstance(c, torch.Tensor):
-        return
-    dtype = torch.result_type(a, c)
-    if dtype.is_floating_point or dtype.is_complex:
-        return
-    zero = bool((c.cpu() == 0).any()) if isinstance(c, torch.Tensor) else c == 0
-    if zero:
-        raise RuntimeError("ZeroDivisionError")
 
 
 def _floor_div_float(b: Builder, x: Value, y: Value) -> Value:

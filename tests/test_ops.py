@@ -972,3 +972,26 @@ def test_gamma_reparameterized_gradient_matches_cpu(alpha):
     conc = torch.tensor([2.0, 0.5], device="tpu", requires_grad=True)
     torch.distributions.Gamma(conc, torch.tensor([1.0, 3.0], device="tpu")).rsample().sum().backward()
     assert conc.grad.isfinite().all()
+
+
+def test_randperm_on_tpu():
+    """Regression: torch.randperm(n, device="tpu") raised NotImplementedError."""
+    torch.manual_seed(0)
+    p = torch.randperm(1000, device="tpu")
+    assert p.device.type == "tpu" and p.dtype == torch.int64
+    assert sorted(p.cpu().tolist()) == list(range(1000)) and p.cpu().tolist() != list(range(1000))
+    torch.manual_seed(0)
+    assert torch.equal(torch.randperm(1000, device="tpu").cpu(), p.cpu())
+    assert torch.randperm(7, device="tpu", dtype=torch.int32).dtype == torch.int32
+    assert torch.randperm(0, device="tpu").shape == (0,)
+    g = torch.Generator(device="tpu").manual_seed(5)
+    assert sorted(torch.randperm(9, device="tpu", generator=g).cpu().tolist()) == list(range(9))
+
+
+def test_bernoulli_with_a_tensor_of_probabilities():
+    """Regression: bernoulli_(p) with p a tensor raised NotImplementedError."""
+    torch.manual_seed(0)
+    z = torch.empty(64, 3, device="tpu").bernoulli_(torch.tensor([0.0, 1.0, 0.5], device="tpu")).cpu()
+    assert (z[:, 0] == 0).all() and (z[:, 1] == 1).all() and 0.25 < z[:, 2].mean() < 0.75
+    x = torch.empty(100_000, device="tpu").bernoulli_(torch.full((100_000,), 0.3, device="tpu")).cpu()
+    assert abs(x.mean().item() - 0.3) < 5 * math.sqrt(0.3 * 0.7 / 100_000)

@@ -13,7 +13,7 @@ import torch
 
 from .builder import Builder, Value
 from .elementwise import opmath
-from .registry import LoweringContext, register, register_argument_check
+from .registry import LoweringContext, register, register_argument_check, register_host_kernel
 
 aten = torch.ops.aten
 
@@ -78,6 +78,25 @@ def _bernoulli_tensor(ctx: LoweringContext, x: Value, generator: Any = None) -> 
     shape = ctx.out_shape()
     u = uniform01(b, _seed(ctx, generator), shape)
     return b.convert(b.compare(u, b.convert(x, torch.float32), "LT"), ctx.out_dtype())
+
+
+@register(aten.bernoulli.Tensor)
+def _bernoulli_p_tensor(ctx: LoweringContext, x: Value, p: Value, generator: Any = None) -> Value:
+    """``bernoulli_(p)`` with a tensor of probabilities, broadcast to ``x``'s shape."""
+    b = ctx.b
+    shape = ctx.out_shape()
+    u = uniform01(b, _seed(ctx, generator), shape)
+    return b.convert(b.compare(u, b.broadcast_to(b.convert(p, torch.float32), shape), "LT"), ctx.out_dtype())
+
+
+@register_host_kernel(aten.randperm.generator_out)
+def randperm(n: int, *, generator: Any = None, out: torch.Tensor) -> torch.Tensor:
+    """A permutation of 0..n-1: the stable argsort of n random 64-bit keys (tied keys keep their
+    order, so the result is a permutation whatever the keys), as device ops."""
+    keys = torch.randint(-2 ** 63, 2 ** 63 - 1, (n,), dtype=torch.int64, device=out.device, generator=generator)
+    perm = torch.argsort(keys, stable=True)
+    out.resize_(n)
+    return out.copy_(perm)
 
 
 @register(aten.native_dropout.default)

@@ -995,3 +995,51 @@ def test_bernoulli_with_a_tensor_of_probabilities():
     assert (z[:, 0] == 0).all() and (z[:, 1] == 1).all() and 0.25 < z[:, 2].mean() < 0.75
     x = torch.empty(100_000, device="tpu").bernoulli_(torch.full((100_000,), 0.3, device="tpu")).cpu()
     assert abs(x.mean().item() - 0.3) < 5 * math.sqrt(0.3 * 0.7 / 100_000)
+
+
+_FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
+
+
+@pytest.mark.parametrize("dtype", _FLOAT8)
+@pytest.mark.parametrize("source", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_float8_conversions_match_cpu(source, dtype):
+    """Regression: float8 tensors could not reach the device ("Got unsupported ScalarType").
+    Conversions round as CPU's, float8_e4m3fn saturating at +-448 (XLA alone gives NaN), and
+    every float8 value converts back exactly."""
+    g = torch.Generator().manual_seed(0)
+    values = torch.cat([torch.randn(500, generator=g) * s for s in (1e-6, 1e-2, 1, 100, 1e5)]
+                       + [torch.tensor([math.inf, -math.inf, math.nan, 0.0, -0.0, 448, 465, 57344, 61440])]).to(source)
+    want = values.to(dtype).float()
+    got = values.to("tpu").to(dtype).cpu().float()
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(got.signbit() | got.isnan(), want.signbit() | want.isnan())
+    every = torch.arange(256, dtype=torch.uint8).view(dtype)
+    torch.testing.assert_close(every.to("tpu").float().cpu(), every.float(), rtol=0, atol=0, equal_nan=True)
+    x = every[:16]
+    assert torch.equal(torch.cat([x, x]).to("tpu").reshape(4, 8).t().contiguous().cpu().view(torch.uint8),
+                       torch.cat([x, x]).reshape(4, 8).t().contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("kw", [
+    {"scale_a": 2.0, "scale_b": 0.5, "out_dtype": torch.bfloat16},
+    {"scale_a": 2.0, "scale_b": 0.5, "out_dtype": torch.float32},
+    {"scale_a": "rowwise", "scale_b": "rowwise", "out_dtype": torch.bfloat16},
+    {"scale_a": 1.0, "scale_b": 1.0, "bias": True, "out_dtype": torch.bfloat16},
+    {"scale_a": 1.0, "scale_b": 3.0},
+])
+def test_scaled_mm_matches_cpu(kw):
+    """torch._scaled_mm, the float8 matmul (tensor-wise and row-wise scales, bias, float8 or wider
+    output), against CPU's kernel: float8 terms are exact and accumulate in f32."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(16, 32, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(48, 32, generator=g).to(torch.float8_e5m2).t()
+    args = dict(kw)
+    args["scale_a"] = torch.rand(16, 1, generator=g) + 0.5 if kw["scale_a"] == "rowwise" else torch.tensor(kw["scale_a"])
+    args["scale_b"] = torch.rand(1, 48, generator=g) + 0.5 if kw["scale_b"] == "rowwise" else torch.tensor(kw["scale_b"])
+    if kw.get("bias"):
+        args["bias"] = torch.randn(48, generator=g).bfloat16()
+    want = torch._scaled_mm(a, b, **args)
+    got = torch._scaled_mm(a.to("tpu"), b.to("tpu"),
+                           **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in args.items()}).cpu()
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-6, atol=1e-6)

@@ -44,8 +44,16 @@ TORCH_TO_NUMPY: dict[torch.dtype, np.dtype] = {
     torch.bool: np.dtype(np.bool_),
     torch.complex64: np.dtype(np.complex64),
     torch.complex128: np.dtype(np.complex128),
+    torch.float8_e4m3fn: np.dtype(ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: np.dtype(ml_dtypes.float8_e5m2),
+    torch.float8_e4m3fnuz: np.dtype(ml_dtypes.float8_e4m3fnuz),
+    torch.float8_e5m2fnuz: np.dtype(ml_dtypes.float8_e5m2fnuz),
 }
 NUMPY_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_NUMPY.items()}
+# dtypes torch.Tensor.numpy() refuses: they cross to numpy as integers of their width, reinterpreted
+_BITS_OF = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8,
+            torch.float8_e4m3fnuz: torch.uint8, torch.float8_e5m2fnuz: torch.uint8}
+_BITS_OF_NUMPY = {TORCH_TO_NUMPY[t]: np.dtype(str(bits).removeprefix("torch.")) for t, bits in _BITS_OF.items()}
 
 
 def storage_buffer(storage: torch.UntypedStorage) -> Buffer | None:
@@ -61,16 +69,18 @@ def buffer_dtype(buffer: Buffer) -> torch.dtype:
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A host tensor as a numpy array (bfloat16 via ml_dtypes), no copy where possible."""
+    """A host tensor as a numpy array (bfloat16 and float8 via ml_dtypes), no copy where possible."""
     t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    bits = _BITS_OF.get(t.dtype)
+    if bits is not None:
+        return t.view(bits).numpy().view(TORCH_TO_NUMPY[t.dtype])
     return t.numpy()
 
 
 def from_numpy(a: np.ndarray) -> torch.Tensor:
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    bits = _BITS_OF_NUMPY.get(a.dtype)
+    if bits is not None:
+        return torch.from_numpy(a.view(bits)).view(NUMPY_TO_TORCH[a.dtype])
     return torch.from_numpy(a)
 
 

@@ -36,6 +36,10 @@ ELEMENT_TYPES: dict[torch.dtype, str] = {
     torch.bool: "i1",
     torch.complex64: "complex<f32>",
     torch.complex128: "complex<f64>",
+    torch.float8_e4m3fn: "f8E4M3FN",
+    torch.float8_e5m2: "f8E5M2",
+    torch.float8_e4m3fnuz: "f8E4M3FNUZ",
+    torch.float8_e5m2fnuz: "f8E5M2FNUZ",
 }
 
 _FLOAT_BITS = {torch.float32: ("<f", "<I", 8), torch.float64: ("<d", "<Q", 16), torch.float16: ("<e", "<H", 4)}
@@ -63,6 +67,9 @@ def _float_literal(value: float, dtype: torch.dtype) -> str:
         # round-to-nearest-even to bf16
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
         return f"0x{bits & 0xFFFF:04X}"
+    if dtype.itemsize == 1:  # float8: torch's own rounding to the format, then its bits
+        bits = int(torch.tensor(value, dtype=torch.float32).to(dtype).view(torch.uint8))
+        return f"0x{bits:02X}"
     ffmt, ifmt, width = _FLOAT_BITS[dtype]
     if dtype == torch.float16:
         bits = int(np.array(value, dtype=np.float16).view(np.uint16))
@@ -246,7 +253,17 @@ class Builder:
         if dtype == torch.bool:
             zero = self.constant(0, v.dtype, v.shape)
             return self.compare(v, zero, "NE")
+        if dtype == torch.float8_e4m3fn and (v.dtype.is_floating_point or v.dtype.is_complex):
+            return self._to_float8(v, dtype)
         return self.op1("stablehlo.convert", [v], v.shape, dtype)
+
+    def _to_float8(self, v: Value, dtype: torch.dtype) -> Value:
+        """A float8_e4m3fn conversion as PyTorch rounds: the format has no infinity, and PyTorch
+        saturates (inf and out-of-range values become +-448) where XLA makes them NaN."""
+        src = v if v.dtype.is_floating_point else self.op1("stablehlo.real", [v], v.shape, v.dtype.to_real())
+        top = torch.finfo(dtype).max
+        src = self.clamp(self.constant(-top, src.dtype, src.shape), src, self.constant(top, src.dtype, src.shape))
+        return self.op1("stablehlo.convert", [src], src.shape, dtype)
 
     def bitcast_convert(self, v: Value, dtype: torch.dtype, shape: Sequence[int]) -> Value:
         return self.op1("stablehlo.bitcast_convert", [v], shape, dtype)

@@ -244,3 +244,26 @@ def _addr(ctx: LoweringContext, inp: Value, v1: Value, v2: Value, beta: Any = 1,
     # beta == 0 ignores self entirely (NaN included)
     r = b.select(b.compare(be, b.constant(0, acc, shape), "EQ"), term, b.add(base, term))
     return rnd(r)
+
+
+@register(aten._scaled_mm.default)
+def _scaled_mm(ctx: LoweringContext, a: Value, c: Value, scale_a: Value, scale_b: Value, bias: Value | None = None,
+               scale_result: Value | None = None, out_dtype: Any = None, use_fast_accum: bool = False) -> Value:
+    """A float8 matrix product: (a @ c) in f32 times the tensor-wise or row-wise scales, plus the
+    bias, in the output dtype. float8 values are exact in bf16, so the default one-pass product
+    is exact per term and accumulates in f32, as a TPU's matrix unit does. ``scale_result`` is
+    ignored, as PyTorch's CPU kernel ignores it."""
+    b = ctx.b
+    f32 = torch.float32
+    prod = dot(ctx, b.convert(a, f32), b.convert(c, f32), ([], []), ([1], [0]), f32)
+    shape = prod.shape
+    for scale, dim in ((scale_a, 0), (scale_b, 1)):
+        s = b.convert(scale, f32)
+        if s.numel == 1:
+            s = b.broadcast_to(b.reshape(s, ()), shape)
+        else:  # row-wise: (m, 1) for a, (1, n) for b
+            s = b.broadcast_in_dim(b.reshape(s, (shape[dim],)), shape, [dim])
+        prod = b.mul(prod, s)
+    if bias is not None:
+        prod = b.add(prod, b.broadcast_in_dim(b.convert(bias, f32), shape, [1]))
+    return b.convert(prod, ctx.out_dtype())

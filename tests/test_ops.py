@@ -1043,3 +1043,26 @@ def test_scaled_mm_matches_cpu(kw):
                            **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in args.items()}).cpu()
     assert got.dtype == want.dtype
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("count,prob", [(10, 0.3), (5, 0.9), (100, 0.05), (100, 0.3), (1000, 0.5), (50, 0.8)])
+def test_binomial_samples_have_the_binomial_moments(count, prob):
+    """Regression: torch.binomial (distributions.Binomial.sample) raised NotImplementedError. Both
+    of PyTorch's methods (inversion below count * q = 10, BTRS above) and the 1 - p flip: integer
+    samples in [0, count] whose mean and variance are within 5 standard errors (seeded)."""
+    torch.manual_seed(0)
+    n = 100_000
+    s = torch.binomial(torch.full((n,), float(count), device="tpu"), torch.full((n,), prob, device="tpu"))
+    s = s.cpu().double()
+    assert torch.equal(s, s.round()) and s.min() >= 0 and s.max() <= count
+    mean, var = count * prob, count * prob * (1 - prob)
+    assert abs(s.mean() - mean) < 5 * math.sqrt(var / n)
+    assert abs(s.var() - var) < 5 * var * math.sqrt(2 / n) + 5 * math.sqrt(var / n)
+
+
+def test_binomial_edge_values_match_cpu():
+    count = torch.tensor([0.0, 5, 5, 5, -1, 5])
+    prob = torch.tensor([0.5, 0, 1, math.nan, 0.5, 1.5])
+    torch.testing.assert_close(torch.binomial(count.to("tpu"), prob.to("tpu")).cpu(), torch.binomial(count, prob),
+                               equal_nan=True)
+    assert torch.binomial(torch.ones(2, 3, device="tpu"), torch.full((3,), 0.5, device="tpu")).shape == (2, 3)

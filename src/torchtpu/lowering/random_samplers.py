@@ -267,14 +267,104 @@ def _poisson(ctx: LoweringContext, rate: Value, generator: Any = None) -> Value:
     return b.convert(out, ctx.out_dtype())
 
 
+# Stirling's series tail log(k!) - [(k + 1/2) log(k + 1) - (k + 1) + log(2 pi) / 2] for k = 0..9
+# (PyTorch's table; from the series beyond)
+_STIRLING_TAIL = (0.0810614667953272, 0.0413406959554092, 0.0276779256849983, 0.02079067210376509,
+                  0.0166446911898211, 0.0138761288230707, 0.0118967099458917, 0.0104112652619720,
+                  0.00925546218271273, 0.00833056343336287)
+
+
+def _stirling_tail(b: Builder, k: Value) -> Value:
+    """PyTorch's stirling_approx_tail of a float k >= 0 (its table below 10, the series above)."""
+    def c(v: float) -> Value:
+        return b.constant(v, k.dtype, k.shape)
+
+    kp1 = b.add(k, c(1.0))
+    kp1sq = b.mul(kp1, kp1)
+    series = b.div(b.sub(c(1.0 / 12), b.div(b.sub(c(1.0 / 360), b.div(c(1.0 / 1260), kp1sq)), kp1sq)), kp1)
+    out = series
+    for i, v in enumerate(_STIRLING_TAIL):
+        out = b.select(b.compare(k, c(float(i)), "EQ"), c(v), out)
+    return out
+
+
+@register(aten.binomial.default)
+def _binomial(ctx: LoweringContext, count: Value, prob: Value, generator: Any = None) -> Value:
+    """PyTorch's sample_binomial: with q the smaller of prob and 1 - prob, Hoermann's BTRS where
+    count * q >= 10, else the inversion by geometric gaps; count minus the sample when q = 1 - prob."""
+    b = ctx.b
+    seed = _seed(ctx, generator)
+    f32 = torch.float32
+    n = b.convert(count, f32)
+    p = b.convert(prob, f32)
+    shape = ctx.out_shape()
+    n, p = b.broadcast_to(n, shape), b.broadcast_to(p, shape)
+
+    def c(v: float) -> Value:
+        return b.constant(v, f32, shape)
+
+    flip = b.compare(p, c(0.5), "GT")
+    q = b.select(flip, b.sub(c(1.0), p), p)
+    q = b.select(b.compare(q, c(0.0), "GT"), q, c(0.25))  # stand-in where the result is fixed anyway
+    big = b.compare(b.mul(n, q), c(10.0), "GE")
+    # BTRS constants
+    spq = b.unary("sqrt", b.mul(b.mul(n, q), b.sub(c(1.0), q)))
+    pb = b.add(c(1.15), b.mul(c(2.53), spq))
+    pa = b.add(b.add(c(-0.0873), b.mul(c(0.0248), pb)), b.mul(c(0.01), q))
+    pc = b.add(b.mul(n, q), c(0.5))
+    v_r = b.sub(c(0.92), b.div(c(4.2), pb))
+    r = b.div(q, b.sub(c(1.0), q))
+    alpha = b.mul(b.add(c(2.83), b.div(c(5.1), pb)), spq)
+    m = b.unary("floor", b.mul(b.add(n, c(1.0)), q))
+    log_q1 = b.unary("log_plus_one", b.neg(q))
+
+    def step(bb: Builder, key: Value, count_: Value, geom_sum: Value) -> tuple[list[Value], Value]:
+        def k_(v: float) -> Value:
+            return bb.constant(v, f32, shape)
+
+        u1 = uniform01(bb, key, shape)
+        u2 = uniform01(bb, key, shape, _SECOND_SALT)
+        # inversion: add a geometric gap; stop once the gaps pass count
+        geom_sum = bb.add(geom_sum, bb.unary("ceil", bb.div(bb.unary("log", u1), log_q1)))
+        stop = bb.compare(geom_sum, n, "GT")
+        inv_count = bb.select(stop, count_, bb.add(count_, k_(1.0)))
+        # BTRS candidate
+        u = bb.sub(u1, k_(0.5))
+        us = bb.sub(k_(0.5), bb.unary("abs", u))
+        k = bb.unary("floor", bb.add(bb.mul(bb.add(bb.div(bb.mul(k_(2.0), pa), us), pb), u), pc))
+        sane = bb.binary("and", bb.compare(k, k_(0.0), "GE"), bb.compare(k, n, "LE"))
+        quick = bb.binary("and", bb.compare(us, k_(0.07), "GE"), bb.compare(u2, v_r, "LE"))
+        v = bb.unary("log", bb.div(bb.mul(u2, alpha), bb.add(bb.div(pa, bb.mul(us, us)), pb)))
+        nm1 = bb.add(bb.sub(n, m), k_(1.0))
+        nk1 = bb.add(bb.sub(n, k), k_(1.0))
+        upper = bb.add(bb.add(
+            bb.mul(bb.add(m, k_(0.5)), bb.unary("log", bb.div(bb.add(m, k_(1.0)), bb.mul(r, nm1)))),
+            bb.mul(bb.add(n, k_(1.0)), bb.unary("log", bb.div(nm1, nk1)))),
+            bb.mul(bb.add(k, k_(0.5)), bb.unary("log", bb.div(bb.mul(r, nk1), bb.add(k, k_(1.0))))))
+        upper = bb.sub(bb.add(bb.add(upper, _stirling_tail(bb, m)), _stirling_tail(bb, bb.sub(n, m))),
+                       bb.add(_stirling_tail(bb, bb.select(sane, k, k_(0.0))),
+                              _stirling_tail(bb, bb.select(sane, bb.sub(n, k), k_(0.0)))))
+        btrs_ok = bb.binary("and", sane, bb.binary("or", quick, bb.compare(v, upper, "LE")))
+        return [bb.select(big, k, inv_count), geom_sum], bb.select(big, btrs_ok, stop)
+
+    sample, _ = _until_accepted(b, seed, shape, [c(0.0), c(0.0)], step)
+    sample = b.select(flip, b.sub(n, sample), sample)
+    # CPU's order: no trials or no chance gives 0, certainty gives count, a NaN probability NaN
+    out = b.select(b.compare(p, p, "NE"), c(math.nan), b.select(b.compare(p, c(1.0), "GE"), n, sample))
+    fixed_zero = b.binary("or", b.compare(n, c(0.0), "LE"), b.compare(p, c(0.0), "LE"))
+    return b.convert(b.select(fixed_zero, c(0.0), out), ctx.out_dtype())
+
+
 @register_debug_check(aten.poisson.default)
 def _check_poisson(rate: Any, generator: Any = None) -> None:
     if isinstance(rate, torch.Tensor) and rate.numel() and not bool((rate.cpu() >= 0).all()):
         raise RuntimeError("invalid Poisson rate, expected rate to be non-negative")
 
 
-# PyTorch has no meta kernels for the Dirichlet sampler and the gamma gradient; the engine
-# needs their output metadata.
+# PyTorch has no meta kernels for the Dirichlet and binomial samplers and the gamma gradient;
+# the engine needs their output metadata.
 _meta_lib = torch.library.Library("aten", "IMPL")
 _meta_lib.impl("_sample_dirichlet", lambda alpha, generator=None: torch.empty_like(alpha), "Meta")
 _meta_lib.impl("_standard_gamma_grad", lambda alpha, x: torch.empty_like(alpha), "Meta")
+_meta_lib.impl("binomial", lambda count, prob, generator=None: count.new_empty(
+    torch.broadcast_shapes(count.shape, prob.shape)), "Meta")

@@ -961,14 +961,14 @@ def test_poisson_edge_rates():
 @pytest.mark.parametrize("alpha", [0.3, 2.0, 5.0, 9.0, 50.0])
 def test_gamma_reparameterized_gradient_matches_cpu(alpha):
     """Gamma.rsample's backward, aten::_standard_gamma_grad (regression: not implemented), on
-    each of PyTorch's three approximations (x < 0.8, alpha > 8, the rational fit). CPU takes
-    them in double, the device in f32: the saddle-point branch cancels to ~2e-4 relative."""
+    each of PyTorch's three approximations (x < 0.8, alpha > 8, the rational fit), in double
+    as CPU's kernel."""
     g = torch.Generator().manual_seed(0)
     a = torch.full((2000,), alpha)
     x = torch._standard_gamma(a, generator=g)
     want = torch._standard_gamma_grad(a, x)
     got = torch._standard_gamma_grad(a.to("tpu"), x.to("tpu")).cpu()
-    torch.testing.assert_close(got, want, rtol=5e-4, atol=1e-6)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
     conc = torch.tensor([2.0, 0.5], device="tpu", requires_grad=True)
     torch.distributions.Gamma(conc, torch.tensor([1.0, 3.0], device="tpu")).rsample().sum().backward()
     assert conc.grad.isfinite().all()
@@ -1066,3 +1066,19 @@ def test_binomial_edge_values_match_cpu():
     torch.testing.assert_close(torch.binomial(count.to("tpu"), prob.to("tpu")).cpu(), torch.binomial(count, prob),
                                equal_nan=True)
     assert torch.binomial(torch.ones(2, 3, device="tpu"), torch.full((3,), 0.5, device="tpu")).shape == (2, 3)
+
+
+@pytest.mark.parametrize("alpha,beta", [(0.5, 0.5), (2.0, 3.0), (1.0, 10.0), (8.0, 9.0), (30.0, 40.0), (0.2, 5.0),
+                                        (5.0, 0.3), (7.0, 2.0)])
+def test_beta_reparameterized_gradient_matches_cpu(alpha, beta):
+    """Beta/Dirichlet.rsample's backward, aten::_dirichlet_grad (regression: not implemented), on
+    PyTorch's four regions (x near 0, x near 1, both parameters large, the rational correction)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.full((4000,), alpha), torch.full((4000,), beta)
+    x = torch._sample_dirichlet(torch.stack([a, b], -1), generator=g)[:, 0].clamp(1e-6, 1 - 1e-6)
+    want = torch._dirichlet_grad(x, a, a + b)
+    got = torch._dirichlet_grad(x.to("tpu"), a.to("tpu"), (a + b).to("tpu")).cpu()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    conc = torch.tensor([1.0, 2.0, 3.0], device="tpu", requires_grad=True)
+    torch.distributions.Dirichlet(conc).rsample((5,))[:, 0].sum().backward()
+    assert conc.grad.isfinite().all()

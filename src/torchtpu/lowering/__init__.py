@@ -26,6 +26,7 @@ from . import (  # noqa: F401
     random_samplers,
     reductions,
     rnn,
+    sampler_grads,
     shape,
     sort,
     special,

@@ -28,7 +28,7 @@ import torch
 from .builder import Builder, Value
 from .random_ops import _seed, normal01, uniform01
 from .registry import LoweringContext, register, register_debug_check
-from .special import _digamma, lgamma_value
+from .special import lgamma_value
 
 aten = torch.ops.aten
 
@@ -139,76 +139,6 @@ def _sample_dirichlet(ctx: LoweringContext, alpha: Value, generator: Any = None)
     total = b.reduce(gamma, [last], b.constant(0.0, torch.float32), "stablehlo.add")
     total = b.broadcast_in_dim(total, gamma.shape, list(range(last)))
     return _clamped(b, b.div(gamma, total), dtype, upper=True)
-
-
-# The bivariate rational approximation of the reparameterized gradient that PyTorch uses for
-# 0.8 <= x with alpha <= 8 (aten/src/ATen/native/Distributions.h, standard_gamma_grad_one):
-# rows are the constant, linear and quadratic coefficients in u = log(x / alpha), columns
-# p's then q's coefficients in v = log(alpha).
-_GRAD_COEF_UV = (
-    (0.16009398, -0.094634809, 0.025146376, -0.0030648343, 1, 0.32668115, 0.10406089, 0.0014179084),
-    (0.53487893, 0.1298071, 0.065735949, -0.0015649758, 0.16639465, 0.020070113, -0.0035938915, -0.00058392623),
-    (0.040121004, -0.0065914022, -0.0026286047, -0.0013441777, 0.017050642, -0.0021309326, 0.00085092367,
-     -1.5247877e-07),
-)
-
-
-@register(aten._standard_gamma_grad.default)
-def _standard_gamma_grad(ctx: LoweringContext, alpha: Value, x: Value) -> Value:
-    """d sample / d alpha of a Gamma(alpha, 1) sample x at fixed CDF (the implicit
-    reparameterization gradient behind Gamma/Beta/Dirichlet.rsample), by PyTorch's three
-    approximations: a Taylor series for x < 0.8, Rice's saddle point for alpha > 8, and a
-    rational fit elsewhere."""
-    b = ctx.b
-    out = ctx.out_dtype()
-    acc = torch.float64 if out == torch.float64 else torch.float32
-    a, xv = b.convert(alpha, acc), b.convert(x, acc)
-    shape = a.shape
-
-    def c(v: float) -> Value:
-        return b.constant(v, acc, shape)
-
-    # Taylor series of the lower incomplete gamma function in x
-    numer, denom = c(1.0), a
-    series1, series2 = b.div(numer, denom), b.div(numer, b.mul(denom, denom))
-    for i in range(1, 6):
-        numer = b.mul(numer, b.div(b.neg(xv), c(float(i))))
-        denom = b.add(denom, c(1.0))
-        series1 = b.add(series1, b.div(numer, denom))
-        series2 = b.add(series2, b.div(numer, b.mul(denom, denom)))
-    pow_x_alpha = b.binary("power", xv, a)
-    pdf = b.mul(b.binary("power", xv, b.sub(a, c(1.0))), b.unary("exponential", b.neg(xv)))
-    cdf = b.mul(pow_x_alpha, series1)
-    cdf_alpha = b.sub(b.mul(b.sub(b.unary("log", xv), _digamma(b, a)), cdf), b.mul(pow_x_alpha, series2))
-    taylor = b.div(b.neg(cdf_alpha), pdf)
-    taylor = b.select(b.compare(taylor, taylor, "NE"), c(0.0), taylor)  # NaN -> 0, as PyTorch
-    # Rice's saddle point expansion, near the mode and away from it
-    a2 = b.mul(a, a)
-    near = b.div(b.mul(b.add(c(1.0), b.mul(b.mul(c(24.0), a), b.add(c(1.0), b.mul(c(12.0), a)))),
-                       b.add(b.sub(b.add(b.mul(c(1440.0), a2), b.mul(b.mul(c(6.0), xv), b.sub(c(53.0), b.mul(c(120.0), xv)))),
-                                   b.div(b.mul(b.mul(c(65.0), xv), xv), a)),
-                             b.mul(a, b.add(c(107.0), b.mul(c(3600.0), xv))))),
-                 b.mul(b.mul(c(1244160.0), a2), a2))
-    sq = b.unary("sqrt", b.mul(c(8.0), a))
-    log_ratio = b.unary("log", b.div(xv, a))
-    term2 = b.div(sq, b.sub(a, xv))
-    term3 = b.binary("power", b.sub(b.sub(xv, a), b.mul(a, log_ratio)), c(-1.5))
-    term23 = b.select(b.compare(xv, a, "LT"), b.sub(term2, term3), b.add(term2, term3))
-    diff = b.sub(a, xv)
-    term1 = b.sub(b.mul(log_ratio, term23),
-                  b.div(b.mul(b.unary("sqrt", b.div(c(2.0), a)), b.add(a, xv)), b.mul(diff, diff)))
-    stirling = b.add(c(1.0), b.mul(b.div(c(1.0), b.mul(c(12.0), a)), b.add(c(1.0), b.div(c(1.0), b.mul(c(24.0), a)))))
-    far = b.div(b.neg(b.mul(stirling, b.mul(xv, term1))), sq)
-    in_band = b.binary("and", b.compare(b.mul(c(0.9), a), xv, "LE"), b.compare(xv, b.mul(c(1.1), a), "LE"))
-    rice = b.select(in_band, near, far)
-    # the rational fit
-    u, v = log_ratio, b.unary("log", a)
-    coef = [b.add(c(r0), b.mul(u, b.add(c(r1), b.mul(u, c(r2))))) for r0, r1, r2 in zip(*_GRAD_COEF_UV)]
-    p_ = b.add(coef[0], b.mul(v, b.add(coef[1], b.mul(v, b.add(coef[2], b.mul(v, coef[3]))))))
-    q_ = b.add(coef[4], b.mul(v, b.add(coef[5], b.mul(v, b.add(coef[6], b.mul(v, coef[7]))))))
-    rational = b.unary("exponential", b.div(p_, q_))
-    r = b.select(b.compare(xv, c(0.8), "LT"), taylor, b.select(b.compare(a, c(8.0), "GT"), rice, rational))
-    return b.convert(r, out)
 
 
 @register(aten.poisson.default)
@@ -361,10 +291,9 @@ def _check_poisson(rate: Any, generator: Any = None) -> None:
         raise RuntimeError("invalid Poisson rate, expected rate to be non-negative")
 
 
-# PyTorch has no meta kernels for the Dirichlet and binomial samplers and the gamma gradient;
-# the engine needs their output metadata.
+# PyTorch has no meta kernels for the Dirichlet and binomial samplers; the engine needs their
+# output metadata.
 _meta_lib = torch.library.Library("aten", "IMPL")
 _meta_lib.impl("_sample_dirichlet", lambda alpha, generator=None: torch.empty_like(alpha), "Meta")
-_meta_lib.impl("_standard_gamma_grad", lambda alpha, x: torch.empty_like(alpha), "Meta")
 _meta_lib.impl("binomial", lambda count, prob, generator=None: count.new_empty(
     torch.broadcast_shapes(count.shape, prob.shape)), "Meta")

@@ -377,3 +377,25 @@ def test_events_without_work_and_their_errors():
     e = s.record_event()
     e.synchronize()
     assert s.query()
+
+
+def test_device_generic_events_wait_and_time():
+    """torch.Event(device="tpu"), PyTorch's device-generic event, goes through the C++ device
+    guard. Regression: its record() marked nothing, query() was always true, synchronize() did
+    not wait and elapsed_time() raised "Backend doesn't support elapsedTime"."""
+    x = torch.randn(1024, 1024).to("tpu") / 32
+    torch.tpu.synchronize()
+    start, end = torch.Event(device="tpu", enable_timing=True), torch.Event(device="tpu", enable_timing=True)
+    start.record()
+    y = x
+    for _ in range(8):
+        y = y @ x
+    end.record()
+    assert not end.query()
+    end.synchronize()
+    assert end.query()
+    assert start.elapsed_time(end) > 0
+    plain = torch.Event(device="tpu")
+    plain.record()
+    plain.synchronize()
+    assert plain.query() and y.isfinite().all().item()

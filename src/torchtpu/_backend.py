@@ -38,6 +38,9 @@ def install() -> None:
 
         precision.track_torch_setting()
         _C._set_synchronize_callback(lambda index: executor.synchronize(index))
+        from .streams import GuardEvents
+
+        _C._set_event_callbacks(GuardEvents())
         # Backward of tpu tensors would otherwise run on an autograd device
         # thread, where an exception raised by a Python kernel can abort the
         # process at exit. On the calling thread it propagates normally.

@@ -136,3 +136,40 @@ class Event:
     def __repr__(self) -> str:
         state = "recorded" if self._recorded else "unrecorded"
         return f"<torch.tpu.Event {state}, enable_timing={self.enable_timing}>"
+
+
+class GuardEvents:
+    """The events behind ``torch.Event(device="tpu")`` (PyTorch's device-generic events, which
+    call the C++ device guard): each handle the guard holds is a key here, so they record, wait
+    and time as :class:`Event` does."""
+
+    def __init__(self) -> None:
+        self._events: dict[int, Event] = {}
+        self._next = 1
+
+    def record(self, key: int, device: int, timing: bool) -> int:
+        event = self._events.get(key)
+        if event is None or event.enable_timing != timing:
+            key, self._next = self._next, self._next + 1
+            event = self._events[key] = Event(enable_timing=timing)
+        event.record(Stream(device))
+        return key
+
+    def query(self, key: int) -> bool:
+        event = self._events.get(key)
+        return event is None or event.query()
+
+    def synchronize(self, key: int) -> bool:
+        event = self._events.get(key)
+        if event is not None:
+            event.synchronize()
+        return True
+
+    def elapsed_time(self, start: int, end: int) -> float:
+        if start not in self._events or end not in self._events:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return self._events[start].elapsed_time(self._events[end])
+
+    def destroy(self, key: int) -> bool:
+        self._events.pop(key, None)
+        return True

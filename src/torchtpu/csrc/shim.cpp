@@ -65,6 +65,26 @@ void call_synchronize(c10::DeviceIndex index) {
   (*g_synchronize_callback)(static_cast<int>(index));
 }
 
+// Device-generic events (torch.Event, c10::Event) are torchtpu.streams.Event objects kept by
+// the Python layer (streams.GuardEvents): an event handle here is the key of one. Set once.
+py::object* g_event_callbacks = nullptr;
+
+uintptr_t event_key(void* event) {
+  return reinterpret_cast<uintptr_t>(event);
+}
+
+// A call into the Python event registry; `fallback` where there is none (before the backend
+// is set up, or during interpreter teardown). The guard may be called without the GIL (torch.Event
+// releases it before destroying its c10::Event), so every Python object is made after taking it.
+template <typename T, typename... Args>
+T call_events(const char* method, T fallback, Args... args) {
+  if (g_event_callbacks == nullptr || !Py_IsInitialized() || _Py_IsFinalizing()) {
+    return fallback;  // (at interpreter exit the registry may already be torn down)
+  }
+  py::gil_scoped_acquire gil;
+  return g_event_callbacks->attr(method)(args...).template cast<T>();
+}
+
 // ---------------------------------------------------------------------------
 // Allocator: storages get unique, never-dereferenced addresses. Device data is
 // a PJRT buffer owned by the Python storage object, so nothing here maps memory.
@@ -268,23 +288,43 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(g_device_count.load());
   }
-  void record(void** event, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {
-    // An event is "recorded" by synchronizing: cheap to get right, and
-    // placeholders elsewhere in PyTorch only need query() to be true after.
-    *event = reinterpret_cast<void*>(1);
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag flag)
+      const override {
+    // The work launched so far on the stream's device (one in-order queue per device); torch.Event
+    // asks for timing with BACKEND_DEFAULT. A re-recorded event keeps its handle.
+    const bool timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+    const uintptr_t key =
+        call_events<uintptr_t>("record", 0, event_key(*event), static_cast<int>(stream.device_index()), timing);
+    *event = reinterpret_cast<void*>(key);
   }
-  void block(void*, const c10::Stream&) const override {}
-  bool queryEvent(void*) const override {
-    return true;
+  void block(void*, const c10::Stream&) const override {}  // one in-order queue: already ordered
+  bool queryEvent(void* event) const override {
+    return event == nullptr || call_events<bool>("query", true, event_key(event));
   }
-  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    if (event == nullptr) {
+      return;
+    }
+    try {
+      call_events<bool>("destroy", true, event_key(event));
+    } catch (...) {  // noexcept: an event dropped during teardown is simply forgotten
+    }
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr, "Both events must be recorded before calculating elapsed time.");
+    return call_events<double>("elapsed_time", 0.0, event_key(start), event_key(end));
+  }
   bool queryStream(const c10::Stream&) const override {
     return true;
   }
   void synchronizeStream(const c10::Stream& s) const override {
     call_synchronize(s.device_index());
   }
-  void synchronizeEvent(void*) const override {}
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) {
+      call_events<bool>("synchronize", true, event_key(event));
+    }
+  }
   void synchronizeDevice(const c10::DeviceIndex index) const override {
     call_synchronize(index);
   }
@@ -605,6 +645,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     at::Generator gen = unwrap_generator(gen_obj);
     std::lock_guard<std::mutex> lock(gen.mutex());
     return static_cast<at::CPUGeneratorImpl*>(gen.unsafeGetGeneratorImpl())->random64();
+  });
+  m.def("_set_event_callbacks", [](py::object registry) {
+    g_event_callbacks = new py::object(std::move(registry));  // leaked, as the synchronize callback
   });
   m.def("_set_synchronize_callback", [](py::object fn) {
     // Leaked on purpose: it must outlive interpreter teardown ordering.

@@ -947,11 +947,16 @@ def test_poisson_samples_have_the_poisson_moments(rate):
     assert abs(s.var() - rate) < 5 * math.sqrt((rate + 2 * rate ** 2) / n)  # mu4 - sigma^4 = rate + 2 rate^2
 
 
-def test_poisson_edge_rates():
-    out = torch.poisson(torch.tensor([0.0, -1.0, float("nan")], device="tpu")).cpu()
-    assert out[0] == 0 and out[1:].isnan().all()  # CPU raises for the last two; the device cannot
-    with torch.tpu.launch_blocking(), pytest.raises(RuntimeError, match="invalid Poisson rate"):
-        torch.poisson(torch.tensor([1.0, -1.0], device="tpu"))
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "debug"])
+def test_poisson_edge_rates(mode):
+    """A zero rate gives 0; a negative or NaN rate raises CPU's error, at the next read outside
+    Debug mode (the device flag, as for index checks)."""
+    ctx = torch.tpu.launch_blocking() if mode == "debug" else torch.tpu.eager_mode(mode)
+    with ctx:
+        assert torch.poisson(torch.tensor([0.0, 0.0], device="tpu")).cpu().tolist() == [0.0, 0.0]
+        for bad in (-1.0, math.nan):
+            with pytest.raises(RuntimeError, match="invalid Poisson rate, expected rate to be non-negative"):
+                torch.poisson(torch.tensor([1.0, bad], device="tpu")).cpu()
     torch.manual_seed(3)
     first = torch.poisson(torch.full((6,), 4.0, device="tpu")).cpu()
     torch.manual_seed(3)
@@ -1082,3 +1087,18 @@ def test_beta_reparameterized_gradient_matches_cpu(alpha, beta):
     conc = torch.tensor([1.0, 2.0, 3.0], device="tpu", requires_grad=True)
     torch.distributions.Dirichlet(conc).rsample((5,))[:, 0].sum().backward()
     assert conc.grad.isfinite().all()
+
+
+@pytest.mark.parametrize("op", [lambda r: torch.normal(r, 1.0), torch._standard_gamma, lambda r: torch.poisson(r * 4),
+                                lambda r: torch.binomial(r * 8, r / 4)])
+def test_random_ops_in_compiled_graphs(op):
+    """Regression: a compiled graph took a seed only for a fixed list of random ops, so normal,
+    _standard_gamma, poisson and binomial failed there (KeyError 'seed'). Each call draws anew;
+    the same seed gives the same numbers."""
+    f = torch.compile(op, backend="tpu")
+    x = torch.ones(256, device="tpu")
+    torch.manual_seed(1)
+    first, second = f(x).cpu(), f(x).cpu()
+    assert not torch.equal(first, second) and first.isfinite().all()
+    torch.manual_seed(1)
+    assert torch.equal(f(x).cpu(), first)

@@ -64,8 +64,7 @@ class GraphProgram:
         outs = out_node.args[0]
         self.out_is_tuple = isinstance(outs, (list, tuple))
         self.out_nodes = list(outs) if self.out_is_tuple else [outs]
-        self.random = any(n.op == "call_function" and (n.target in _RANDOM_TARGETS or "generator" in n.kwargs)
-                          for n in self.graph.nodes)
+        self.random = any(_is_random(n) for n in self.graph.nodes)
         self.cache: dict[_C.OpKey, executor.Entry] = {}
         self.compiles = 0
         # Traced with symbolic shapes (dynamic=True / mark_dynamic): each program
@@ -327,6 +326,14 @@ class GraphProgram:
                 flag = fold_bound(b, flag, index, bound.low, bound.high, bound.exempt, code,
                                   bound.nonzero)
         return flag
+
+
+def _is_random(node: torch.fx.Node) -> bool:
+    """Whether a node draws random numbers (the graph then takes a seed). Ops with a generator
+    argument do even when the graph leaves it at its default (normal, poisson, _standard_gamma...)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    return node.target in _RANDOM_TARGETS or "generator" in node.kwargs or plan_for(node.target).random
 
 
 def _index_bounds_of(node: torch.fx.Node) -> Any:

@@ -14,7 +14,7 @@ On the device every element draws one candidate per round of a ``stablehlo.while
 rounds go on until every element has accepted. Each round's random bits come from the
 op's seed advanced by the round number, so a result depends only on the seed, as for
 every random op here. Invalid parameters give what CPU's kernels give (the smallest
-normal number for Gamma), or NaN where CPU raises (a negative Poisson rate).
+normal number for Gamma); a negative or NaN Poisson rate raises CPU's error at the next read.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from typing import Any
 import torch
 
 from .builder import Builder, Value
+from .index_bounds import Bound
 from .random_ops import _seed, normal01, uniform01
-from .registry import LoweringContext, register, register_debug_check
+from .registry import LoweringContext, register, register_index_bounds
 from .special import lgamma_value
 
 aten = torch.ops.aten
@@ -192,7 +193,7 @@ def _poisson(ctx: LoweringContext, rate: Value, generator: Any = None) -> Value:
 
     count, _ = _until_accepted(b, seed, shape, [c(0.0), c(1.0)], step)
     out = b.select(b.compare(lam, c(0.0), "EQ"), c(0.0), count)
-    # CPU raises for a negative or NaN rate (Debug mode here too); the device gives NaN
+    # a negative or NaN rate: NaN, and CPU's error at the next read (see _poisson_rate_bounds)
     out = b.select(b.compare(lam, c(0.0), "GE"), out, c(math.nan))
     return b.convert(out, ctx.out_dtype())
 
@@ -285,10 +286,13 @@ def _binomial(ctx: LoweringContext, count: Value, prob: Value, generator: Any = 
     return b.convert(b.select(fixed_zero, c(0.0), out), ctx.out_dtype())
 
 
-@register_debug_check(aten.poisson.default)
-def _check_poisson(rate: Any, generator: Any = None) -> None:
-    if isinstance(rate, torch.Tensor) and rate.numel() and not bool((rate.cpu() >= 0).all()):
-        raise RuntimeError("invalid Poisson rate, expected rate to be non-negative")
+@register_index_bounds(aten.poisson.default)
+def _poisson_rate_bounds(rate: Any, generator: Any = None) -> list[Bound]:
+    """CPU raises for a negative or NaN rate: ``rate >= 0`` must hold everywhere, checked on the
+    device flag (reported at the next read; at once in Debug mode), as the index checks are."""
+    if not isinstance(rate, torch.Tensor) or rate.device.type != "tpu":
+        return []
+    return [Bound(rate >= 0, 1, 2, RuntimeError, "invalid Poisson rate, expected rate to be non-negative")]
 
 
 # PyTorch has no meta kernels for the Dirichlet and binomial samplers; the engine needs their

@@ -11,14 +11,14 @@ def test_strict_mode_is_asynchronous_and_debug_is_not():
 
     a = torch.randn(512, 512, device="tpu")
     torch.tpu.synchronize()
-    assert not executor._pending
-    out = a @ a  # Strict: the completion event is queued, not waited for
-    assert len(executor._pending) >= 1
+    assert not executor._latest
+    out = a @ a  # Strict: the launch is held for synchronize(), not waited for
+    assert len(executor._latest) >= 1
     torch.tpu.synchronize()
-    assert not executor._pending
+    assert not executor._latest
     with torch.tpu.launch_blocking():
-        out = out @ a  # Debug: waited for before returning, nothing queued
-        assert not executor._pending
+        out = out @ a  # Debug: waited for before returning, nothing held
+        assert not executor._latest
     assert out.sum().item() == pytest.approx(out.cpu().sum().item(), rel=1e-4)
 
 

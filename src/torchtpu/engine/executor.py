@@ -17,8 +17,6 @@ import math
 import threading
 import time
 import warnings
-import weakref
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,11 +78,10 @@ class Entry:
 
 _cache: dict[_C.OpKey, Entry] = {}  # op key -> its program
 _cache_lock = threading.Lock()
-_pending: deque = deque()  # per recent launch: a weakref to its output, or a tuple of them (see launch)
-_MAX_PENDING = 256
 # device index -> an output of its latest launch, held until synchronize(). A device runs its
-# launches in order (PJRT's CPU client queues them; GPU and TPU plugins use one compute stream),
-# so waiting for the latest one covers the earlier launches whose outputs were all dropped: the
+# launches in order (PJRT's CPU client queues them: a tiny program launched behind a 130 ms one
+# is ready when that one is; GPU and TPU plugins use one compute stream), so waiting for the
+# latest launch waits for all of them, those whose outputs were all dropped included: the
 # timing loop ``for _ in range(n): f(x)`` then ``synchronize()`` keeps no output at all.
 _latest: dict[int, Any] = {}
 
@@ -789,7 +786,7 @@ def launch(executable: Any, buffers: list[Any], device: int, donate: Any = ()) -
     """Execute asynchronously (Strict) or to completion (Debug); returns the output buffers.
 
     Strict mode asks PJRT for no completion event (it costs ~1.5 us a launch):
-    synchronize() waits on the outputs of recent launches instead.
+    synchronize() waits on the output of the device's latest launch instead.
     """
     if config.launch_blocking:
         outs, event = executable.execute(buffers, device, donate)
@@ -797,12 +794,7 @@ def launch(executable: Any, buffers: list[Any], device: int, donate: Any = ()) -
         return outs
     outs, _ = executable.execute(buffers, device, donate, with_event=False)
     if outs:
-        _latest[device] = outs[0]
-        # Any one output still alive at synchronize() stands for the launch (an execution's outputs
-        # are ready together): a multi-output op's caller may keep only one (svdvals, max.dim).
-        _pending.append(weakref.ref(outs[0]) if len(outs) == 1 else tuple(map(weakref.ref, outs)))
-        if len(_pending) > _MAX_PENDING:
-            _pending.popleft()  # untracked; a read of its outputs still waits for them
+        _latest[device] = outs[0]  # (an execution's outputs are ready together)
     return outs
 
 
@@ -823,13 +815,6 @@ def synchronize(device: int | None = None) -> None:
     """Wait for every launched op (errors raised by the device surface here)."""
     _deferred().flush()
     wait_latest()
-    while _pending:
-        refs = _pending.popleft()
-        for ref in refs if isinstance(refs, tuple) else (refs,):
-            buf = ref()
-            if buf is not None and not buf.is_deleted:
-                buf.block_until_ready()
-                break
     release_donated()  # everything has finished: their destroys no longer wait
     index_checks.raise_pending()
 

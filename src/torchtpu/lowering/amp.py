@@ -56,8 +56,7 @@ def _unscale(ctx: LoweringContext, grads: list, found_inf: Value, inv_scale: Val
     for g in grads:
         acc = opmath(g.dtype)
         v = b.convert(g, acc)
-        inv = b.broadcast_to(b.convert(b.reshape(inv_scale, ()), acc), g.shape)
-        out.append(b.convert(b.mul(v, inv), g.dtype))
+        out.append(b.convert(b.mul(v, ctx.scalar(inv_scale, acc, g.shape)), g.dtype))
         bad = b.unary("not", b.op1("stablehlo.is_finite", [v], g.shape, torch.bool))
         any_bad = b.reduce(bad, list(range(g.rank)), b.constant(False, torch.bool), "stablehlo.or")
         nonfinite = b.binary("or", nonfinite, any_bad)

@@ -258,11 +258,10 @@ def _scaled_mm(ctx: LoweringContext, a: Value, c: Value, scale_a: Value, scale_b
     prod = dot(ctx, b.convert(a, f32), b.convert(c, f32), ([], []), ([1], [0]), f32)
     shape = prod.shape
     for scale, dim in ((scale_a, 0), (scale_b, 1)):
-        s = b.convert(scale, f32)
-        if s.numel == 1:
-            s = b.broadcast_to(b.reshape(s, ()), shape)
+        if scale.numel == 1:
+            s = ctx.scalar(scale, f32, shape)
         else:  # row-wise: (m, 1) for a, (1, n) for b
-            s = b.broadcast_in_dim(b.reshape(s, (shape[dim],)), shape, [dim])
+            s = b.broadcast_in_dim(b.reshape(b.convert(scale, f32), (shape[dim],)), shape, [dim])
         prod = b.mul(prod, s)
     if bias is not None:
         prod = b.add(prod, b.broadcast_in_dim(b.convert(bias, f32), shape, [1]))

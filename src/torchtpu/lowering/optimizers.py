@@ -23,13 +23,6 @@ from .registry import LoweringContext, register
 aten = torch.ops.aten
 
 
-def _scalar(ctx: LoweringContext, x: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> Value:
-    """A runtime scalar, a 0-d or one-element tensor, or a constant, as ``dtype`` of ``shape``."""
-    if isinstance(x, Value) and x.shape != ():
-        x = ctx.b.reshape(x, ())
-    return ctx.scalar(x, dtype, shape)
-
-
 def _skip_if_found_inf(ctx: LoweringContext, found_inf: Value | None, old: list[Value], new: list[Value]) -> list:
     """``new``, or ``old`` where found_inf is 1.0 (CPU's kernels then return before any write)."""
     if found_inf is None:
@@ -37,7 +30,7 @@ def _skip_if_found_inf(ctx: LoweringContext, found_inf: Value | None, old: list[
     b = ctx.b
     out = []
     for o, n in zip(old, new):
-        skip = b.compare(_scalar(ctx, found_inf, torch.float32, o.shape), b.constant(1.0, torch.float32, o.shape), "EQ")
+        skip = b.compare(ctx.scalar(found_inf, torch.float32, o.shape), b.constant(1.0, torch.float32, o.shape), "EQ")
         out.append(b.select(skip, o, n))
     return out
 
@@ -48,7 +41,7 @@ def _unscaled(ctx: LoweringContext, grad: Value, grad_scale: Value | None, acc: 
     g = b.convert(grad, acc)
     if grad_scale is None:
         return g, grad
-    g = b.div(g, _scalar(ctx, grad_scale, acc, g.shape))
+    g = b.div(g, ctx.scalar(grad_scale, acc, g.shape))
     return g, b.convert(g, grad.dtype)
 
 
@@ -66,7 +59,7 @@ def _adam(ctx: LoweringContext, params: list, grads: list, exp_avgs: list, exp_a
         shape = p.shape
 
         def s(x: Any, acc: torch.dtype = acc, shape: tuple[int, ...] = shape) -> Value:
-            return _scalar(ctx, x, acc, shape)
+            return ctx.scalar(x, acc, shape)
 
         one = b.constant(1.0, acc, shape)
         step = s(state_steps[i])
@@ -124,7 +117,7 @@ def _fused_sgd(ctx: LoweringContext, params: list, grads: list, momentum_buffers
         shape = p.shape
 
         def s(x: Any, acc: torch.dtype = acc, shape: tuple[int, ...] = shape) -> Value:
-            return _scalar(ctx, x, acc, shape)
+            return ctx.scalar(x, acc, shape)
 
         g, grad_out = _unscaled(ctx, grads[i], grad_scale, acc)
         if maximize:

@@ -164,9 +164,12 @@ class LoweringContext:
         return meta.shape
 
     def scalar(self, x: Value | bool | float, dtype: torch.dtype, shape: Sequence[int] = ()) -> Value:
-        """A runtime or constant scalar as a Value of ``dtype`` broadcast to ``shape``."""
+        """A runtime or constant scalar as a Value of ``dtype`` broadcast to ``shape``. A one-element
+        tensor of any rank counts as a scalar (an optimizer's 0-d step, GradScaler's (1,) scale)."""
         b = self.b
         if isinstance(x, Value):
+            if x.numel == 1 and x.shape != tuple(shape):
+                x = b.reshape(x, ())
             v = b.convert(x, dtype)
             if v.shape != tuple(shape):
                 v = b.broadcast_to(v, shape)

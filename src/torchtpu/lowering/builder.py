@@ -260,10 +260,18 @@ class Builder:
     def _to_float8(self, v: Value, dtype: torch.dtype) -> Value:
         """A float8_e4m3fn conversion as PyTorch rounds: the format has no infinity, and PyTorch
         saturates (inf and out-of-range values become +-448) where XLA makes them NaN."""
-        src = v if v.dtype.is_floating_point else self.op1("stablehlo.real", [v], v.shape, v.dtype.to_real())
+        src = self.real(v)
         top = torch.finfo(dtype).max
         src = self.clamp(self.constant(-top, src.dtype, src.shape), src, self.constant(top, src.dtype, src.shape))
         return self.op1("stablehlo.convert", [src], src.shape, dtype)
+
+    def real(self, v: Value) -> Value:
+        """The real part of a complex value; a real value itself."""
+        return self.op1("stablehlo.real", [v], v.shape, v.dtype.to_real()) if v.dtype.is_complex else v
+
+    def imag(self, v: Value) -> Value:
+        """The imaginary part of a complex value."""
+        return self.op1("stablehlo.imag", [v], v.shape, v.dtype.to_real())
 
     def bitcast_convert(self, v: Value, dtype: torch.dtype, shape: Sequence[int]) -> Value:
         return self.op1("stablehlo.bitcast_convert", [v], shape, dtype)

@@ -22,14 +22,6 @@ def opmath(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _LOW else dtype
 
 
-def real_part(b: Builder, v: Value) -> Value:
-    return b.op1("stablehlo.real", [v], v.shape, v.dtype.to_real()) if v.dtype.is_complex else v
-
-
-def imag_part(b: Builder, v: Value) -> Value:
-    return b.op1("stablehlo.imag", [v], v.shape, v.dtype.to_real())
-
-
 def modulus(b: Builder, v: Value) -> Value:
     """|v|: for a complex value its (real) modulus."""
     if v.dtype.is_complex:
@@ -758,7 +750,7 @@ def _angle(ctx: LoweringContext, x: Value) -> Value:
     b = ctx.b
     out = ctx.out_dtype()
     if x.dtype.is_complex:
-        return b.convert(b.binary("atan2", imag_part(b, x), real_part(b, x)), out)
+        return b.convert(b.binary("atan2", b.imag(x), b.real(x)), out)
     # real input: 0 for x >= 0, pi for x < 0, NaN stays NaN
     v = b.convert(x, opmath(out))
     zero = b.constant(0.0, v.dtype, v.shape)

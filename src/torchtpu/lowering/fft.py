@@ -124,10 +124,7 @@ def _fft_c2r(ctx: LoweringContext, x: Value, dim: list[int], normalization: int,
 def conj(b: Builder, v: Value) -> Value:
     if not v.dtype.is_complex:
         return v
-    part = _REAL[v.dtype]
-    re = b.op1("stablehlo.real", [v], v.shape, part)
-    im = b.op1("stablehlo.imag", [v], v.shape, part)
-    return b.op1("stablehlo.complex", [re, b.neg(im)], v.shape, v.dtype)
+    return b.op1("stablehlo.complex", [b.real(v), b.neg(b.imag(v))], v.shape, v.dtype)
 
 
 @register(aten.conj_physical.default)
@@ -139,9 +136,8 @@ def _conj_physical(ctx: LoweringContext, x: Value) -> Value:
 def _view_as_real_graph(ctx: LoweringContext, x: Value) -> Value:
     # inside a traced graph views are values: (re, im) stacked on a new last dimension
     b = ctx.b
-    part = _REAL[x.dtype]
-    re = b.reshape(b.op1("stablehlo.real", [x], x.shape, part), (*x.shape, 1))
-    im = b.reshape(b.op1("stablehlo.imag", [x], x.shape, part), (*x.shape, 1))
+    re = b.reshape(b.real(x), (*x.shape, 1))
+    im = b.reshape(b.imag(x), (*x.shape, 1))
     return b.concatenate([re, im], x.rank)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .builder import Builder, Value
-from .elementwise import imag_part, modulus, opmath, real_part
+from .elementwise import modulus, opmath
 from .registry import LoweringContext, register
 
 aten = torch.ops.aten
@@ -183,7 +183,7 @@ def variance(b: Builder, v: Value, d: Sequence[int], correction: Any) -> Value:
     keep_shape = [1 if i in d else s for i, s in enumerate(v.shape)]
     centered = b.sub(v, b.broadcast_to(b.reshape(mean, keep_shape), v.shape))
     if centered.dtype.is_complex:
-        re, im = real_part(b, centered), imag_part(b, centered)
+        re, im = b.real(centered), b.imag(centered)
         ss = reduce_sum(b, b.add(b.mul(re, re), b.mul(im, im)), d)
     else:
         ss = reduce_sum(b, b.mul(centered, centered), d)
@@ -209,7 +209,7 @@ def _logsumexp(ctx: LoweringContext, x: Value, dim: Any, keepdim: bool = False) 
     acc = opmath(out) if out.is_floating_point or out.is_complex else torch.float32
     v = b.convert(x, acc)
     d = norm_dims(dim, x.rank)
-    m = reduce_max(b, real_part(b, v), d)  # complex: shifted by the real parts' max, as CPU
+    m = reduce_max(b, b.real(v), d)  # complex: shifted by the real parts' max, as CPU
     keep_shape = [1 if i in d else s for i, s in enumerate(x.shape)]
     finite = b.select(b.op1("stablehlo.is_finite", [m], m.shape, torch.bool), m, b.constant(0.0, m.dtype, m.shape))
     finite = b.convert(finite, acc)

@@ -57,10 +57,9 @@ def reinterpret(b: Builder, flat: Value, dtype: torch.dtype) -> Value:
     if flat.dtype.is_complex or dtype.is_complex:
         # bitcast_convert cannot cross real <-> complex: go through interleaved (re, im) parts.
         if flat.dtype.is_complex:
-            part = torch.float32 if flat.dtype == torch.complex64 else torch.float64
             n = flat.shape[0]
-            re = b.reshape(b.op1("stablehlo.real", [flat], (n,), part), (n, 1))
-            im = b.reshape(b.op1("stablehlo.imag", [flat], (n,), part), (n, 1))
+            re = b.reshape(b.real(flat), (n, 1))
+            im = b.reshape(b.imag(flat), (n, 1))
             return reinterpret(b, b.reshape(b.concatenate([re, im], 1), (2 * n,)), dtype)
         part = torch.float32 if dtype == torch.complex64 else torch.float64
         parts = reinterpret(b, flat, part)

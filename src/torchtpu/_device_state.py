@@ -33,7 +33,7 @@ def client() -> runtime.Client:
             plugin = runtime.Plugin(_plugin_path)
             plugin.initialize()
             kind = _plugin_kind(_plugin_path)
-            if kind == "cpu":  # the CPU-emulated device's eigh and svd run PyTorch's own LAPACK
+            if kind == "cpu":  # the CPU-emulated device's decompositions run PyTorch's own LAPACK
                 cpu_kernels.set_lapack(_torch_lapack_library())
             options = runtime.default_client_options(kind, config.num_devices)
             _client = runtime.Client(plugin, options)

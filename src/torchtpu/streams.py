@@ -21,20 +21,13 @@ from . import _C
 from .engine import deferred, executor
 
 
-def _device_index(device: Any) -> int:
-    if device is None:
-        return _C._current_device()
-    if isinstance(device, int):
-        return device
-    d = torch.device(device)
-    return d.index if d.index is not None else _C._current_device()
-
-
 class Stream:
     """A placeholder: the device's one in-order queue."""
 
     def __init__(self, device: Any = None, priority: int = 0) -> None:
-        self.device = torch.device("tpu", _device_index(device))
+        from .device_module import _index  # (device_module imports this module)
+
+        self.device = torch.device("tpu", _index(device))
         self.priority = priority
 
     def synchronize(self) -> None:
@@ -148,8 +141,8 @@ class GuardEvents:
         self._next = 1
 
     def record(self, key: int, device: int, timing: bool) -> int:
-        event = self._events.get(key)
-        if event is None or event.enable_timing != timing:
+        event = self._events.get(key)  # (a re-recorded event keeps its key and its timing flag)
+        if event is None:
             key, self._next = self._next, self._next + 1
             event = self._events[key] = Event(enable_timing=timing)
         event.record(Stream(device))

@@ -31,5 +31,6 @@ from . import (  # noqa: F401
     sort,
     special,
     svd,
+    transformer_fastpath,
     view_ops,
 )

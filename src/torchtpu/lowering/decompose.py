@@ -52,6 +52,13 @@ def lower_by_decomposition(ctx: registry.LoweringContext, *args: Any) -> Any:
     decomp = _table().get(op)
     if decomp is None:
         raise NotImplementedError(f"torchtpu: no lowering or decomposition for aten::{op.__name__}")
+    return lower_composite(ctx, decomp, *args)
+
+
+def lower_composite(ctx: registry.LoweringContext, composite: Any, *args: Any) -> Any:
+    """Lower ``ctx.op`` by tracing ``composite``, a function of ATen ops with the op's
+    signature, on meta tensors, and lowering each traced op into the same builder."""
+    op = ctx.op
     leaves: list[Value] = []
 
     def collect(a: Any) -> Any:
@@ -83,7 +90,7 @@ def lower_by_decomposition(ctx: registry.LoweringContext, *args: Any) -> Any:
                 kw[a.name] = v
             else:
                 pos.append(v)
-        return decomp(*pos, **kw)
+        return composite(*pos, **kw)
 
     gm = make_fx(fn, decomposition_table=_inner_table(), tracing_mode="real")(*[_meta_like(v) for v in leaves])
     outs = lower_graph(ctx.b, gm.graph, leaves, ctx.precision, ctx.extras)

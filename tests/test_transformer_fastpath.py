@@ -98,14 +98,48 @@ def test_transformer_encoder_and_transformer_eval_match_cpu(mode):
     assert_matches(got, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_transformer_encoder_with_padding_names_the_nested_tensor_op():
-    """With a padding mask (and the default enable_nested_tensor=True) the fast path runs on
-    nested tensors, which tpu does not support: the error names the op, not a wrong result."""
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("lengths", [[6, 3, 1], [6, 6, 6], [4, 0, 2]])
+def test_transformer_encoder_nested_fast_path_matches_cpu(mode, lengths):
+    """With a padding mask (and the default enable_nested_tensor=True) the fast path packs the
+    batch into a nested tensor. Regression: _nested_tensor_from_mask_left_aligned was missing."""
+    torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
-    encoder = nn.TransformerEncoder(layer, 2).to("tpu").eval()
-    x = torch.randn(2, 6, 16, device="tpu")
-    with torch.no_grad(), pytest.raises(NotImplementedError, match="_nested_tensor_from_mask"):
-        encoder(x, src_key_padding_mask=_padding_mask(2, 6).to("tpu"))
+    encoder = nn.TransformerEncoder(layer, 2)
+    x = torch.randn(len(lengths), 6, 16)
+    padding = torch.arange(6)[None, :] >= torch.tensor(lengths)[:, None]
+    got, expected = _run(encoder, mode, x, src_key_padding_mask=padding)
+    assert_matches(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_nested_tensor_from_mask_matches_cpu():
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 4)
+    keep = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    gap = torch.tensor([[1, 0, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    xt, keep_t, gap_t = x.to("tpu"), keep.to("tpu"), gap.to("tpu")
+    assert torch._nested_tensor_from_mask_left_aligned(xt, keep_t) is True
+    assert torch._nested_tensor_from_mask_left_aligned(xt, gap_t) is torch._nested_tensor_from_mask_left_aligned(
+        x, gap) is False
+    expected = torch._nested_tensor_from_mask(x, keep)
+    got = torch._nested_tensor_from_mask(xt, keep_t)
+    assert got.is_nested and got.device.type == "tpu"
+    assert_matches(list(got.unbind()), list(expected.unbind()))
+    assert torch.equal(got._nested_tensor_size(), expected._nested_tensor_size())
+    assert_matches(got.to_padded_tensor(-1.0), expected.to_padded_tensor(-1.0))
+    assert_matches(got.to_padded_tensor(0.0, (3, 7, 4)), expected.to_padded_tensor(0.0, (3, 7, 4)))
+    for call, cpu_args, tpu_args in [
+        (lambda a, m: torch._nested_tensor_from_mask(a, m), (x, gap), (xt, gap_t)),
+        (lambda a, m: torch._nested_tensor_from_mask(a, m), (x, keep.int()), (xt, keep_t.int())),
+        (lambda a, m: torch._nested_tensor_from_mask(a, m), (x[0], keep), (xt[0], keep_t)),
+        (lambda a, m: torch._nested_tensor_from_mask_left_aligned(a, m), (x, keep[:2]), (xt, keep_t[:2])),
+        (lambda a, m: a.to_padded_tensor(0.0, (3, 2, 4)), (expected, None), (got, None)),
+    ]:
+        with pytest.raises(RuntimeError) as cpu_error:
+            call(*cpu_args)
+        with pytest.raises(RuntimeError) as tpu_error:
+            call(*tpu_args)
+        assert str(tpu_error.value) == str(cpu_error.value).split("\n")[0]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _C
+from . import _C, nested
 from . import storage as st
 from .engine import deferred, executor, index_checks
 from .engine.opplan import plan_for
@@ -223,6 +223,7 @@ def register_kernels() -> None:
     own = torch.library.Library("torchtpu", "IMPL")  # the library's own ops (lowering/index_bounds.py)
     _libs.append(own)
     own.impl("index_bounds_flag", _make_kernel(INDEX_BOUNDS_FLAG), "PrivateUse1")
+    nested.register()
     fb = torch.library.Library("_", "IMPL")
     _libs.append(fb)
     fb.fallback(_fallback, "PrivateUse1")

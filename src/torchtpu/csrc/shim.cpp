@@ -16,6 +16,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/InferSize.h>
+#include <ATen/NestedTensorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -616,6 +617,16 @@ py::tuple new_tensor_with_data(py::handle size_obj, py::handle stride_obj, py::h
   return py::make_tuple(tensor, storage);
 }
 
+// A strided nested tensor's parts: its storage as a flat tensor and, per component, its
+// sizes, strides and storage offset (int64 CPU tensors). PyTorch's nested kernels read them in
+// C++ only; the tpu ones (torchtpu/nested.py) are written in Python.
+py::tuple nested_parts(const at::Tensor& t) {
+  TORCH_CHECK(t.is_nested() && t.layout() == at::kStrided, "expected a strided nested tensor");
+  const auto* impl = at::native::get_nested_tensor_impl(t);
+  return py::make_tuple(impl->get_unsafe_storage_as_tensor(), impl->get_nested_sizes(),
+                        impl->get_nested_strides(), impl->get_storage_offsets());
+}
+
 void install() {
   static std::once_flag flag;
   std::call_once(flag, [] { at::RegisterPrivateUse1HooksInterface(new TpuHooks()); });
@@ -667,6 +678,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_reset_peak_memory", [](int index) {
     g_allocator.resetPeakStats(static_cast<c10::DeviceIndex>(index));
   });
+  m.def("_nested_parts", &nested_parts,
+        "(storage as a flat tensor, sizes, strides, offsets) of a strided nested tensor");
   m.def("_new_tensor", &new_tensor_with_data,
         "(tensor, storage): a new tpu tensor whose storage attribute `attr` is `data`");
   register_collect(m);

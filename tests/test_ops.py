@@ -1102,3 +1102,40 @@ def test_random_ops_in_compiled_graphs(op):
     assert not torch.equal(first, second) and first.isfinite().all()
     torch.manual_seed(1)
     assert torch.equal(f(x).cpu(), first)
+
+
+_FACTORIES = {  # name: (draw, mean, standard deviation, [low, high) or None)
+    "rand": (lambda x: torch.rand(40000, device=x.device), 0.5, math.sqrt(1 / 12), (0, 1)),
+    "randn": (lambda x: torch.randn(200, 200, device=x.device), 0.0, 1.0, None),
+    "randint": (lambda x: torch.randint(3, 7, (40000,), device=x.device), 4.5, math.sqrt(15 / 12), (3, 7)),
+    "randint_high": (lambda x: torch.randint(5, (40000,), device=x.device), 2.0, math.sqrt(2.0), (0, 5)),
+    "rand_like": (torch.rand_like, 0.5, math.sqrt(1 / 12), (0, 1)),
+    "randn_like": (lambda x: torch.randn_like(x, dtype=torch.float64), 0.0, 1.0, None),
+    "randint_like": (lambda x: torch.randint_like(x, 10), 4.5, math.sqrt(99 / 12), (0, 10)),
+    "randint_like_low": (lambda x: torch.randint_like(x, -2, 2), -0.5, math.sqrt(15 / 12), (-2, 2)),
+}
+
+
+@pytest.mark.parametrize("name", list(_FACTORIES))
+def test_random_factories_in_compiled_graphs(name):
+    """Regression: torch.rand/randn/randint and their _like forms failed in compiled graphs (no lowering
+    for aten::rand.default...; eager runs PyTorch's composites). Values have the distribution's mean and
+    standard deviation (within 5 standard errors), CPU's dtype and shape; each call draws anew; the same
+    seed gives the same numbers; two draws in one graph differ."""
+    fn, mean, std, bounds = _FACTORIES[name]
+    x = torch.zeros(40000, device="tpu")
+    f = torch.compile(lambda x: (fn(x), fn(x)), backend="tpu")
+    torch.manual_seed(3)
+    first, other = (t.cpu() for t in f(x))
+    expected = fn(x.cpu())
+    assert first.dtype == expected.dtype and first.shape == expected.shape
+    n = first.numel()
+    assert abs(first.double().mean().item() - mean) < 5 * std / math.sqrt(n)
+    assert abs(first.double().std().item() - std) < 5 * std / math.sqrt(n) * 2
+    if bounds is not None:
+        assert first.min() >= bounds[0] and first.max() < bounds[1]
+    assert not torch.equal(first, other)
+    second = f(x)[0].cpu()
+    assert not torch.equal(first, second)
+    torch.manual_seed(3)
+    assert torch.equal(f(x)[0].cpu(), first)

@@ -62,7 +62,11 @@ _FUNCTIONAL_OVERRIDES = {
     _aten.normal_.default: _aten.normal_functional.default,
 }
 # Random ops without a generator argument.
-_RANDOM_WITHOUT_GENERATOR = {_aten.native_dropout.default}
+_RANDOM_WITHOUT_GENERATOR = {_aten.native_dropout.default,
+                             # random factories (graph-only lowerings: eager runs their composites)
+                             _aten.rand.default, _aten.randn.default, _aten.randint.default, _aten.randint.low,
+                             _aten.rand_like.default, _aten.randn_like.default, _aten.randint_like.default,
+                             _aten.randint_like.low_dtype}
 
 
 def _functional_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:

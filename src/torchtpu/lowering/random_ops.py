@@ -13,7 +13,13 @@ import torch
 
 from .builder import Builder, Value
 from .elementwise import opmath
-from .registry import LoweringContext, register, register_argument_check, register_host_kernel
+from .registry import (
+    LoweringContext,
+    register,
+    register_argument_check,
+    register_graph_only,
+    register_host_kernel,
+)
 
 aten = torch.ops.aten
 
@@ -322,3 +328,37 @@ def _rrelu_with_noise_backward(ctx: LoweringContext, grad: Value, x: Value, nois
     else:
         r = eval_grad
     return b.convert(r, ctx.out_dtype())
+
+
+# Random factories. In eager mode PyTorch's composites run them as empty + uniform_/normal_/random_
+# (the lowerings above); a compiled graph keeps them whole, so they are lowered here, the same way.
+def _generator(ctx: LoweringContext, args: tuple) -> Any:
+    names = [a.name for a in ctx.op._schema.arguments]
+    return args[names.index("generator")] if "generator" in names else None
+
+
+@register_graph_only(aten.rand.default, aten.rand.generator, aten.rand_like.default, aten.rand_like.generator)
+def _rand(ctx: LoweringContext, *args: Any) -> Value:
+    return ctx.b.convert(uniform01(ctx.b, _seed(ctx, _generator(ctx, args)), ctx.out_shape()), ctx.out_dtype())
+
+
+@register_graph_only(aten.randn.default, aten.randn.generator, aten.randn_like.default, aten.randn_like.generator)
+def _randn(ctx: LoweringContext, *args: Any) -> Value:
+    return ctx.b.convert(normal01(ctx.b, _seed(ctx, _generator(ctx, args)), ctx.out_shape()), ctx.out_dtype())
+
+
+@register_graph_only(aten.randint.default, aten.randint.generator, aten.randint_like.default,
+                     aten.randint_like.generator)
+def _randint_high(ctx: LoweringContext, first: Any, high: Any, *args: Any) -> Value:
+    if ctx.op in (aten.randint.default, aten.randint.generator):
+        first, high = high, first  # randint(high, size): the size comes second
+    return _random_int(ctx, 0, high, _generator(ctx, (first, high, *args)))
+
+
+@register_graph_only(aten.randint.low, aten.randint.low_generator, aten.randint_like.low_dtype,
+                     aten.randint_like.low_generator_dtype)
+def _randint_low(ctx: LoweringContext, first: Any, *args: Any) -> Value:
+    generator = _generator(ctx, (first, *args))
+    if ctx.op in (aten.randint.low, aten.randint.low_generator):
+        return _random_int(ctx, first, args[0], generator)  # randint(low, high, size)
+    return _random_int(ctx, args[0], args[1], generator)  # randint_like(self, low, high)

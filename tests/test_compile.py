@@ -356,3 +356,54 @@ def test_compiled_linalg_checks_raise_the_cpu_error():
         assert type(tpu_error.value) is type(cpu_error.value)
         assert str(tpu_error.value).startswith(str(cpu_error.value))
         torch.testing.assert_close(cf(good.to("tpu")).cpu(), f(good))  # reported once
+
+
+@pytest.mark.parametrize("case", ["to_tpu", "to_cpu", "cpu_only"])
+def test_graphs_crossing_devices_run_eagerly_with_correct_devices(case, monkeypatch):
+    """Regression: a compiled function moving a CPU tensor to tpu, or only on CPU tensors, failed
+    ("Expected all tensors to be on the same device"), and one returning ``b.cpu() * 2`` gave a tpu
+    tensor. Such graphs now run op by op, each op on its own device, with a warning."""
+    import torchtpu.compile
+
+    monkeypatch.setattr(torchtpu.compile, "_warned_eager", set())  # it warns once per graph kind
+    torch._dynamo.reset()
+    a, b = torch.arange(3.0), torch.arange(3.0).to("tpu")
+    fn, args, device, expected = {
+        "to_tpu": (lambda a, b: a.to("tpu") * b, (a, b), "tpu", torch.tensor([0.0, 1, 4])),
+        "to_cpu": (lambda b: b.cpu() * 2, (b,), "cpu", torch.tensor([0.0, 2, 4])),
+        "cpu_only": (lambda a: a * 2 + 1, (a,), "cpu", torch.tensor([1.0, 3, 5])),
+    }[case]
+    with pytest.warns(UserWarning, match="moves tensors between devices"):
+        got = torch.compile(fn, backend="tpu")(*args)
+    assert got.device.type == device
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_one_hot_and_assert_async_in_compiled_graphs():
+    """Regression: F.one_hot failed to compile (no lowering for aten::_assert_async.msg). The assert
+    becomes a device check: an out-of-range class raises CPU's error at the next synchronization."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda i: torch.nn.functional.one_hot(i, 6), backend="tpu")
+    classes = torch.tensor([0, 5, 2])
+    assert torch.equal(f(classes.to("tpu")).cpu(), torch.nn.functional.one_hot(classes, 6))
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+        f(torch.tensor([0, 7, 2], device="tpu")).cpu()
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_assert_async_eager_matches_cpu(mode):
+    """Regression: torch._assert_async was unimplemented on tpu; it now raises CPU's errors."""
+    cases = [(torch.tensor(True), "boom"), (torch.tensor(False), "boom"), (torch.tensor(0),), (torch.tensor(2.5),),
+             (torch.tensor([1, 1]),)]
+    with torch.tpu.eager_mode(mode):
+        for args in cases:
+            try:
+                torch._assert_async(*args)
+                expected = None
+            except RuntimeError as e:
+                expected = str(e)
+            if expected is None:
+                torch._assert_async(args[0].to("tpu"), *args[1:])
+            else:
+                with pytest.raises(RuntimeError, match=expected):
+                    torch._assert_async(args[0].to("tpu"), *args[1:])

@@ -8,6 +8,7 @@ the current eager mode.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -15,10 +16,54 @@ import torch
 _backend = None
 
 
+def _tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:
+    """The tensors a node holds, without AOTAutograd's effect tokens (empty CPU tensors)."""
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    return [v for v in vals if isinstance(v, torch.Tensor) and not (v.device.type == "cpu" and v.numel() == 0)]
+
+
+def crosses_devices(gm: torch.fx.GraphModule) -> bool:
+    """Whether a graph is more than one tpu program can run: it has no tpu tensor at all, holds a
+    CPU tensor with dimensions, or copies a tensor between devices (``.to("tpu")``, ``.cpu()``).
+    CPU scalars (0-dim tensors, e.g. an optimizer's step count) ride along in tpu programs."""
+    on_tpu = False
+    for node in gm.graph.nodes:
+        tensors = _tensor_values(node)
+        if any(t.device.type != "tpu" and t.dim() > 0 for t in tensors):
+            return True
+        on_tpu = on_tpu or any(t.device.type == "tpu" for t in tensors)
+        if node.op == "call_function" and tensors:
+            inputs = [v for a in node.all_input_nodes for v in _tensor_values(a)]
+            if {t.device.type for t in inputs} - {t.device.type for t in tensors} and \
+                    any(t.device.type != "tpu" for t in tensors):
+                return True  # a tpu value becomes a CPU one
+    return not on_tpu
+
+
+_warned_eager: set[str] = set()
+
+
+def _eager_runner(gm: torch.fx.GraphModule, name: str) -> Any:
+    """Run the graph op by op in the current eager mode: each op on its own device."""
+    if name not in _warned_eager:
+        _warned_eager.add(name)
+        warnings.warn(f"torchtpu: a compiled {name} graph moves tensors between devices or has no tpu tensor; "
+                      "it runs op by op in the current eager mode", stacklevel=2)
+
+    def run(args: list[Any]) -> Any:
+        return gm(*args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
 def _graph_compiler(name: str):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from ..engine.graph_runner import GraphProgram
 
+        if crosses_devices(gm):
+            return _eager_runner(gm, name)
         program = GraphProgram(gm, name)
 
         def run(args: list[Any]) -> Any:

@@ -17,7 +17,13 @@ from typing import Any
 import torch
 
 from .builder import Builder, Value
-from .registry import LoweringContext, register, register_index_bounds
+from .registry import (
+    LoweringContext,
+    register,
+    register_graph_only,
+    register_host_kernel,
+    register_index_bounds,
+)
 
 aten = torch.ops.aten
 
@@ -207,3 +213,40 @@ def linalg_check_bounds(info: torch.Tensor, api_name: str, is_matrix: bool) -> l
         error, message = type(e), str(e).replace("{", "{{").replace("}", "}}")
     message = message.replace(str(_SENTINEL), "{value}").replace("(Batch element 0)", "(Batch element {position})")
     return [Bound(info, 0, 1, error, message)]
+
+
+# torch._assert_async(cond[, msg]): CPU raises at once when cond is zero; CUDA asserts on the device
+# and reports later. Compiled graphs keep it whole (F.one_hot's decomposition asserts its classes):
+# there the condition is a check on the index flag, raising CPU's error at the next synchronization.
+# Eagerly it reads the condition, as CPU does.
+_ASSERT_MESSAGE = "Expected Tensor with single nonzero value, but got zero"
+
+
+def _check_single_value(numel: int) -> None:
+    if numel != 1:
+        amount = "no values" if numel == 0 else "more than one value"
+        raise RuntimeError(f"Boolean value of Tensor with {amount} is ambiguous")
+
+
+@register_index_bounds(aten._assert_async.default, aten._assert_async.msg)
+def _assert_async_bounds(cond: torch.Tensor, msg: str | None = None) -> list[Bound]:
+    _check_single_value(cond.numel())
+    message = (_ASSERT_MESSAGE if msg is None else msg).replace("{", "{{").replace("}", "}}")
+    return [Bound(cond, 0, 0, RuntimeError, message, nonzero=True)]
+
+
+@register_graph_only(aten._assert_async.default, aten._assert_async.msg)
+def _assert_async(ctx: LoweringContext, cond: Value, msg: str | None = None) -> None:
+    if cond.dtype.is_floating_point or cond.dtype.is_complex:
+        # the flag reads integers: 0.5 would count as zero
+        raise NotImplementedError(f"torchtpu: aten::_assert_async of a {cond.dtype} condition in a compiled graph")
+    _check_single_value(cond.numel)
+
+
+@register_host_kernel(aten._assert_async.default, aten._assert_async.msg)
+def assert_async(cond: torch.Tensor, msg: str | None = None) -> None:
+    host = cond.cpu()
+    if msg is None:
+        torch._assert_async(host)
+    else:
+        torch._assert_async(host, msg)

@@ -238,6 +238,40 @@ def test_precision_bands():
     assert errs["highest"] < 1e-6, errs
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_backward_on_autograd_threads_keeps_the_precision_override(mode):
+    """Regression: called from a Python thread other than the main one, backward() runs on an
+    autograd thread, which did not see a torch.tpu.precision override (thread-local): the backward
+    products ran at 'medium' silently. The override now travels with PyTorch's thread-local state."""
+    import threading
+
+    torch.manual_seed(0)
+    a = torch.randn(64, 512)
+    b = torch.randn(512, 64)
+
+    def grad_of_a(results: dict, key: str, precision: str | None) -> None:
+        x = a.to("tpu").requires_grad_()
+        w = b.to("tpu")
+        with torch.tpu.eager_mode(mode):
+            if precision is None:
+                (x @ w).pow(2).sum().backward()
+            else:
+                with torch.tpu.precision(precision):
+                    (x @ w).pow(2).sum().backward()
+        results[key] = x.grad.cpu()
+
+    results: dict = {}
+    grad_of_a(results, "main_highest", "highest")
+    grad_of_a(results, "main_medium", None)
+    worker = threading.Thread(target=lambda: (grad_of_a(results, "thread_highest", "highest"),
+                                              grad_of_a(results, "thread_medium", None)))
+    worker.start()
+    worker.join()
+    assert not torch.equal(results["main_highest"], results["main_medium"])  # the test can tell them apart
+    assert torch.equal(results["thread_highest"], results["main_highest"])
+    assert torch.equal(results["thread_medium"], results["main_medium"])
+
+
 def test_set_float32_matmul_precision_selects_passes():
     from torchtpu.engine import precision
 

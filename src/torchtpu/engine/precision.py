@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import torch
 
+from .. import _C
+
 PRECISIONS = ("medium", "high", "highest")
 
 
@@ -57,11 +59,23 @@ def track_torch_setting() -> None:
     torch.set_float32_matmul_precision = set_float32_matmul_precision
 
 
+# Whether any thread ever entered an override: until then, no thread can run under a propagated
+# one, and current() skips asking for it.
+_pushed = False
+
+
 def current() -> str:
     p = _local.override
+    quiet = _local.quiet
+    if p is None and _pushed:
+        # An override this thread did not enter itself: autograd runs a backward pass on its own
+        # threads, under the state of the thread that called backward() (csrc/precision_tls.cpp).
+        inherited = _C._precision_propagated()
+        if inherited is not None:
+            p, quiet = inherited
     if p is None:
         p = _global
-    if p != "medium" and p not in _warned and not _local.quiet:
+    if p != "medium" and p not in _warned and not quiet:
         _warned.add(p)
         cost = {"high": "about 3x", "highest": "about 6x"}[p]
         warnings.warn(f"torchtpu: float32 matmul precision '{p}' emulates TPU multi-pass bf16 products and "
@@ -73,21 +87,28 @@ def current() -> str:
 def precision(value: str) -> Iterator[None]:
     if value not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {value!r}")
-    saved = _local.override
-    _local.override = value
+    with _override(value, _local.quiet):
+        yield
+
+
+@contextlib.contextmanager
+def _override(value: str, quiet: bool) -> Iterator[None]:
+    """This thread's override, also pushed where PyTorch propagates its thread-local state."""
+    global _pushed
+    saved = _local.override, _local.quiet
+    _local.override, _local.quiet = value, quiet
+    _pushed = True
+    _C._precision_push(value, quiet)
     try:
         yield
     finally:
-        _local.override = saved
+        _C._precision_pop()
+        _local.override, _local.quiet = saved
 
 
 @contextlib.contextmanager
 def full_precision() -> Iterator[None]:
     """'highest' for products inside the library's own algorithms (lstsq's), without the
     cost warning meant for the user's choice."""
-    saved = _local.override, _local.quiet
-    _local.override, _local.quiet = "highest", True
-    try:
+    with _override("highest", True):
         yield
-    finally:
-        _local.override, _local.quiet = saved

@@ -1,5 +1,6 @@
 """Lowerings against the CPU result of the same op (Strict mode)."""
 
+import copy
 import math
 import re
 import warnings
@@ -8,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_matches
+from torch import nn
 
 FLOAT_TOL = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -1139,3 +1141,34 @@ def test_random_factories_in_compiled_graphs(name):
     assert not torch.equal(first, second)
     torch.manual_seed(3)
     assert torch.equal(f(x)[0].cpu(), first)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("layout", ["input", "weight", "none", "transposed"])
+def test_convolution_keeps_channels_last_like_cpu(mode, layout):
+    """Regression: a convolution of a channels-last input returned a contiguous tensor (PyTorch's
+    meta kernel says so; its CPU and CUDA kernels return channels-last), so a channels-last model
+    lost its memory format after the first convolution. Values, strides and gradients match CPU."""
+    torch.manual_seed(0)
+    conv = (nn.ConvTranspose2d if layout == "transposed" else nn.Conv2d)(3, 4, 3)
+    if layout in ("weight", "transposed"):
+        conv = conv.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 8, 8)
+    if layout in ("input", "transposed"):
+        x = x.to(memory_format=torch.channels_last)
+    tpu_conv = copy.deepcopy(conv).to("tpu")
+    with torch.tpu.eager_mode(mode), torch.tpu.precision("highest"):
+        expected = conv(x)
+        got = tpu_conv(x.to("tpu"))
+        assert got.stride() == expected.stride()
+        assert_matches(got, expected, rtol=1e-5, atol=1e-5)
+        if layout != "transposed":
+            g = torch.randn_like(expected)
+            expected_grads = torch.ops.aten.convolution_backward(
+                g, x, conv.weight.detach(), [4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True])
+            got_grads = torch.ops.aten.convolution_backward(
+                g.to("tpu"), x.to("tpu"), tpu_conv.weight.detach(), [4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                [True, True, True])
+            for got_grad, expected_grad in zip(got_grads, expected_grads):
+                assert got_grad.stride() == expected_grad.stride()
+                assert_matches(got_grad, expected_grad, rtol=1e-4, atol=1e-4)

@@ -451,6 +451,9 @@ def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], l
         raise
     is_list_out = isinstance(meta_out, (list, tuple))
     metas = _flatten_tensors(meta_out) if is_list_out else [meta_out]
+    layout = registry.output_layout(plan.functional)
+    if layout is not None and not plan.mutated:
+        metas = layout(metas, *func_args)
     if plan.mutated and any(plan.kwarg_only[i] for i in plan.mutated):
         outs = _flat_mutated(plan, values)
         if any(tuple(t.shape) != tuple(m.shape) for t, m in zip(outs, [m for m in metas if m is not None])):

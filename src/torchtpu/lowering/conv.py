@@ -24,7 +24,7 @@ import torch
 from .builder import Builder, Value, _i64_array
 from .elementwise import opmath
 from .matmul import _PASSES, _split
-from .registry import LoweringContext, register
+from .registry import LoweringContext, register, register_output_layout
 
 aten = torch.ops.aten
 
@@ -669,3 +669,33 @@ def _fractional_max_pool_lower(ctx: LoweringContext, x: Value, kernel: list[int]
 def _fractional_max_pool_backward(ctx: LoweringContext, grad: Value, x: Value, kernel: list[int],
                                   output_size: list[int], indices: Value) -> Value:
     return scatter_to_argmax(ctx, grad, x, indices, 2)
+
+
+# -- output memory format ----------------------------------------------------------------
+def _channels_last(t: torch.Tensor) -> bool:
+    """A 4-D tensor laid out channels-last (and not also plainly contiguous)."""
+    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+
+
+def _restride_channels_last(m: torch.Tensor | None) -> torch.Tensor | None:
+    if m is None or m.dim() != 4:
+        return m
+    return m.contiguous(memory_format=torch.channels_last)
+
+
+@register_output_layout(aten.convolution.default)
+def _convolution_layout(metas: list, x: torch.Tensor, w: torch.Tensor, *rest: Any) -> list:
+    """As PyTorch's CPU and CUDA kernels (not its meta kernel): a 2-D convolution of a
+    channels-last input or weight returns channels-last."""
+    if _channels_last(x) or _channels_last(w):
+        return [_restride_channels_last(metas[0])]
+    return metas
+
+
+@register_output_layout(aten.convolution_backward.default)
+def _convolution_backward_layout(metas: list, grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+                                 *rest: Any) -> list:
+    """Its input and weight gradients follow the forward's rule."""
+    if _channels_last(x) or _channels_last(w) or _channels_last(grad):
+        return [_restride_channels_last(metas[0]), _restride_channels_last(metas[1]), *metas[2:]]
+    return metas

@@ -35,6 +35,10 @@ _ARGUMENT_CHECKS: dict[Any, Callable[..., None]] = {}
 # Index arguments' valid ranges (lowering/index_bounds.py): checked on the host in Debug mode,
 # on the device otherwise, where XLA would clamp an out-of-range index without a word.
 _INDEX_BOUNDS: dict[Any, Callable[..., list]] = {}
+# Output memory formats that PyTorch's meta kernel does not give but its CPU and CUDA kernels do
+# (a convolution of a channels-last input is channels-last): ``fn(metas, *meta_args)`` returns
+# the output metas to use, restrided.
+_OUTPUT_LAYOUTS: dict[Any, Callable[..., list]] = {}
 
 
 def register(*ops: Any) -> Callable[[Lowering], Lowering]:
@@ -90,6 +94,7 @@ register_debug_check = _registrar(_DEBUG_CHECKS)
 register_meta_check = _registrar(_META_CHECKS)
 register_argument_check = _registrar(_ARGUMENT_CHECKS)
 register_index_bounds = _registrar(_INDEX_BOUNDS)
+register_output_layout = _registrar(_OUTPUT_LAYOUTS)
 
 
 def host_kernel(op: torch._ops.OpOverload) -> Callable[..., Any] | None:
@@ -110,6 +115,10 @@ def argument_check(op: torch._ops.OpOverload) -> Callable[..., None] | None:
 
 def index_bounds(op: torch._ops.OpOverload) -> Callable[..., list] | None:
     return _INDEX_BOUNDS.get(op)
+
+
+def output_layout(op: torch._ops.OpOverload) -> Callable[..., list] | None:
+    return _OUTPUT_LAYOUTS.get(op)
 
 
 def lookup(op: torch._ops.OpOverload) -> Lowering | None:

@@ -1172,3 +1172,27 @@ def test_convolution_keeps_channels_last_like_cpu(mode, layout):
             for got_grad, expected_grad in zip(got_grads, expected_grads):
                 assert got_grad.stride() == expected_grad.stride()
                 assert_matches(got_grad, expected_grad, rtol=1e-4, atol=1e-4)
+
+
+_BROADCAST_ERRORS = [
+    lambda d: torch.ones(3, device=d) + torch.ones(4, device=d),
+    lambda d: torch.ones(2, 3, device=d) * torch.ones(4, 1, 5, device=d),
+    lambda d: torch.where(torch.ones(3, dtype=torch.bool, device=d), torch.ones(3, device=d), torch.ones(2, device=d)),
+    lambda d: torch.addcmul(torch.ones(3, device=d), torch.ones(3, device=d), torch.ones(5, device=d)),
+    lambda d: torch.maximum(torch.ones(2, 3, device=d), torch.ones(3, 2, device=d)),
+    lambda d: torch.ones(2, 3, device=d).sub(torch.ones(4, 3, device=d), alpha=2),
+    lambda d: torch.ones(3, device=d).add_(torch.ones(2, 3, device=d)),
+    lambda d: torch.ones(5, 1, 3, device=d).mul_(torch.ones(5, 2, 3, device=d)),
+]
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("call", _BROADCAST_ERRORS)
+def test_broadcast_errors_read_as_on_cpu(mode, call):
+    """Regression: shapes that do not broadcast raised PyTorch's meta-kernel wording ("Attempting to
+    broadcast a dimension of length 4 at -1! ...") instead of CPU's, the most common shape error."""
+    with pytest.raises(RuntimeError) as cpu_error:
+        call("cpu")
+    with torch.tpu.eager_mode(mode), pytest.raises(RuntimeError) as tpu_error:
+        call("tpu")
+    assert str(tpu_error.value) == str(cpu_error.value)

@@ -14,6 +14,7 @@ For each call the engine
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 import warnings
@@ -442,6 +443,11 @@ def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], l
         if plan.mutated:
             call_op(plan.op, _args_for(plan.op, meta_args))
         meta_out = call_op(plan.functional, func_args)
+    except RuntimeError as e:
+        message = _cpu_broadcast_message(str(e), func_args)
+        if message is None:
+            raise
+        raise RuntimeError(message) from None
     except NotImplementedError as e:
         if "meta" in str(e).lower():
             raise NotImplementedError(
@@ -459,6 +465,37 @@ def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], l
         if any(tuple(t.shape) != tuple(m.shape) for t, m in zip(outs, [m for m in metas if m is not None])):
             raise _ResizeOutputs(metas)
     return metas, func_args
+
+
+_SIZES = re.compile(r"torch\.Size\(\[([^\]]*)\]\)|\(([\d, ]*)\)")
+
+
+def _cpu_broadcast_message(message: str, args: list[Any]) -> str | None:
+    """CPU's wording of a broadcasting error that PyTorch's meta kernels word otherwise, or None.
+
+    Operands that do not broadcast: TensorIterator broadcasts the shapes in argument order and
+    names the shape so far "tensor a" and the next operand's "tensor b", at the first failing
+    dim from the right. An in-place result that cannot hold the broadcast: CPU prints sizes as
+    lists."""
+    if message.startswith("output with shape"):
+        return _SIZES.sub(lambda m: "[" + (m.group(1) if m.group(1) is not None else m.group(2)).rstrip(", ") + "]",
+                          message)
+    if not message.startswith("Attempting to broadcast a dimension"):
+        return None
+    shapes = [tuple(a.shape) for a in _flatten_tensors(args) if isinstance(a, torch.Tensor) and a.dim() > 0]
+    acc = shapes[0] if shapes else ()
+    for shape in shapes[1:]:
+        ndim = max(len(acc), len(shape))
+        out = [1] * ndim
+        for i in range(ndim - 1, -1, -1):
+            size_a = acc[i - ndim + len(acc)] if i - ndim + len(acc) >= 0 else 1
+            size_b = shape[i - ndim + len(shape)] if i - ndim + len(shape) >= 0 else 1
+            if size_a != size_b and size_a != 1 and size_b != 1:
+                return (f"The size of tensor a ({size_a}) must match the size of tensor b ({size_b}) "
+                        f"at non-singleton dimension {i}")
+            out[i] = size_b if size_a == 1 else size_a
+        acc = tuple(out)
+    return None
 
 
 def mutated_specs(plan: OpPlan, specs: list) -> list:

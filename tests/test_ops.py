@@ -1196,3 +1196,44 @@ def test_broadcast_errors_read_as_on_cpu(mode, call):
     with torch.tpu.eager_mode(mode), pytest.raises(RuntimeError) as tpu_error:
         call("tpu")
     assert str(tpu_error.value) == str(cpu_error.value)
+
+
+_F64 = torch.float64
+_CPU_ERRORS = {  # Regression: each computed silently on tpu, or raised another type or wording.
+    "mm_dtype": lambda d: torch.mm(torch.ones(2, 3, device=d), torch.ones(3, 2, dtype=_F64, device=d)),
+    "matmul_dtype": lambda d: torch.ones(2, 3, device=d) @ torch.ones(3, 2, dtype=_F64, device=d),
+    "mm_shape": lambda d: torch.mm(torch.ones(2, 3, device=d), torch.ones(4, 5, device=d)),
+    "linear_shape_3d": lambda d: F.linear(torch.ones(2, 2, 3, device=d), torch.ones(4, 5, device=d)),
+    "linear_dtype": lambda d: F.linear(torch.ones(2, 3, device=d), torch.ones(4, 3, dtype=_F64, device=d)),
+    "addmm_mat_dtype": lambda d: torch.addmm(torch.ones(2, 2, device=d), torch.ones(2, 3, dtype=_F64, device=d),
+                                             torch.ones(3, 2, device=d)),
+    "addmm_bias_dtype": lambda d: torch.addmm(torch.ones(2, 2, dtype=_F64, device=d), torch.ones(2, 3, device=d),
+                                              torch.ones(4, 2, device=d)),
+    "bmm_dtype": lambda d: torch.bmm(torch.ones(1, 2, 3, device=d), torch.ones(1, 3, 2, dtype=_F64, device=d)),
+    "baddbmm_bias_dtype": lambda d: torch.baddbmm(torch.ones(1, 2, 2, dtype=_F64, device=d),
+                                                  torch.ones(1, 2, 3, device=d), torch.ones(1, 3, 2, device=d)),
+    "dot_dtype": lambda d: torch.dot(torch.ones(3, device=d), torch.ones(3, dtype=_F64, device=d)),
+    "softmax_dim": lambda d: torch.ones(2, 3, device=d).softmax(2),
+    "softmax_long": lambda d: torch.ones(2, 3, dtype=torch.long, device=d).softmax(0),
+    "log_softmax_long": lambda d: torch.ones(2, 3, dtype=torch.long, device=d).log_softmax(1),
+    "pow_negative_int": lambda d: torch.tensor([2], device=d) ** -1,
+    "pow_bool_negative": lambda d: torch.tensor([True], device=d) ** -2,
+    "randint_empty_range": lambda d: torch.randint(5, 2, (3,), device=d),
+    "random_empty_range": lambda d: torch.ones(3, device=d).random_(2, 2),
+    "multinomial_negative": lambda d: torch.multinomial(torch.tensor([-1.0, 2.0], device=d), 1).cpu(),
+    "multinomial_nan": lambda d: torch.multinomial(torch.tensor([float("nan"), 1.0], device=d), 1).cpu(),
+    "multinomial_zero_row": lambda d: torch.multinomial(torch.tensor([[1.0, 1.0], [0.0, 0.0]], device=d), 1).cpu(),
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "debug"])
+@pytest.mark.parametrize("name", list(_CPU_ERRORS))
+def test_argument_errors_match_cpu(mode, name):
+    """CPU's exception type and message (a device-side check adds where it was detected)."""
+    call = _CPU_ERRORS[name]
+    with pytest.raises(Exception) as cpu_error:
+        call("cpu")
+    with torch.tpu.eager_mode(mode), pytest.raises(type(cpu_error.value)) as tpu_error:
+        call("tpu")
+        torch.tpu.synchronize()
+    assert str(tpu_error.value).startswith(str(cpu_error.value))

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .builder import Builder, Value
-from .registry import LoweringContext, register
+from .registry import LoweringContext, register, register_argument_check
 
 aten = torch.ops.aten
 _LOW = (torch.bfloat16, torch.float16)
@@ -288,6 +288,14 @@ def _remainder(ctx: LoweringContext, a: Any, c: Any) -> Value:
     fix = b.binary("and", b.compare(r, zero, "NE"), b.compare(b.compare(r, zero, "LT"), b.compare(y, zero, "LT"),
                                                                "NE"))
     return b.convert(b.select(fix, b.add(r, y), r), out)
+
+
+@register_argument_check(aten.pow.Tensor_Scalar)
+def _check_pow_exponent(x: Any, exponent: Any) -> None:
+    """CPU refuses an integer tensor to a negative integer power (the exponent is a runtime scalar)."""
+    integral = not (x.dtype.is_floating_point or x.dtype.is_complex)
+    if integral and isinstance(exponent, int) and not isinstance(exponent, bool) and exponent < 0:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
 
 
 @register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)

@@ -215,6 +215,19 @@ def linalg_check_bounds(info: torch.Tensor, api_name: str, is_matrix: bool) -> l
     return [Bound(info, 0, 1, error, message)]
 
 
+
+@register_index_bounds(aten.multinomial.default)
+def _multinomial_bounds(probs: torch.Tensor, *rest: Any) -> list[Bound]:
+    """CPU refuses a negative, infinite or NaN probability, then a row summing to zero or less; the
+    sampler would draw from such rows without a word. The checks are derived tensors, computed on
+    the device by eager calls (a compiled graph's fold, given example values, skips them)."""
+    if probs.device.type != "tpu" or torch._subclasses.fake_tensor.is_fake(probs) or not probs.numel():
+        return []
+    bad = ((probs < 0) | ~torch.isfinite(probs)).any().to(torch.int64)
+    empty = (probs.sum(-1) <= 0).any().to(torch.int64)
+    return [Bound(bad, 0, 1, RuntimeError, "probability tensor contains either `inf`, `nan` or element < 0"),
+            Bound(empty, 0, 1, RuntimeError, "invalid multinomial distribution (sum of probabilities <= 0)")]
+
 # torch._assert_async(cond[, msg]): CPU raises at once when cond is zero; CUDA asserts on the device
 # and reports later. Compiled graphs keep it whole (F.one_hot's decomposition asserts its classes):
 # there the condition is a check on the index flag, raising CPU's error at the next synchronization.

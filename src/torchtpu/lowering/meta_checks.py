@@ -131,3 +131,75 @@ def _check_eigh_dtype(a: Any, uplo: str = "L", compute_v: bool = True) -> None:
     # CPU's kernel dispatches over floating and complex types (half types are computed here)
     if not (a.dtype.is_floating_point or a.dtype.is_complex):
         raise NotImplementedError(f"\"linalg_eigh\" not implemented for '{scalar_type_name(a.dtype)}'")
+
+
+# -- matrix products: CPU's shape and dtype errors, in CPU's order (the meta kernels word them
+# otherwise, or let mixed dtypes through) ---------------------------------------------------
+def _shapes_multiply(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.dim() == 2 and b.dim() == 2 and a.shape[1] != b.shape[0]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
+                           f"{b.shape[0]}x{b.shape[1]})")
+
+
+@register_meta_check(aten.mm.default)
+def _mm(a: torch.Tensor, b: torch.Tensor, *rest: Any) -> None:
+    _shapes_multiply(a, b)
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {cpp_type_name(a.dtype)} != "
+                           f"{cpp_type_name(b.dtype)}")
+
+
+@register_meta_check(aten.addmm.default)
+def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *rest: Any) -> None:
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {scalar_type_name(a.dtype)} and "
+                           f"{scalar_type_name(b.dtype)}")
+    if bias.dtype != b.dtype:
+        raise RuntimeError(f"self and mat2 must have the same dtype, but got {scalar_type_name(bias.dtype)} and "
+                           f"{scalar_type_name(b.dtype)}")
+    _shapes_multiply(a, b)
+
+
+def _same_batch_dtypes(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"expected scalar type {scalar_type_name(a.dtype)} but found {scalar_type_name(b.dtype)}")
+
+
+@register_meta_check(aten.bmm.default)
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> None:
+    _same_batch_dtypes(a, b)
+
+
+@register_meta_check(aten.baddbmm.default)
+def _baddbmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *rest: Any) -> None:
+    _same_batch_dtypes(a, b)
+    if bias.dtype != a.dtype:
+        raise RuntimeError(f"Input dtypes must be the same, got: input {cpp_type_name(bias.dtype)}, batch1: "
+                           f"{cpp_type_name(a.dtype)}, batch2: {cpp_type_name(b.dtype)}")
+
+
+@register_meta_check(aten.dot.default, aten.vdot.default)
+def _dot(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"dot : expected both vectors to have same dtype, but found {scalar_type_name(a.dtype)} "
+                           f"and {scalar_type_name(b.dtype)}")
+
+
+# -- softmax: the dim's range, and the kernels CPU lacks for integer inputs ----------------
+def _check_softmax(name: str, x: torch.Tensor, dim: int) -> None:
+    rank = max(x.dim(), 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        kernel = f"{name}_lastdim_kernel_impl" if dim % rank == rank - 1 else f"{name}_kernel_impl"
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{scalar_type_name(x.dtype)}\'')
+
+
+@register_meta_check(aten._softmax.default)
+def _softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> None:
+    _check_softmax("softmax", x, dim)
+
+
+@register_meta_check(aten._log_softmax.default)
+def _log_softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> None:
+    _check_softmax("log_softmax", x, dim)

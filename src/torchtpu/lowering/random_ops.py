@@ -240,6 +240,12 @@ def _random_int(ctx: LoweringContext, lo: Any, hi: Any, generator: Any) -> Value
     return b.convert(b.convert(r, torch.int64), ctx.out_dtype())
 
 
+@register_argument_check(getattr(aten.random, "from"))
+def _check_random_from(x: Any, lo: int, hi: int | None, generator: Any = None) -> None:
+    if hi is not None and lo >= hi:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={lo} >= to={hi}")
+
+
 @register(getattr(aten.random, "from"))
 def _random_from(ctx: LoweringContext, x: Value, lo: int, hi: int | None, generator: Any = None) -> Value:
     out = ctx.out_dtype()

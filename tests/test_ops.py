@@ -1223,6 +1223,22 @@ _CPU_ERRORS = {  # Regression: each computed silently on tpu, or raised another 
     "multinomial_negative": lambda d: torch.multinomial(torch.tensor([-1.0, 2.0], device=d), 1).cpu(),
     "multinomial_nan": lambda d: torch.multinomial(torch.tensor([float("nan"), 1.0], device=d), 1).cpu(),
     "multinomial_zero_row": lambda d: torch.multinomial(torch.tensor([[1.0, 1.0], [0.0, 0.0]], device=d), 1).cpu(),
+    "index_float": lambda d: torch.ones(3, device=d)[torch.tensor([0.0], device=d)],
+    "index_put_float": lambda d: torch.ones(3, device=d).index_put_((torch.tensor([0.0], device=d),),
+                                                                   torch.tensor([1.0], device=d)),
+    "conv_channels": lambda d: F.conv2d(torch.ones(1, 3, 5, 5, device=d), torch.ones(4, 2, 3, 3, device=d)),
+    "conv_groups": lambda d: F.conv2d(torch.ones(1, 4, 5, 5, device=d), torch.ones(4, 3, 3, 3, device=d), groups=2),
+    "conv_transpose_channels": lambda d: F.conv_transpose2d(torch.ones(1, 3, 5, 5, device=d),
+                                                            torch.ones(4, 2, 3, 3, device=d)),
+    "cat_sizes": lambda d: torch.cat([torch.ones(2, 3, device=d), torch.ones(3, 4, device=d)], -1),
+    "stack_sizes": lambda d: torch.stack([torch.ones(2, device=d), torch.ones(2, device=d), torch.ones(3, device=d)]),
+    "embedding_float_indices": lambda d: F.embedding(torch.tensor([0.0], device=d), torch.ones(3, 2, device=d)),
+    "nll_target_int32": lambda d: F.nll_loss(torch.ones(2, 3, device=d), torch.tensor([0, 1], dtype=torch.int32,
+                                                                                     device=d)),
+    "layer_norm_shape": lambda d: F.layer_norm(torch.ones(2, 3, 4, device=d), (2, 4)),
+    "topk_k": lambda d: torch.ones(3, device=d).topk(5),
+    "masked_fill_broadcast": lambda d: torch.ones(2, 3, device=d).masked_fill(
+        torch.ones(3, 2, dtype=torch.bool, device=d), 0),
 }
 
 

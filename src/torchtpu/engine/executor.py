@@ -444,7 +444,10 @@ def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], l
             call_op(plan.op, _args_for(plan.op, meta_args))
         meta_out = call_op(plan.functional, func_args)
     except RuntimeError as e:
-        message = _cpu_broadcast_message(str(e), func_args)
+        operands = func_args
+        if plan.functional in _MASK_FIRST and not plan.mutated:
+            operands = [func_args[1], func_args[0], *func_args[2:]]  # CPU broadcasts the mask first
+        message = _cpu_broadcast_message(str(e), operands)
         if message is None:
             raise
         raise RuntimeError(message) from None
@@ -467,6 +470,7 @@ def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], l
     return metas, func_args
 
 
+_MASK_FIRST = {torch.ops.aten.masked_fill.Scalar, torch.ops.aten.masked_fill.Tensor}
 _SIZES = re.compile(r"torch\.Size\(\[([^\]]*)\]\)|\(([\d, ]*)\)")
 
 

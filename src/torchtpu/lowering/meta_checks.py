@@ -46,6 +46,19 @@ def _cat(tensors: Any, dim: int = 0) -> None:
     for i, t in enumerate(tensors):  # the meta kernel raises IndexError
         if t.dim() == 0:
             raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
+    # CPU's wording of a size mismatch; legacy empty (0,) tensors are skipped, as CPU does
+    shaped = [(i, t) for i, t in enumerate(tensors) if not (t.dim() == 1 and t.numel() == 0)]
+    if not shaped:
+        return
+    first = shaped[0][1]
+    d = dim % first.dim() if -first.dim() <= dim < first.dim() else dim
+    for i, t in shaped[1:]:
+        if t.dim() != first.dim():
+            return  # the meta kernel's message
+        for k in range(first.dim()):
+            if k != d and t.shape[k] != first.shape[k]:
+                raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected size "
+                                   f"{first.shape[k]} but got size {t.shape[k]} for tensor number {i} in the list.")
 
 
 @register_meta_check(aten.complex.default)
@@ -63,6 +76,10 @@ def _complex(real: torch.Tensor, imag: torch.Tensor) -> None:
 def _embedding(weight: torch.Tensor, indices: torch.Tensor, *rest: Any) -> None:
     if weight.dim() != 2:  # the meta kernel asserts
         raise RuntimeError("'weight' must be 2-D")
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise RuntimeError("Expected tensor for argument #1 'indices' to have one of the following scalar types: "
+                           f"Long, Int; but got torch.{scalar_type_name(indices.dtype)}Tensor instead (while checking "
+                           "arguments for embedding)")
 
 
 @register_meta_check(aten.masked_scatter.default)
@@ -203,3 +220,59 @@ def _softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> None:
 @register_meta_check(aten._log_softmax.default)
 def _log_softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> None:
     _check_softmax("log_softmax", x, dim)
+
+
+
+# -- indexing, convolution, losses, normalization: CPU's types and wording ----------------
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.uint8, torch.bool)
+
+
+@register_meta_check(aten.index.Tensor, aten.index_put.default, aten._index_put_impl.default)
+def _index_dtypes(x: torch.Tensor, indices: Any, *rest: Any) -> None:
+    """CPU raises IndexError (the meta kernel a RuntimeError, and index_put's none at all)."""
+    for index in indices:
+        if index is not None and index.dtype not in _INDEX_DTYPES:
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+
+
+@register_meta_check(aten.convolution.default)
+def _convolution(x: torch.Tensor, w: torch.Tensor, bias: Any, stride: Any, padding: Any, dilation: Any,
+                 transposed: bool, output_padding: Any, groups: int) -> None:
+    """The channel check, worded as CPU's (the meta kernel says "Invalid channel dimensions", and a
+    transposed convolution passed it to XLA, which failed to compile)."""
+    if x.dim() < 2 or w.dim() < 2:
+        return
+    expected = w.shape[0] if transposed else w.shape[1] * groups
+    if x.shape[1] != expected:
+        given = "transposed=1" if transposed else f"groups={groups}"
+        raise RuntimeError(f"Given {given}, weight of size {list(w.shape)}, expected input{list(x.shape)} to have "
+                           f"{expected} channels, but got {x.shape[1]} channels instead")
+
+
+@register_meta_check(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def _nll_loss_target(x: torch.Tensor, target: torch.Tensor, *rest: Any) -> None:
+    if target.dtype not in (torch.int64, torch.uint8):
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {scalar_type_name(target.dtype)}")
+
+
+@register_meta_check(aten.native_layer_norm.default)
+def _layer_norm_shape(x: torch.Tensor, normalized_shape: Any, *rest: Any) -> None:
+    shape = list(normalized_shape)
+    if x.dim() < len(shape) or list(x.shape[x.dim() - len(shape):]) != shape:
+        raise RuntimeError(f"Given normalized_shape={shape}, expected input with shape [*, "
+                           f"{', '.join(str(s) for s in shape)}], but got input of size{list(x.shape)}")
+
+
+@register_meta_check(aten.topk.default)
+def _topk(x: torch.Tensor, k: int, dim: int = -1, *rest: Any) -> None:
+    size = x.shape[dim] if x.dim() else 1
+    if not 0 <= k <= size:
+        raise RuntimeError("selected index k out of range")
+
+
+@register_meta_check(aten.stack.default)
+def _stack(tensors: Any, dim: int = 0) -> None:
+    for i, t in enumerate(tensors[1:], 1):  # the meta kernel's message loses the second shape
+        if t.shape != tensors[0].shape:
+            raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} at "
+                               f"entry 0 and {list(t.shape)} at entry {i}")

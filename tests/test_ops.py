@@ -1239,6 +1239,24 @@ _CPU_ERRORS = {  # Regression: each computed silently on tpu, or raised another 
     "topk_k": lambda d: torch.ones(3, device=d).topk(5),
     "masked_fill_broadcast": lambda d: torch.ones(2, 3, device=d).masked_fill(
         torch.ones(3, 2, dtype=torch.bool, device=d), 0),
+    "bincount_float": lambda d: torch.bincount(torch.tensor([1.0], device=d)),
+    "repeat_interleave_negative": lambda d: torch.repeat_interleave(torch.tensor([1, 2], device=d),
+                                                                    torch.tensor([1, -1], device=d)),
+    "sort_dim": lambda d: torch.ones(3, device=d).sort(2),
+    "index_select_float_index": lambda d: torch.ones(3, device=d).index_select(0, torch.tensor([0.0], device=d)),
+    "nll_weight_size": lambda d: F.cross_entropy(torch.ones(2, 3, device=d), torch.tensor([0, 1], device=d),
+                                                 weight=torch.ones(4, device=d)),
+    "bce_input_range": lambda d: F.binary_cross_entropy(torch.tensor([1.5], device=d), torch.tensor([1.0], device=d)),
+    "bernoulli_p_range": lambda d: torch.bernoulli(torch.tensor([1.5], device=d)).cpu(),
+    "bernoulli_p_tensor_nan": lambda d: torch.ones(2, device=d).bernoulli_(torch.tensor([0.5, float("nan")],
+                                                                                       device=d)).cpu(),
+    "embedding_bag_offsets": lambda d: F.embedding_bag(torch.tensor([0, 1], device=d), torch.ones(3, 2, device=d),
+                                                       torch.tensor([1, 0], device=d)).cpu(),
+    "where_float_condition": lambda d: torch.where(torch.ones(3, device=d), torch.ones(3, device=d),
+                                                   torch.zeros(3, device=d)),
+    "masked_select_uint8": lambda d: torch.ones(3, device=d).masked_select(torch.ones(3, dtype=torch.uint8, device=d)),
+    "flip_repeated_dim": lambda d: torch.ones(2, 3, device=d).flip(1, -1),
+    "trace_vector": lambda d: torch.trace(torch.ones(2, device=d)),
 }
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .builder import Builder, Value
+from .meta_checks import scalar_type_name
 from .registry import LoweringContext, register, register_host_kernel
 from .views import check_out_overlap
 
@@ -107,7 +108,7 @@ def argwhere(x: torch.Tensor) -> torch.Tensor:
 @register_host_kernel(aten.masked_select.default)
 def masked_select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype != torch.bool:
-        raise RuntimeError(f"masked_select: expected BoolTensor for mask, got {mask.dtype}")
+        raise RuntimeError("masked_select: expected BoolTensor for mask")  # CPU's wording
     xb, mb = torch.broadcast_tensors(x, mask)
     flat_idx = nonzero(mb.reshape(-1)).reshape(-1)
     return aten.index_select.default(xb.reshape(-1), 0, flat_idx)
@@ -164,6 +165,8 @@ def _index_put_impl_(x: torch.Tensor, indices: list[Any], values: torch.Tensor, 
 def repeat_interleave(repeats: torch.Tensor, output_size: int | None = None) -> torch.Tensor:
     if repeats.dim() != 1:
         raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if repeats.numel() and bool((repeats < 0).any()):  # a read, as CPU's kernel makes
+        raise RuntimeError("repeats can not be negative")
     total = int(repeats.sum().item()) if output_size is None else int(output_size)
     dev = repeats.device
     if total == 0:
@@ -329,6 +332,8 @@ register_host_kernel(aten.eye.m_out)(_factory_out(aten.eye.m, 2))
 
 @register_host_kernel(aten.bincount.default)
 def bincount(x: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0) -> torch.Tensor:
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:  # CPU's dispatch, first
+        raise NotImplementedError(f'"bincount_cpu" not implemented for \'{scalar_type_name(x.dtype)}\'')
     if x.dim() != 1:
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
     if weights is not None and weights.shape != x.shape:

@@ -109,10 +109,18 @@ def _embedding_bounds(weight: torch.Tensor, indices: torch.Tensor, *rest: Any) -
 
 
 @register_index_bounds(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
-def _embedding_bag_bounds(weight: torch.Tensor, indices: torch.Tensor, *rest: Any) -> list[Bound]:
+def _embedding_bag_bounds(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                          *rest: Any) -> list[Bound]:
     n = weight.shape[0]
-    return [Bound(indices, 0, n, RuntimeError,
-                  f"Index {{position}} of input takes value {{value}} which is not in the valid range [0, {n})")]
+    bounds = [Bound(indices, 0, n, RuntimeError,
+                    f"Index {{position}} of input takes value {{value}} which is not in the valid range [0, {n})")]
+    if _computed_on_device(offsets) and offsets.numel():
+        # CPU's message prints offsets[0] as a 0-dim tensor
+        legacy = {torch.int64: "Long", torch.int32: "Int"}.get(offsets.dtype, "Long")
+        bounds.append(Bound(offsets[:1], 0, 1, RuntimeError, "offsets[0] has to be 0, i.e., the first sequence in the "
+                            "mini-batch has to start from position 0. However, got {value}\n"
+                            f"[ torch.{legacy}Tensor{{{{}}}} ]"))
+    return bounds
 
 
 @register_index_bounds(aten.index_select.default, aten.index_reduce.default)
@@ -216,12 +224,46 @@ def linalg_check_bounds(info: torch.Tensor, api_name: str, is_matrix: bool) -> l
 
 
 
+def _computed_on_device(t: Any) -> bool:
+    """Whether checks derived from ``t`` can be computed: an eager call's tpu tensor. A compiled
+    graph's fold gets example values, and only checks a node's own value, so it skips them."""
+    return isinstance(t, torch.Tensor) and t.device.type == "tpu" and not torch._subclasses.fake_tensor.is_fake(t)
+
+
+def _outside_unit_interval(p: torch.Tensor) -> torch.Tensor:
+    """1 if some element of ``p`` is NaN or outside [0, 1], else 0 (an int64 scalar)."""
+    return (~((p >= 0) & (p <= 1))).any().to(torch.int64)
+
+
+@register_index_bounds(aten.binary_cross_entropy.default)
+def _binary_cross_entropy_bounds(x: torch.Tensor, *rest: Any) -> list[Bound]:
+    if not _computed_on_device(x) or not x.numel():
+        return []
+    return [Bound(_outside_unit_interval(x), 0, 1, RuntimeError, "all elements of input should be between 0 and 1")]
+
+
+_BERNOULLI_MESSAGE = ("Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could this error message be "
+                      "improved?  If so, please report an enhancement request to PyTorch.)")
+
+
+@register_index_bounds(aten.bernoulli.default)
+def _bernoulli_bounds(p: torch.Tensor, *rest: Any) -> list[Bound]:
+    if not _computed_on_device(p) or not p.numel():
+        return []
+    return [Bound(_outside_unit_interval(p), 0, 1, RuntimeError, _BERNOULLI_MESSAGE)]
+
+
+@register_index_bounds(aten.bernoulli.Tensor)
+def _bernoulli_tensor_bounds(x: torch.Tensor, p: torch.Tensor, *rest: Any) -> list[Bound]:
+    return _bernoulli_bounds(p)
+
+
 @register_index_bounds(aten.multinomial.default)
 def _multinomial_bounds(probs: torch.Tensor, *rest: Any) -> list[Bound]:
     """CPU refuses a negative, infinite or NaN probability, then a row summing to zero or less; the
     sampler would draw from such rows without a word. The checks are derived tensors, computed on
-    the device by eager calls (a compiled graph's fold, given example values, skips them)."""
-    if probs.device.type != "tpu" or torch._subclasses.fake_tensor.is_fake(probs) or not probs.numel():
+    the device by eager calls."""
+    if not _computed_on_device(probs) or not probs.numel():
         return []
     bad = ((probs < 0) | ~torch.isfinite(probs)).any().to(torch.int64)
     empty = (probs.sum(-1) <= 0).any().to(torch.int64)

@@ -249,10 +249,6 @@ def _convolution(x: torch.Tensor, w: torch.Tensor, bias: Any, stride: Any, paddi
                            f"{expected} channels, but got {x.shape[1]} channels instead")
 
 
-@register_meta_check(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
-def _nll_loss_target(x: torch.Tensor, target: torch.Tensor, *rest: Any) -> None:
-    if target.dtype not in (torch.int64, torch.uint8):
-        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {scalar_type_name(target.dtype)}")
 
 
 @register_meta_check(aten.native_layer_norm.default)
@@ -276,3 +272,54 @@ def _stack(tensors: Any, dim: int = 0) -> None:
         if t.shape != tensors[0].shape:
             raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} at "
                                f"entry 0 and {list(t.shape)} at entry {i}")
+
+
+
+@register_meta_check(aten.sort.default, aten.sort.stable)
+def _sort_dim(x: torch.Tensor, *args: Any) -> None:
+    dim = next((a for a in args if isinstance(a, int) and not isinstance(a, bool)), -1)
+    rank = max(x.dim(), 1)
+    if not -rank <= dim < rank:  # the meta kernel wraps any dim
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+
+
+@register_meta_check(aten.index_select.default)
+def _index_select_dtype(x: torch.Tensor, dim: int, index: torch.Tensor) -> None:
+    if index.dtype not in (torch.int64, torch.int32):
+        raise RuntimeError("index_select(): Expected dtype int32 or int64 for index")
+
+
+@register_meta_check(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def _nll_loss(x: torch.Tensor, target: torch.Tensor, weight: Any, *rest: Any) -> None:
+    """The target's dtype (the meta kernel takes int32 too), then the weight's size (the meta
+    kernel asserts)."""
+    if target.dtype not in (torch.int64, torch.uint8):
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {scalar_type_name(target.dtype)}")
+    classes = x.shape[1] if x.dim() >= 2 else x.shape[0] if x.dim() == 1 else 1
+    if weight is not None and weight.numel() != classes:
+        raise RuntimeError(f"weight tensor should be defined either for all {classes} classes or no classes but got "
+                           f"weight tensor of shape: {list(weight.shape)}")
+
+
+@register_meta_check(aten.where.self)
+def _where_condition(cond: torch.Tensor, *rest: Any) -> None:
+    if cond.dtype not in (torch.bool, torch.uint8):  # uint8: the meta kernel's own error
+        raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype "
+                           f"{scalar_type_name(cond.dtype)}")
+
+
+@register_meta_check(aten.flip.default)
+def _flip_dims(x: torch.Tensor, dims: Any) -> None:
+    rank = max(x.dim(), 1)
+    seen = set()
+    for d in dims:
+        if -rank <= d < rank:
+            if d % rank in seen:
+                raise RuntimeError(f"dim {d % rank} appears multiple times in the list of dims")
+            seen.add(d % rank)
+
+
+@register_meta_check(aten.trace.default)
+def _trace_matrix(x: torch.Tensor) -> None:
+    if x.dim() != 2:
+        raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {x.dim()}")

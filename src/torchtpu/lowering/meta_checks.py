@@ -203,10 +203,16 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 # -- softmax: the dim's range, and the kernels CPU lacks for integer inputs ----------------
-def _check_softmax(name: str, x: torch.Tensor, dim: int) -> None:
+def check_dim(x: torch.Tensor, dim: int) -> None:
+    """CPU's IndexError for a dim outside ``x``'s range (a 0-dim tensor takes -1 and 0)."""
     rank = max(x.dim(), 1)
     if not -rank <= dim < rank:
         raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+
+
+def _check_softmax(name: str, x: torch.Tensor, dim: int) -> None:
+    check_dim(x, dim)
+    rank = max(x.dim(), 1)
     if not (x.dtype.is_floating_point or x.dtype.is_complex):
         kernel = f"{name}_lastdim_kernel_impl" if dim % rank == rank - 1 else f"{name}_kernel_impl"
         raise NotImplementedError(f'"{kernel}" not implemented for \'{scalar_type_name(x.dtype)}\'')
@@ -277,10 +283,7 @@ def _stack(tensors: Any, dim: int = 0) -> None:
 
 @register_meta_check(aten.sort.default, aten.sort.stable)
 def _sort_dim(x: torch.Tensor, *args: Any) -> None:
-    dim = next((a for a in args if isinstance(a, int) and not isinstance(a, bool)), -1)
-    rank = max(x.dim(), 1)
-    if not -rank <= dim < rank:  # the meta kernel wraps any dim
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    check_dim(x, next((a for a in args if isinstance(a, int) and not isinstance(a, bool)), -1))  # meta wraps any
 
 
 @register_meta_check(aten.index_select.default)

@@ -36,11 +36,6 @@ from . import bucketing, compile_cache, executor, index_checks
 from . import precision as precision_mod
 from .opplan import normalize_args, plan_for
 
-_RANDOM_TARGETS = {torch.ops.aten.native_dropout.default, torch.ops.aten.bernoulli.p,
-                   torch.ops.aten.bernoulli.default, torch.ops.aten.uniform.default,
-                   torch.ops.aten.normal_functional.default, torch.ops.aten.rand.default,
-                   torch.ops.aten.randn.default}
-
 
 @dataclass
 class _OutSpec:
@@ -329,11 +324,11 @@ class GraphProgram:
 
 
 def _is_random(node: torch.fx.Node) -> bool:
-    """Whether a node draws random numbers (the graph then takes a seed). Ops with a generator
-    argument do even when the graph leaves it at its default (normal, poisson, _standard_gamma...)."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return False
-    return node.target in _RANDOM_TARGETS or "generator" in node.kwargs or plan_for(node.target).random
+    """Whether a node draws random numbers (the graph then takes a seed), as its op plan says: ops
+    with a generator argument do even when the graph leaves it at its default (normal, poisson,
+    _standard_gamma...), and so do dropout and the random factories (engine/opplan.py)."""
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and plan_for(node.target).random)
 
 
 def _index_bounds_of(node: torch.fx.Node) -> Any:

@@ -223,7 +223,6 @@ def linalg_check_bounds(info: torch.Tensor, api_name: str, is_matrix: bool) -> l
     return [Bound(info, 0, 1, error, message)]
 
 
-
 def _computed_on_device(t: Any) -> bool:
     """Whether checks derived from ``t`` can be computed: an eager call's tpu tensor. A compiled
     graph's fold gets example values, and only checks a node's own value, so it skips them."""
@@ -269,6 +268,7 @@ def _multinomial_bounds(probs: torch.Tensor, *rest: Any) -> list[Bound]:
     empty = (probs.sum(-1) <= 0).any().to(torch.int64)
     return [Bound(bad, 0, 1, RuntimeError, "probability tensor contains either `inf`, `nan` or element < 0"),
             Bound(empty, 0, 1, RuntimeError, "invalid multinomial distribution (sum of probabilities <= 0)")]
+
 
 # torch._assert_async(cond[, msg]): CPU raises at once when cond is zero; CUDA asserts on the device
 # and reports later. Compiled graphs keep it whole (F.one_hot's decomposition asserts its classes):

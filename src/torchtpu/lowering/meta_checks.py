@@ -228,7 +228,6 @@ def _log_softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> None:
     _check_softmax("log_softmax", x, dim)
 
 
-
 # -- indexing, convolution, losses, normalization: CPU's types and wording ----------------
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.uint8, torch.bool)
 
@@ -255,8 +254,6 @@ def _convolution(x: torch.Tensor, w: torch.Tensor, bias: Any, stride: Any, paddi
                            f"{expected} channels, but got {x.shape[1]} channels instead")
 
 
-
-
 @register_meta_check(aten.native_layer_norm.default)
 def _layer_norm_shape(x: torch.Tensor, normalized_shape: Any, *rest: Any) -> None:
     shape = list(normalized_shape)
@@ -278,7 +275,6 @@ def _stack(tensors: Any, dim: int = 0) -> None:
         if t.shape != tensors[0].shape:
             raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} at "
                                f"entry 0 and {list(t.shape)} at entry {i}")
-
 
 
 @register_meta_check(aten.sort.default, aten.sort.stable)

@@ -355,16 +355,15 @@ def _randn(ctx: LoweringContext, *args: Any) -> Value:
 
 @register_graph_only(aten.randint.default, aten.randint.generator, aten.randint_like.default,
                      aten.randint_like.generator)
-def _randint_high(ctx: LoweringContext, first: Any, high: Any, *args: Any) -> Value:
-    if ctx.op in (aten.randint.default, aten.randint.generator):
-        first, high = high, first  # randint(high, size): the size comes second
-    return _random_int(ctx, 0, high, _generator(ctx, (first, high, *args)))
+def _randint_high(ctx: LoweringContext, *args: Any) -> Value:
+    # randint(high, size) or randint_like(self, high)
+    high = args[0] if ctx.op in (aten.randint.default, aten.randint.generator) else args[1]
+    return _random_int(ctx, 0, high, _generator(ctx, args))
 
 
 @register_graph_only(aten.randint.low, aten.randint.low_generator, aten.randint_like.low_dtype,
                      aten.randint_like.low_generator_dtype)
-def _randint_low(ctx: LoweringContext, first: Any, *args: Any) -> Value:
-    generator = _generator(ctx, (first, *args))
-    if ctx.op in (aten.randint.low, aten.randint.low_generator):
-        return _random_int(ctx, first, args[0], generator)  # randint(low, high, size)
-    return _random_int(ctx, args[0], args[1], generator)  # randint_like(self, low, high)
+def _randint_low(ctx: LoweringContext, *args: Any) -> Value:
+    # randint(low, high, size) or randint_like(self, low, high)
+    low, high = args[:2] if ctx.op in (aten.randint.low, aten.randint.low_generator) else args[1:3]
+    return _random_int(ctx, low, high, _generator(ctx, args))

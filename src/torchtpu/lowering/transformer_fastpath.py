@@ -120,16 +120,9 @@ def _transform_bias_rescale_qkv(ctx: LoweringContext, qkv: Value, qkv_bias: Valu
     return lower_composite(ctx, transform_bias_rescale_qkv, qkv, qkv_bias, num_heads)
 
 
-def _meta(fn: Any) -> Any:
-    """A meta kernel that runs ``fn`` (a composite) on the meta arguments."""
-    def meta(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-    return meta
-
-
 _meta_lib = torch.library.Library("aten", "IMPL")
-_meta_lib.impl("_masked_softmax", _meta(masked_softmax), "Meta")
-_meta_lib.impl("_transform_bias_rescale_qkv", _meta(transform_bias_rescale_qkv), "Meta")
+_meta_lib.impl("_masked_softmax", masked_softmax, "Meta")  # the composites are meta kernels too
+_meta_lib.impl("_transform_bias_rescale_qkv", transform_bias_rescale_qkv, "Meta")
 
 
 # -- _native_multi_head_attention ------------------------------------------------------

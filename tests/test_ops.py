@@ -1271,3 +1271,12 @@ def test_argument_errors_match_cpu(mode, name):
         call("tpu")
         torch.tpu.synchronize()
     assert str(tpu_error.value).startswith(str(cpu_error.value))
+
+
+def test_a_second_check_for_one_op_is_refused():
+    """Regression (found in review): registering a second meta check for an op replaced the first
+    without a word, dropping nll_loss's target-dtype check. Check tables now refuse it."""
+    from torchtpu.lowering.registry import register_meta_check
+
+    with pytest.raises(ValueError, match="registered twice"):
+        register_meta_check(torch.ops.aten.nll_loss_forward.default)(lambda *args: None)

@@ -76,11 +76,19 @@ _HOST_KERNELS: dict[Any, Callable[..., Any]] = {}
 
 
 def _registrar(table: dict[Any, Callable[..., Any]]) -> Callable[..., Callable[[Callable[..., Any]], Callable[..., Any]]]:
-    """``register_x(*ops)``: a decorator that files a function under each op in ``table``."""
+    """``register_x(*ops)``: a decorator that files a function under each op in ``table``.
+
+    An op gets one function per table: a second registration would replace the first without
+    a word (two meta checks of one op, each written for one of its errors), so it raises.
+    """
 
     def register_for(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             for op in ops:
+                existing = table.get(op)
+                if existing is not None and existing is not fn:
+                    raise ValueError(f"torchtpu: {op} is registered twice in one table ({existing.__qualname__} "
+                                     f"and {fn.__qualname__}): merge the two")
                 table[op] = fn
             return fn
 

@@ -1257,6 +1257,19 @@ _CPU_ERRORS = {  # Regression: each computed silently on tpu, or raised another 
     "masked_select_uint8": lambda d: torch.ones(3, device=d).masked_select(torch.ones(3, dtype=torch.uint8, device=d)),
     "flip_repeated_dim": lambda d: torch.ones(2, 3, device=d).flip(1, -1),
     "trace_vector": lambda d: torch.trace(torch.ones(2, device=d)),
+    "normal_negative_std": lambda d: torch.normal(torch.zeros(3, device=d), -1.0),
+    "normal_negative_std_factory": lambda d: torch.normal(0.0, -1.5, (3,), device=d),
+    "normal__negative_std": lambda d: torch.zeros(3, device=d).normal_(0, -2),
+    "normal_tensor_std_negative": lambda d: torch.normal(torch.zeros(2, device=d),
+                                                         torch.tensor([1.0, -1.0], device=d)).cpu(),
+    "normal_tensor_std_nan": lambda d: torch.normal(0.0, torch.tensor([1.0, float("nan")], device=d)).cpu(),
+    "random_to_zero": lambda d: torch.zeros(3, device=d).random_(0),
+    "histc_bins": lambda d: torch.histc(torch.ones(3, device=d), bins=0),
+    "histc_min_max": lambda d: torch.histc(torch.ones(3, device=d), bins=4, min=3, max=1),
+    "histc_infinite_edge": lambda d: torch.histc(torch.ones(3, device=d), bins=4, min=0, max=float("inf")),
+    "histc_infinite_data": lambda d: torch.histc(torch.tensor([1.5, -float("inf")], device=d), bins=4),
+    "nll_loss2d_uint8_target": lambda d: F.nll_loss(torch.ones(2, 3, 4, 4, device=d),
+                                                    torch.zeros(2, 4, 4, dtype=torch.uint8, device=d)),
 }
 
 
@@ -1280,3 +1293,32 @@ def test_a_second_check_for_one_op_is_refused():
 
     with pytest.raises(ValueError, match="registered twice"):
         register_meta_check(torch.ops.aten.nll_loss_forward.default)(lambda *args: None)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_uint8_condition_and_target_as_on_cpu(mode):
+    """Regression: CPU takes a uint8 ``where`` condition (with a deprecation warning) and a uint8
+    ``nll_loss`` target; PyTorch's meta kernels refuse both, so tpu raised."""
+    from torchtpu.lowering import meta_checks
+
+    meta_checks._warned_where_uint8 = False
+    n = 4 if mode == "strict" else 5  # a new op key: the warning comes with its meta kernel's call
+    cond = torch.tensor([1, 0, 2, 0, 3][:n], dtype=torch.uint8)
+    a, b = torch.arange(float(n)), -torch.arange(float(n))
+    logits = torch.randn(4, 3)
+    target = torch.tensor([0, 2, 1, 2], dtype=torch.uint8)
+    with torch.tpu.eager_mode(mode):
+        with pytest.warns(UserWarning, match="uint8 condition tensor"):
+            got = torch.where(cond.to("tpu"), a.to("tpu"), b.to("tpu")).cpu()
+        x = logits.to("tpu").requires_grad_()
+        loss = F.cross_entropy(x, target.to("tpu"))
+        loss.backward()
+        got_loss, got_grad = loss.item(), x.grad.cpu()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU's own warning comes once per process
+        torch.testing.assert_close(got, torch.where(cond, a, b))
+    x = logits.clone().requires_grad_()
+    want = F.cross_entropy(x, target)
+    want.backward()
+    assert got_loss == pytest.approx(want.item(), rel=1e-6)
+    torch.testing.assert_close(got_grad, x.grad)

@@ -442,7 +442,8 @@ def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], l
     try:
         if plan.mutated:
             call_op(plan.op, _args_for(plan.op, meta_args))
-        meta_out = call_op(plan.functional, func_args)
+        adapt = registry.meta_arguments(plan.functional)
+        meta_out = call_op(plan.functional, func_args if adapt is None else adapt(*func_args))
     except RuntimeError as e:
         operands = func_args
         if plan.functional in _MASK_FIRST and not plan.mutated:

@@ -257,6 +257,14 @@ def _bernoulli_tensor_bounds(x: torch.Tensor, p: torch.Tensor, *rest: Any) -> li
     return _bernoulli_bounds(p)
 
 
+@register_index_bounds(aten.normal.Tensor_Tensor, aten.normal.float_Tensor)
+def _normal_std_bounds(mean: Any, std: Any, *rest: Any) -> list[Bound]:
+    """CPU refuses a tensor std with a negative or NaN element."""
+    if not _computed_on_device(std) or not std.numel():
+        return []
+    return [Bound((~(std >= 0)).any().to(torch.int64), 0, 1, RuntimeError, "normal expects all elements of std >= 0.0")]
+
+
 @register_index_bounds(aten.multinomial.default)
 def _multinomial_bounds(probs: torch.Tensor, *rest: Any) -> list[Bound]:
     """CPU refuses a negative, infinite or NaN probability, then a row summing to zero or less; the

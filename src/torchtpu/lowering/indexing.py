@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .builder import Builder, Value
-from .registry import LoweringContext, register
+from .registry import LoweringContext, register, register_argument_check
 
 aten = torch.ops.aten
 
@@ -371,6 +371,21 @@ def _embedding_renorm(ctx: LoweringContext, weight: Value, indices: Value, max_n
     hit = b.binary("and", b.compare(used, b.constant(0, torch.int32, (n,)), "NE"), b.compare(norms, mx, "GT"))
     scale = b.select(hit, scale, b.constant(1.0, acc, (n,)))
     return b.convert(b.mul(w, b.broadcast_in_dim(scale, weight.shape, [0])), weight.dtype)
+
+
+@register_argument_check(aten.histc.default)
+def _check_histc(x: Any, bins: int = 100, low: Any = 0, high: Any = 0) -> None:
+    """CPU's argument errors (the edges are runtime scalars, so this runs on every call). With
+    min == max the range is the data's: CPU and CUDA read its min and max then, and so does an
+    eager call here, to refuse a range that is not finite (an inf or NaN element)."""
+    if bins <= 0:
+        raise RuntimeError(f"torch.histogram(): bins must be > 0, but got {bins} for dimension 0")
+    if low > high:
+        raise RuntimeError("torch.histc: max must be larger than min")
+    if low == high and isinstance(x, torch.Tensor) and x.numel():
+        low, high = torch.stack([x.detach().min(), x.detach().max()]).tolist()
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise RuntimeError(f"torch.histc: range of [{low:g}, {high:g}] is not finite")
 
 
 @register(aten.histc.default)

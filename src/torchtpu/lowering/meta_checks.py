@@ -9,11 +9,13 @@ overload gets all of that overload's arguments, out tensors included.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .registry import register_meta_check
+from .registry import register_meta_arguments, register_meta_check
 
 aten = torch.ops.aten
 
@@ -288,16 +290,62 @@ def _index_select_dtype(x: torch.Tensor, dim: int, index: torch.Tensor) -> None:
         raise RuntimeError("index_select(): Expected dtype int32 or int64 for index")
 
 
-@register_meta_check(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+@register_meta_check(aten.nll_loss_forward.default)
 def _nll_loss(x: torch.Tensor, target: torch.Tensor, weight: Any, *rest: Any) -> None:
     """The target's dtype (the meta kernel takes int32 too), then the weight's size (the meta
     kernel asserts)."""
     if target.dtype not in (torch.int64, torch.uint8):
         raise RuntimeError(f"expected target dtype to be Long or Byte, but got {scalar_type_name(target.dtype)}")
+    _nll_loss_weight(x, weight)
+
+
+@register_meta_check(aten.nll_loss2d_forward.default)
+def _nll_loss2d(x: torch.Tensor, target: torch.Tensor, weight: Any, *rest: Any) -> None:
+    """CPU's 2-d kernel takes int64 targets only (the 1-d one uint8 too)."""
+    if target.dtype != torch.int64:
+        raise RuntimeError(f"expected scalar type Long but found {scalar_type_name(target.dtype)}")
+    _nll_loss_weight(x, weight)
+
+
+def _nll_loss_weight(x: torch.Tensor, weight: Any) -> None:
     classes = x.shape[1] if x.dim() >= 2 else x.shape[0] if x.dim() == 1 else 1
     if weight is not None and weight.numel() != classes:
         raise RuntimeError(f"weight tensor should be defined either for all {classes} classes or no classes but got "
                            f"weight tensor of shape: {list(weight.shape)}")
+
+
+_WHERE_UINT8 = ("where received a uint8 condition tensor. This behavior is deprecated and will be removed in a "
+                 "future version of PyTorch. Use a boolean condition instead.")
+_warned_where_uint8 = False
+
+
+@register_meta_arguments(aten.where.self)
+def _where_uint8_condition(cond: torch.Tensor, *rest: Any) -> list[Any]:
+    """CPU takes a uint8 condition as a bool one, with a deprecation warning once per process;
+    the meta kernel refuses it. The lowering compares it with zero."""
+    global _warned_where_uint8
+    if cond.dtype != torch.uint8:
+        return [cond, *rest]
+    if not _warned_where_uint8:
+        _warned_where_uint8 = True
+        warnings.warn(_WHERE_UINT8, UserWarning, stacklevel=2)
+    return [cond.to(torch.bool), *rest]
+
+
+def _uint8_target_as_long(at: int) -> Callable[..., list[Any]]:
+    """CPU's 1-d nll_loss kernels take a uint8 target (argument ``at``); the meta kernel's
+    gather refuses it, so the meta call gets an int64 one."""
+
+    def adapt(*args: Any) -> list[Any]:
+        if args[at].dtype != torch.uint8:
+            return list(args)
+        return [*args[:at], args[at].to(torch.int64), *args[at + 1:]]
+
+    return adapt
+
+
+register_meta_arguments(aten.nll_loss_forward.default)(_uint8_target_as_long(1))  # (self, target, ...)
+register_meta_arguments(aten.nll_loss_backward.default)(_uint8_target_as_long(2))  # (grad, self, target, ...)
 
 
 @register_meta_check(aten.where.self)

@@ -151,6 +151,21 @@ def _check_log_normal(x: Any, mean: Any = 1.0, std: Any = 2.0, generator: Any = 
         raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std:g}")
 
 
+def _check_normal_std(std: Any) -> None:
+    if isinstance(std, (int, float)) and not std >= 0.0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+
+
+@register_argument_check(aten.normal_functional.default)
+def _check_normal_(x: Any, mean: Any = 0.0, std: Any = 1.0, generator: Any = None) -> None:
+    _check_normal_std(std)
+
+
+@register_argument_check(aten.normal.Tensor_float, aten.normal.float_float)
+def _check_normal(mean: Any, std: Any = 1.0, *rest: Any) -> None:
+    _check_normal_std(std)  # a tensor std is a derived check (index_bounds.py)
+
+
 @register_argument_check(aten.geometric.default)
 def _check_geometric(x: Any, p: Any, generator: Any = None) -> None:
     if not 0 < p < 1:
@@ -228,6 +243,7 @@ def _normal_float_float(ctx: LoweringContext, mean: Any, std: Any, size: list[in
 
 def _random_int(ctx: LoweringContext, lo: Any, hi: Any, generator: Any) -> Value:
     """Integers uniform in [lo, hi) from 2 x 32 random bits (computed in f64, then floored)."""
+    _check_random_range(lo, hi)  # eager calls checked it already; a compiled randint is checked here
     b = ctx.b
     shape = ctx.out_shape()
     state = _seed(ctx, generator)
@@ -240,10 +256,19 @@ def _random_int(ctx: LoweringContext, lo: Any, hi: Any, generator: Any) -> Value
     return b.convert(b.convert(r, torch.int64), ctx.out_dtype())
 
 
+def _check_random_range(lo: Any, hi: Any) -> None:
+    if isinstance(lo, int) and isinstance(hi, int) and lo >= hi:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={lo} >= to={hi}")
+
+
 @register_argument_check(getattr(aten.random, "from"))
 def _check_random_from(x: Any, lo: int, hi: int | None, generator: Any = None) -> None:
-    if hi is not None and lo >= hi:
-        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={lo} >= to={hi}")
+    _check_random_range(lo, hi)
+
+
+@register_argument_check(aten.random.to)
+def _check_random_to(x: Any, hi: int, generator: Any = None) -> None:
+    _check_random_range(0, hi)
 
 
 @register(getattr(aten.random, "from"))

@@ -39,6 +39,10 @@ _INDEX_BOUNDS: dict[Any, Callable[..., list]] = {}
 # (a convolution of a channels-last input is channels-last): ``fn(metas, *meta_args)`` returns
 # the output metas to use, restrided.
 _OUTPUT_LAYOUTS: dict[Any, Callable[..., list]] = {}
+# Arguments that CPU's kernel converts itself and PyTorch's meta kernel refuses (a uint8 mask of
+# ``where``, a uint8 target of ``nll_loss``): ``fn(*meta_args)`` returns the meta arguments to
+# call the meta kernel with. The lowering gets the original arguments.
+_META_ARGUMENTS: dict[Any, Callable[..., list]] = {}
 
 
 def register(*ops: Any) -> Callable[[Lowering], Lowering]:
@@ -103,6 +107,7 @@ register_meta_check = _registrar(_META_CHECKS)
 register_argument_check = _registrar(_ARGUMENT_CHECKS)
 register_index_bounds = _registrar(_INDEX_BOUNDS)
 register_output_layout = _registrar(_OUTPUT_LAYOUTS)
+register_meta_arguments = _registrar(_META_ARGUMENTS)
 
 
 def host_kernel(op: torch._ops.OpOverload) -> Callable[..., Any] | None:
@@ -127,6 +132,10 @@ def index_bounds(op: torch._ops.OpOverload) -> Callable[..., list] | None:
 
 def output_layout(op: torch._ops.OpOverload) -> Callable[..., list] | None:
     return _OUTPUT_LAYOUTS.get(op)
+
+
+def meta_arguments(op: torch._ops.OpOverload) -> Callable[..., list] | None:
+    return _META_ARGUMENTS.get(op)
 
 
 def lookup(op: torch._ops.OpOverload) -> Lowering | None:

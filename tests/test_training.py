@@ -243,6 +243,9 @@ _FUSED_CASES = [
     (torch.optim.SGD, {"lr": 0.1}),
     (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
     (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "maximize": True}),
+    (torch.optim.Adagrad, {"lr": 0.1}),
+    (torch.optim.Adagrad, {"lr": 0.1, "lr_decay": 0.2, "weight_decay": 0.01, "maximize": True,
+                           "initial_accumulator_value": 0.5}),
 ]
 
 
@@ -264,10 +267,11 @@ def _fused_run(device, cls, kw, dtype, tensor_lr):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cls,kw,tensor_lr", [(c, k, t) for c, k in _FUSED_CASES for t in (False, True)
-                                              if not t or k.get("momentum")])  # (a tensor lr: same path)
+                                              if not t or k.get("momentum") or k.get("lr_decay")])
+# (a tensor lr takes the same path in the other cases)
 def test_fused_optimizers_match_cpu(cls, kw, dtype, tensor_lr):
-    """Regression: Adam/AdamW/SGD(fused=True) raised NotImplementedError for aten::_fused_adam_
-    (_fused_adamw_, _fused_sgd_). Parameters and optimizer state after three steps of a
+    """Regression: Adam/AdamW/SGD/Adagrad(fused=True) raised NotImplementedError for
+    aten::_fused_adam_ (_fused_adamw_, _fused_sgd_, _fused_adagrad_). Parameters and optimizer state after three steps of a
     learning-rate schedule, against CPU's fused kernels."""
     # PyTorch 2.13's CPU fused SGD skips the parameter update of bf16/f16 elements in whole
     # vectors (32 at a time); it is checked here against CPU's f32 step, which is the same
@@ -281,7 +285,7 @@ def test_fused_optimizers_match_cpu(cls, kw, dtype, tensor_lr):
 
 
 @pytest.mark.parametrize("found_inf", [0.0, 1.0])
-@pytest.mark.parametrize("op", [torch._fused_adamw_, torch._fused_sgd_])
+@pytest.mark.parametrize("op", [torch._fused_adamw_, torch._fused_sgd_, torch._fused_adagrad_])
 def test_fused_step_grad_scale_and_found_inf_match_cpu(op, found_inf):
     """GradScaler's path into a fused step: gradients unscaled in place, and a found inf
     leaves every tensor unchanged."""
@@ -297,6 +301,12 @@ def test_fused_step_grad_scale_and_found_inf_match_cpu(op, found_inf):
             op(params, grads, bufs, avg_sq, [], steps, lr=0.01, beta1=0.9, beta2=0.99, weight_decay=0.1, eps=1e-8,
                amsgrad=False, maximize=False, grad_scale=scale, found_inf=found)
             tensors = params + grads + bufs + avg_sq
+        elif op is torch._fused_adagrad_:
+            steps = [torch.tensor(3.0, device=device)]
+            bufs = [b.abs() for b in bufs]  # sums of squares
+            op(params, grads, bufs, steps, lr=0.1, lr_decay=0.1, weight_decay=0.01, eps=1e-10, maximize=False,
+               grad_scale=scale, found_inf=found)
+            tensors = params + grads + bufs + steps
         else:
             op(params, grads, bufs, weight_decay=0.01, momentum=0.9, lr=0.1, dampening=0.0, nesterov=False,
                maximize=False, is_first_step=False, grad_scale=scale, found_inf=found)

@@ -1,7 +1,7 @@
-"""Fused optimizer steps: ``torch.optim.Adam/AdamW/SGD(..., fused=True)``.
+"""Fused optimizer steps: ``torch.optim.Adam/AdamW/SGD/Adagrad(..., fused=True)``.
 
 Each call updates every parameter of a group in one program, as CUDA's fused kernels do,
-with the math of CPU's kernels (aten/src/ATen/native/cpu/Fused{Adam,SGD}Kernel.cpp) in
+with the math of CPU's kernels (aten/src/ATen/native/cpu/Fused{Adam,SGD,Adagrad}Kernel.cpp) in
 the op math type: the optional ``grad_scale`` unscales the gradients (written back, as
 CPU does), and a ``found_inf`` of 1.0 leaves every tensor as it was (GradScaler's
 skipped step). The scalar hyper-parameters are runtime values, so one program serves
@@ -139,6 +139,39 @@ def _fused_sgd(ctx: LoweringContext, params: list, grads: list, momentum_buffers
                  for old, new in zip([params, grads, momentum_buffers], outs))
 
 
+@register(aten._fused_adagrad.default, aten._fused_adagrad.tensor_lr)
+def _fused_adagrad(ctx: LoweringContext, params: list, grads: list, state_sums: list, state_steps: list, lr: Any,
+                   lr_decay: Any, weight_decay: Any, eps: Any, maximize: bool, grad_scale: Value | None = None,
+                   found_inf: Value | None = None) -> tuple:
+    """CPU's FusedAdagradKernel: the optimizer has counted the step already; the learning rate
+    decays to lr / (1 + (step - 1) * lr_decay)."""
+    b = ctx.b
+    outs: list[list[Value]] = [[], [], []]
+    for i, p in enumerate(params):
+        acc = opmath(p.dtype)
+        shape = p.shape
+
+        def s(x: Any, acc: torch.dtype = acc, shape: tuple[int, ...] = shape) -> Value:
+            return ctx.scalar(x, acc, shape)
+
+        one = b.constant(1.0, acc, shape)
+        clr = b.div(s(lr), b.add(one, b.mul(b.sub(s(state_steps[i]), one), s(lr_decay))))
+        g, grad_out = _unscaled(ctx, grads[i], grad_scale, acc)
+        if maximize:
+            g = b.unary("negate", g)
+        param = b.convert(p, acc)
+        g = b.select(_nonzero(b, s(weight_decay)), b.add(g, b.mul(param, s(weight_decay))), g)
+        total = b.add(b.convert(state_sums[i], acc), b.mul(g, g))
+        std = b.add(b.unary("sqrt", total), s(eps))
+        outs[0].append(b.convert(b.sub(param, b.div(b.mul(clr, g), std)), p.dtype))
+        outs[1].append(grad_out)
+        outs[2].append(b.convert(total, p.dtype))
+    result = [_skip_if_found_inf(ctx, found_inf, old, new) for old, new in zip([params, grads, state_sums], outs)]
+    if ctx.op is aten._fused_adagrad.default:  # its state_steps are written (unchanged) too
+        result.append(list(state_steps))
+    return tuple(result)
+
+
 # PyTorch has a meta kernel for _fused_adam_ only; the engine runs every op on meta
 # tensors first (shapes of what it writes). In-place steps write nothing new.
 def _writes_in_place(*args: Any, **kwargs: Any) -> None:
@@ -147,5 +180,5 @@ def _writes_in_place(*args: Any, **kwargs: Any) -> None:
 
 _meta_lib = torch.library.Library("aten", "IMPL")
 for _name in ("_fused_adam_.tensor_lr", "_fused_adamw_", "_fused_adamw_.tensor_lr", "_fused_sgd_",
-              "_fused_sgd_.tensor_lr"):
+              "_fused_sgd_.tensor_lr", "_fused_adagrad_", "_fused_adagrad_.tensor_lr"):
     _meta_lib.impl(_name, _writes_in_place, "Meta")

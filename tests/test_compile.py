@@ -407,3 +407,52 @@ def test_assert_async_eager_matches_cpu(mode):
             else:
                 with pytest.raises(RuntimeError, match=expected):
                     torch._assert_async(args[0].to("tpu"), *args[1:])
+
+
+def test_default_backend_compiles_tpu_graphs(recwarn):
+    """Regression: a CUDA script's plain ``torch.compile(model)`` (Inductor) failed on tpu tensors
+    with "No module named 'jax'" (Inductor's "tpu" code generator is Pallas). Graphs holding tpu
+    tensors now go to the "tpu" backend: the same results, training included, without a warning."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 2))
+    ref = copy.deepcopy(model).to("tpu")
+    model = model.to("tpu")
+    x = torch.randn(4, 8).to("tpu")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref)]
+
+    def step(m, opt):
+        opt.zero_grad()
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled = torch.compile(step)
+    tpu_backend = torch.compile(step, backend="tpu")
+    for _ in range(3):
+        torch.testing.assert_close(compiled(model, opts[0]).cpu(), tpu_backend(ref, opts[1]).cpu())
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q.cpu())
+    assert not [w for w in recwarn if "torchtpu" in str(w.message)]
+    torch._dynamo.reset()
+
+
+def test_inductor_settings_on_tpu_graphs_warn_once():
+    import torchtpu.compile as tpu_compile
+
+    torch._dynamo.reset()
+    tpu_compile._warned_inductor_settings = False
+    x = torch.ones(3).to("tpu")
+    with pytest.warns(UserWarning, match="Inductor settings"):
+        out = torch.compile(lambda a: a * 2 + 1, mode="max-autotune")(x)
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 3.0))
+    torch._dynamo.reset()
+
+
+def test_graphs_without_tpu_tensors_are_left_to_inductor():
+    from torchtpu.compile import holds_tpu_tensors
+
+    gm = torch.fx.symbolic_trace(lambda a: a + 1)
+    assert not holds_tpu_tensors(gm, [torch.ones(2)])
+    assert holds_tpu_tensors(gm, [torch.ones(2, device="tpu")])

@@ -45,3 +45,6 @@ def install() -> None:
         # thread, where an exception raised by a Python kernel can abort the
         # process at exit. On the calling thread it propagates normally.
         torch.autograd.set_multithreading_enabled(False)
+        from .compile import route_default_compile
+
+        route_default_compile()

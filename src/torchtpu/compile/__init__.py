@@ -1,9 +1,14 @@
-"""``torch.compile(model, backend="tpu")``.
+"""``torch.compile(model, backend="tpu")``, and ``torch.compile(model)`` on tpu tensors.
 
 Dynamo's graph goes through AOTAutograd (forward and backward graphs, core
 ATen after decomposition); each graph is lowered with the eager lowering
 registry into ONE StableHLO module and compiled by XLA. Graph breaks run in
 the current eager mode.
+
+The default backend, Inductor, has no code generator for this device (its "tpu"
+entry is a Pallas generator that needs JAX), so a CUDA script's plain
+``torch.compile(model)`` would fail on tpu tensors: graphs holding tpu tensors are
+routed to this backend instead (``route_default_compile``).
 """
 
 from __future__ import annotations
@@ -102,3 +107,40 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
                                 # graph, where they become storage write-backs of one program.
                                 keep_inference_input_mutations=True)
     return _backend(gm, example_inputs, **kwargs)
+
+
+def holds_tpu_tensors(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> bool:
+    """Whether a Dynamo graph takes or makes a tpu tensor."""
+    if any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in example_inputs):
+        return True
+    return any(t.device.type == "tpu" for node in gm.graph.nodes for t in _tensor_values(node))
+
+
+_warned_inductor_settings = False
+
+
+def route_default_compile() -> None:
+    """Send graphs holding tpu tensors that reach Inductor (``torch.compile``'s default backend)
+    to the ``"tpu"`` backend, so ``torch.compile(model)`` works unchanged after ``.to("tpu")``.
+
+    ``torch.compile`` calls its Inductor wrapper directly, not through Dynamo's backend
+    registry, so the wrapper's ``__call__`` is the one place to route from (torch is pinned,
+    so its shape is known). Graphs without tpu tensors still go to Inductor.
+    """
+    wrapper = torch._TorchCompileInductorWrapper
+    if getattr(wrapper, "_torchtpu_routed", False):
+        return
+    inductor_call = wrapper.__call__
+
+    def __call__(self: Any, model_: torch.fx.GraphModule, inputs_: list[Any], *, config_patches: Any = None) -> Any:
+        global _warned_inductor_settings
+        if not holds_tpu_tensors(model_, inputs_):
+            return inductor_call(self, model_, inputs_, config_patches=config_patches)
+        if (self.config or config_patches) and not _warned_inductor_settings:
+            _warned_inductor_settings = True
+            warnings.warn("torchtpu: torch.compile's mode and options are Inductor settings; tpu graphs compile "
+                          "with the 'tpu' backend (XLA), which does not read them", stacklevel=2)
+        return tpu_backend(model_, inputs_)
+
+    wrapper.__call__ = __call__
+    wrapper._torchtpu_routed = True

@@ -51,7 +51,7 @@ def test_compiled_gpt_training_step_matches_eager():
             assert abs(le - lc) <= 1e-4 * abs(le), (le, lc)
 
 
-def test_whole_training_step_compiles_to_one_graph(monkeypatch):
+def test_whole_training_step_compiles_to_one_graph():
     """Forward, backward and optimizer.step() in one Dynamo graph, hence one XLA program.
 
     By default Dynamo breaks the graph at ``loss.backward()`` (the backend then runs the two
@@ -60,7 +60,14 @@ def test_whole_training_step_compiles_to_one_graph(monkeypatch):
     function: Dynamo skips tracing it, and with it inside the step the flag's rewrite leaves the
     parameters unchanged, with any backend, CPU ``eager`` included (a PyTorch limitation).
     """
-    monkeypatch.setattr(torch._dynamo.config, "trace_autograd_ops", True)
+    # config.patch, not monkeypatch: the flag is a hidden config entry, and monkeypatch's undo
+    # leaves it unreadable for later tests that trace a backward
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        _whole_training_step_in_one_graph()
+    torch._dynamo.reset()  # no graph traced under the flag outlives this test
+
+
+def _whole_training_step_in_one_graph():
     torch._dynamo.reset()
     torch.manual_seed(0)
     cfg = GPTConfig(seq=32, d_model=64, layers=2)
@@ -94,7 +101,6 @@ def test_whole_training_step_compiles_to_one_graph(monkeypatch):
     for p0, pe, pc in zip(base.parameters(), me.parameters(), mc.parameters()):
         assert (pc.cpu() - p0).abs().max() > 1e-3
         torch.testing.assert_close(pc.cpu(), pe.cpu(), rtol=1e-3, atol=1e-4)
-    torch._dynamo.reset()  # no graph traced under the flag outlives this test
 
 
 def test_backend_registered_by_entry_point():
@@ -456,3 +462,48 @@ def test_graphs_without_tpu_tensors_are_left_to_inductor():
     gm = torch.fx.symbolic_trace(lambda a: a + 1)
     assert not holds_tpu_tensors(gm, [torch.ones(2)])
     assert holds_tpu_tensors(gm, [torch.ones(2, device="tpu")])
+
+
+def _branchy(x, y):
+    return torch.cond(x.sum() > 0, lambda x, y: (x * 2 + y).sin(), lambda x, y: x - y.exp(), (x, y))
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_cond_compiles_to_one_program_with_backward(sign):
+    """Regression: torch.cond in a compiled graph raised "cannot lower graph node cond". It is now
+    a stablehlo.if: both branches, forward and backward, match CPU."""
+    x = sign * (torch.rand(4) + 0.1)
+    y = torch.randn(4)
+    xr = x.clone().requires_grad_()
+    ref = _branchy(xr, y)
+    ref.sum().backward()
+    xt = x.to("tpu").requires_grad_()
+    out = torch.compile(_branchy, backend="tpu")(xt, y.to("tpu"))
+    out.sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), ref.detach())
+    torch.testing.assert_close(xt.grad.cpu(), xr.grad)
+
+
+def test_while_loop_and_nested_cond_compile():
+    from torch._higher_order_ops import while_loop
+
+    def collatz_steps(n, scale):
+        def body(i, v, acc):
+            v = torch.cond(v % 2 == 0, lambda v: v // 2, lambda v: 3 * v + 1, (v,))
+            return i + 1, v, acc + scale.sum()
+        return while_loop(lambda i, v, acc: v != 1, body, (torch.zeros_like(n), n, torch.zeros_like(scale.sum())))
+
+    n, scale = torch.tensor(27), torch.tensor([0.5, 0.25])
+    want = collatz_steps(n, scale)
+    got = torch.compile(collatz_steps, backend="tpu")(n.to("tpu"), scale.to("tpu"))
+    assert [int(t) for t in want[:2]] == [111, 1]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w)
+
+
+def test_cond_in_a_dynamic_graph():
+    """Graphs with symbolic sizes get concrete values per size, for the branches' nodes too."""
+    compiled = torch.compile(_branchy, backend="tpu", dynamic=True)
+    for n in (3, 5, 9):
+        x, y = torch.randn(n), torch.randn(n)
+        torch.testing.assert_close(compiled(x.to("tpu"), y.to("tpu")).cpu(), _branchy(x, y))

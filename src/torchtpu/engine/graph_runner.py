@@ -59,7 +59,9 @@ class GraphProgram:
         outs = out_node.args[0]
         self.out_is_tuple = isinstance(outs, (list, tuple))
         self.out_nodes = list(outs) if self.out_is_tuple else [outs]
-        self.random = any(_is_random(n) for n in self.graph.nodes)
+        # subgraphs too (torch.cond's branches, a while_loop's body): they draw from the graph's seed
+        self.random = any(_is_random(n) for m in gm.modules() if isinstance(m, torch.fx.GraphModule)
+                          for n in m.graph.nodes)
         self.cache: dict[_C.OpKey, executor.Entry] = {}
         self.compiles = 0
         # Traced with symbolic shapes (dynamic=True / mark_dynamic): each program
@@ -437,6 +439,13 @@ class _MetaRecorder(torch.fx.Interpreter):
         self.values[n] = out
         return out
 
+    def _record(self, gm: torch.fx.GraphModule, inputs: Any) -> Any:
+        """Run a control-flow subgraph on meta values, recording its nodes' values too."""
+        sub = _MetaRecorder(gm)
+        out = sub.run(*inputs)
+        self.values.update(sub.values)
+        return out
+
     def get_attr(self, target: Any, args: tuple, kwargs: dict) -> Any:
         value = super().get_attr(target, args, kwargs)
         if isinstance(value, torch.Tensor):
@@ -444,6 +453,17 @@ class _MetaRecorder(torch.fx.Interpreter):
         return value
 
     def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        if target is torch.ops.higher_order.cond:
+            # both branches' nodes get values (each is lowered); either gives the result's
+            _, true_gm, false_gm, operands = args
+            result = self._record(true_gm, operands)
+            self._record(false_gm, operands)
+            return result
+        if target is torch.ops.higher_order.while_loop:
+            cond_gm, body_gm, carried, additional = args
+            for gm in (cond_gm, body_gm):
+                self._record(gm, [*carried, *additional])
+            return tuple(carried)  # a loop keeps its state's shapes
         # Factories in the graph name the tpu device: make them on meta too.
         dev = kwargs.get("device")
         if isinstance(dev, torch.device) and dev.type == "tpu":

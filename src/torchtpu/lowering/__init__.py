@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401
     amp,
+    control_flow,
     conv,
     ctc,
     data_dependent,

@@ -200,6 +200,8 @@ class Builder:
         self._lines.append(f'{self._indent}"stablehlo.return"({rets}) : ({rtypes}) -> ()')
         body_text = "\n".join(self._lines)
         self._lines, self._indent = saved_lines, saved_indent
+        if not pvals:  # an entry block without arguments takes no label (stablehlo.if's branches)
+            return "{\n" + body_text + "\n" + self._indent + "}"
         header = ", ".join(f"{p.name}: {p.type}" for p in pvals)
         return "{\n" + f"{self._indent}  ^bb0({header}):\n" + body_text + "\n" + self._indent + "}"
 

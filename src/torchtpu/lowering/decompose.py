@@ -192,6 +192,13 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
                 env[node] = target(*args, **kwargs)
                 continue
             val = vals[node] if vals is not None and node in vals else node.meta.get("val")
+            if isinstance(target, torch._ops.HigherOrderOperator):
+                lower_higher_order = registry.higher_order(target)
+                if lower_higher_order is None:
+                    raise NotImplementedError(f"torchtpu: cannot lower graph node {target} (the higher-order op "
+                                              f"{target.__name__} has no lowering yet)")
+                env[node] = lower_higher_order(b, args, val, precision, extras, vals)
+                continue
             if not isinstance(target, torch._ops.OpOverload):
                 if _has_value(args) or _has_value(list(kwargs.values())):
                     raise NotImplementedError(f"torchtpu: cannot lower graph node {target}")

@@ -43,6 +43,10 @@ _OUTPUT_LAYOUTS: dict[Any, Callable[..., list]] = {}
 # ``where``, a uint8 target of ``nll_loss``): ``fn(*meta_args)`` returns the meta arguments to
 # call the meta kernel with. The lowering gets the original arguments.
 _META_ARGUMENTS: dict[Any, Callable[..., list]] = {}
+# Higher-order ops of compiled graphs (torch.cond, while_loop): ``fn(b, args, val, precision,
+# extras, vals)`` lowers the node (``val``: its example value), its subgraphs included, into the
+# builder (``vals``: concrete values of the graph's nodes, subgraphs' too, for symbolic graphs).
+_HIGHER_ORDER: dict[Any, Callable[..., Any]] = {}
 
 
 def register(*ops: Any) -> Callable[[Lowering], Lowering]:
@@ -108,6 +112,7 @@ register_argument_check = _registrar(_ARGUMENT_CHECKS)
 register_index_bounds = _registrar(_INDEX_BOUNDS)
 register_output_layout = _registrar(_OUTPUT_LAYOUTS)
 register_meta_arguments = _registrar(_META_ARGUMENTS)
+register_higher_order = _registrar(_HIGHER_ORDER)
 
 
 def host_kernel(op: torch._ops.OpOverload) -> Callable[..., Any] | None:
@@ -136,6 +141,10 @@ def output_layout(op: torch._ops.OpOverload) -> Callable[..., list] | None:
 
 def meta_arguments(op: torch._ops.OpOverload) -> Callable[..., list] | None:
     return _META_ARGUMENTS.get(op)
+
+
+def higher_order(op: Any) -> Callable[..., Any] | None:
+    return _HIGHER_ORDER.get(op)
 
 
 def lookup(op: torch._ops.OpOverload) -> Lowering | None:

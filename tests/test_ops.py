@@ -1322,3 +1322,25 @@ def test_uint8_condition_and_target_as_on_cpu(mode):
     want.backward()
     assert got_loss == pytest.approx(want.item(), rel=1e-6)
     torch.testing.assert_close(got_grad, x.grad)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "debug"])
+def test_cpu_index_tensors_index_tpu_tensors(mode):
+    """Regression: ``x[torch.tensor([1, 3])]`` raised "Expected all tensors to be on the same
+    device" for a tpu ``x``; CUDA's advanced indexing moves CPU index tensors to the device
+    (reads and writes, integer and boolean)."""
+    base = torch.arange(12.0).reshape(3, 4)
+    rows, mask = torch.tensor([2, 0]), torch.tensor([True, False, True])
+    want_read = [base[rows], base[mask], base[rows, torch.tensor([1, 3])]]
+    want = base.clone()
+    want[rows, 1:3] = -1.0
+    want.index_put_((torch.tensor([1]),), torch.tensor(5.0), accumulate=True)
+    with torch.tpu.eager_mode(mode):
+        x = base.to("tpu")
+        got_read = [t.cpu() for t in (x[rows], x[mask], x[rows, torch.tensor([1, 3])])]
+        x[rows, 1:3] = -1.0
+        x.index_put_((torch.tensor([1]),), torch.tensor(5.0, device="tpu"), accumulate=True)
+        got = x.cpu()
+    for g, w in zip(got_read, want_read):
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(got, want)

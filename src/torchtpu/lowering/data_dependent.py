@@ -114,6 +114,15 @@ def masked_select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return aten.index_select.default(xb.reshape(-1), 0, flat_idx)
 
 
+def _prepared_indices(x: torch.Tensor, indices: list[Any]) -> list[Any]:
+    """Advanced-indexing indices as the engine takes them: on ``x``'s device (CPU and CUDA index
+    tensors of another device are moved, so ``x[torch.tensor([1, 3])]`` works on tpu as it does
+    on CUDA), and boolean ones as their nonzero() long coordinates (one per masked dim)."""
+    indices = [t.to(x.device) if isinstance(t, torch.Tensor) and t.device != x.device else t for t in indices]
+    expanded = _expand_bool_indices(indices)
+    return expanded if expanded is not None else indices
+
+
 def _expand_bool_indices(indices: list[Any]) -> list[Any] | None:
     """Boolean index tensors -> their nonzero() long coordinates (one per masked dim)."""
     if not any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in indices):
@@ -136,15 +145,13 @@ def _engine(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
 
 @register_host_kernel(aten.index.Tensor)
 def index(x: torch.Tensor, indices: list[Any]) -> torch.Tensor:
-    expanded = _expand_bool_indices(list(indices))
-    return _engine(aten.index.Tensor, x, expanded if expanded is not None else indices)
+    return _engine(aten.index.Tensor, x, _prepared_indices(x, list(indices)))
 
 
 def _index_put_kernel(op: torch._ops.OpOverload):
     def kernel(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumulate: bool = False,
                *rest: Any) -> Any:
-        expanded = _expand_bool_indices(list(indices))
-        return _engine(op, x, expanded if expanded is not None else indices, values, accumulate, *rest)
+        return _engine(op, x, _prepared_indices(x, list(indices)), values, accumulate, *rest)
 
     return kernel
 
@@ -157,8 +164,7 @@ for _op in (aten.index_put.default, aten.index_put_.default):
 def _index_put_impl_(x: torch.Tensor, indices: list[Any], values: torch.Tensor, accumulate: bool = False,
                      unsafe: bool = False) -> torch.Tensor:
     # the engine lowers index_put_; `unsafe` only skips CPU-side index checks
-    expanded = _expand_bool_indices(list(indices))
-    return _engine(aten.index_put_.default, x, expanded if expanded is not None else indices, values, accumulate)
+    return _engine(aten.index_put_.default, x, _prepared_indices(x, list(indices)), values, accumulate)
 
 
 @register_host_kernel(aten.repeat_interleave.Tensor)

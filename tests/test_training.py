@@ -89,6 +89,50 @@ def test_bfloat16_model_and_autocast():
     assert m2.net[0].weight.grad.dtype == torch.float32
 
 
+def test_tpu_amp_mirrors_cuda_amp():
+    """``torch.tpu.amp`` as ``torch.cuda.amp`` (regression: it did not exist), and a bare
+    ``torch.autocast("tpu")`` in bfloat16 (it was PyTorch's float16 default for new devices)."""
+    import torch.tpu.amp as tpu_amp
+
+    with torch.autocast("tpu"):
+        assert (torch.ones(2, 2, device="tpu") @ torch.ones(2, 2, device="tpu")).dtype == torch.bfloat16
+    with tpu_amp.autocast(dtype=torch.float16):
+        assert (torch.ones(2, 2, device="tpu") @ torch.ones(2, 2, device="tpu")).dtype == torch.float16
+    runs = []
+    for scaler_of, autocast_of in ((lambda: torch.amp.GradScaler("tpu", init_scale=256.0),
+                                    lambda: torch.autocast("tpu", dtype=torch.float16)),
+                                   (lambda: tpu_amp.GradScaler(init_scale=256.0),
+                                    lambda: tpu_amp.autocast(dtype=torch.float16))):
+        torch.manual_seed(0)
+        m = MLP().to("tpu")
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        scaler = scaler_of()
+        for _ in range(3):
+            with autocast_of():
+                loss = m(torch.ones(4, 32, device="tpu")).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        runs.append([p.detach().cpu() for p in m.parameters()] + [torch.tensor(scaler.get_scale())])
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        @tpu_amp.custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        @tpu_amp.custom_bwd
+        def backward(ctx, g):
+            return g * 2
+
+    with tpu_amp.autocast():
+        assert Double.apply(torch.ones(2, device="tpu", dtype=torch.bfloat16)).dtype == torch.float32
+
+
 def _unscale_on(device, grads, found0, inv):
     g = [x.clone().to(device) for x in grads]
     found = torch.tensor([found0], device=device)

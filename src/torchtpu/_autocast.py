@@ -41,6 +41,9 @@ def _make(op: torch._ops.OpOverload, fp32: bool):
 
 
 def register() -> None:
+    # PyTorch defaults a new device's autocast dtype to float16 (CUDA's); TPU matrix units take
+    # bfloat16, so a bare torch.autocast("tpu") casts to that.
+    torch.set_autocast_dtype("tpu", torch.bfloat16)
     fb = torch.library.Library("_", "IMPL")
     fb.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     lib = torch.library.Library("aten", "IMPL")

@@ -28,6 +28,7 @@ def install() -> None:
 
         torch._register_device_module("tpu", device_module)
         sys.modules["torch.tpu"] = device_module
+        sys.modules["torch.tpu.amp"] = device_module.amp
         from . import _autocast, _kernels, _printing
         from .engine import executor
 

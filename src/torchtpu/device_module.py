@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from . import _C, _device_state
+from . import _C, _device_state, amp  # noqa: F401  (amp: torch.tpu.amp)
 from ._config import config
 from .engine import deferred, executor
 from .engine.precision import precision  # noqa: F401  (public: torch.tpu.precision)

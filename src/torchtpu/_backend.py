@@ -49,3 +49,6 @@ def install() -> None:
         from .compile import route_default_compile
 
         route_default_compile()
+        from . import parallel
+
+        parallel.install()

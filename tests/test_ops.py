@@ -722,6 +722,51 @@ def test_foreach_ops_one_program_per_call():
         torch.testing.assert_close(a.cpu(), b)
 
 
+@pytest.mark.parametrize("name,args", [("norm", ()), ("norm", (1,)), ("norm", (float("inf"),)), ("max", ()),
+                                       ("clone", ()), ("acos", ()), ("asin", ()), ("atan", ()), ("cosh", ()),
+                                       ("sinh", ()), ("tan", ()), ("erfc", ()), ("lgamma", ()), ("log10", ()),
+                                       ("log2", ())])
+def test_more_foreach_ops_match_cpu(name, args):
+    """_foreach_norm (clip_grad_norm_), _foreach_max, _foreach_clone and ten unary ops lower as
+    one program per call (regression: in compiled graphs, which keep them whole, they had no
+    lowering: a compiled step with clip_grad_norm_ raised NotImplementedError)."""
+    xs = [torch.rand(3, 4) * 0.9 + 0.05, torch.rand(5) * 0.9 + 0.05, torch.rand(2, 2) * 0.9 + 0.05]
+    fn = getattr(torch, f"_foreach_{name}")
+    want = fn(xs, *args)
+    before = torch.tpu.compile_cache_stats()
+    got = fn([x.to("tpu") for x in xs], *args)
+    after = torch.tpu.compile_cache_stats()
+    assert after["hits"] + after["misses"] - before["hits"] - before["misses"] == 1
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w)
+
+
+def test_compiled_step_with_clip_grad_norm_matches_eager():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    x = torch.randn(6, 8)
+    results = []
+    for device, compiled in (("cpu", False), ("tpu", True)):
+        m = copy.deepcopy(model).to(device)
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+
+        def step(inp, m=m, opt=opt):
+            loss = m(inp).pow(2).sum()
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.1)
+            opt.step()
+            opt.zero_grad()
+            return norm
+
+        run = torch.compile(step, backend="tpu") if compiled else step
+        with torch.tpu.precision("highest"):
+            norms = [run(x.to(device)).item() for _ in range(3)]
+        results.append((norms, [p.detach().cpu() for p in m.parameters()]))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_shape_setting_scalars_are_static():
     # arange's bounds set the output shape: they must be part of the cache key
     for n in (4, 6, 3):

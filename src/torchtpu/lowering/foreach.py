@@ -19,7 +19,8 @@ aten = torch.ops.aten
 # foreach op name -> overload of the single-tensor op used per element
 _BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "pow", "clamp_min", "clamp_max"]
 _UNARY = ["sqrt", "exp", "log", "abs", "neg", "reciprocal", "sigmoid", "tanh", "sign", "zero", "rsqrt", "sin",
-          "cos", "floor", "ceil", "round", "trunc", "frac", "log1p", "expm1", "erf"]
+          "cos", "floor", "ceil", "round", "trunc", "frac", "log1p", "expm1", "erf", "acos", "asin", "atan", "cosh",
+          "sinh", "tan", "erfc", "lgamma", "log10", "log2", "max", "clone"]
 _TERNARY = ["addcmul", "addcdiv", "lerp"]
 
 
@@ -76,6 +77,15 @@ def _register_all() -> None:
 
 
 _register_all()
+
+
+@register(aten._foreach_norm.Scalar, aten._foreach_norm.Scalar_out)
+def _foreach_norm(ctx: LoweringContext, tensors: list, ord: Any = 2, dtype: Any = None) -> list:
+    """Each tensor's vector norm (``clip_grad_norm_``'s first step), as linalg_vector_norm."""
+    base = aten.linalg_vector_norm.default
+    fn = registry.lookup(base)
+    return [fn(LoweringContext(ctx.b, base, [ctx.out[i]], ctx.precision, ctx.extras), t, ord, None, False, dtype)
+            for i, t in enumerate(tensors)]
 
 
 @register(aten._foreach_copy.default)

@@ -12,6 +12,8 @@ from them in f32 (CPU takes them in double: differences stay at f32 rounding).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -45,8 +47,34 @@ def _unscaled(ctx: LoweringContext, grad: Value, grad_scale: Value | None, acc: 
     return g, b.convert(g, grad.dtype)
 
 
+def _per_parameter(ctx: LoweringContext, params: list[Value]) -> Iterator[tuple[int, Value, torch.dtype, tuple,
+                                                                                Callable[[Any], Value]]]:
+    """Each parameter of a group: (position, value, op-math dtype, shape, ``s``), where ``s(x)`` is a
+    scalar hyper-parameter broadcast to the parameter in op math."""
+    for i, p in enumerate(params):
+        acc = opmath(p.dtype)
+        yield i, p, acc, p.shape, functools.partial(_broadcast_scalar, ctx, acc=acc, shape=p.shape)
+
+
+def _broadcast_scalar(ctx: LoweringContext, x: Any, acc: torch.dtype, shape: tuple) -> Value:
+    return ctx.scalar(x, acc, shape)
+
+
 def _nonzero(b: Builder, x: Value) -> Value:
     return b.compare(x, b.constant(0.0, x.dtype, x.shape), "NE")
+
+
+def _decayed_gradient(ctx: LoweringContext, p: Value, grad: Value, grad_scale: Value | None, maximize: bool,
+                      weight_decay: Any, acc: torch.dtype) -> tuple[Value, Value, Value]:
+    """(the parameter in op math, its gradient unscaled, negated when maximizing and with L2 weight
+    decay added, the gradient tensor's new value): the first steps of SGD's and Adagrad's kernels."""
+    b = ctx.b
+    g, grad_out = _unscaled(ctx, grad, grad_scale, acc)
+    if maximize:
+        g = b.unary("negate", g)
+    param = b.convert(p, acc)
+    decay = ctx.scalar(weight_decay, acc, p.shape)
+    return param, b.select(_nonzero(b, decay), b.add(g, b.mul(param, decay)), g), grad_out
 
 
 def _adam(ctx: LoweringContext, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, max_exp_avg_sqs: list,
@@ -54,13 +82,7 @@ def _adam(ctx: LoweringContext, params: list, grads: list, exp_avgs: list, exp_a
           maximize: bool, grad_scale: Value | None, found_inf: Value | None, decoupled: bool) -> tuple:
     b = ctx.b
     outs: list[list[Value]] = [[], [], [], [], []]
-    for i, p in enumerate(params):
-        acc = opmath(p.dtype)
-        shape = p.shape
-
-        def s(x: Any, acc: torch.dtype = acc, shape: tuple[int, ...] = shape) -> Value:
-            return ctx.scalar(x, acc, shape)
-
+    for i, p, acc, shape, s in _per_parameter(ctx, params):
         one = b.constant(1.0, acc, shape)
         step = s(state_steps[i])
         bias_correction1 = b.sub(one, b.binary("power", s(beta1), step))
@@ -112,18 +134,8 @@ def _fused_sgd(ctx: LoweringContext, params: list, grads: list, momentum_buffers
                grad_scale: Value | None = None, found_inf: Value | None = None) -> tuple:
     b = ctx.b
     outs: list[list[Value]] = [[], [], []]
-    for i, p in enumerate(params):
-        acc = opmath(p.dtype)
-        shape = p.shape
-
-        def s(x: Any, acc: torch.dtype = acc, shape: tuple[int, ...] = shape) -> Value:
-            return ctx.scalar(x, acc, shape)
-
-        g, grad_out = _unscaled(ctx, grads[i], grad_scale, acc)
-        if maximize:
-            g = b.unary("negate", g)
-        param = b.convert(p, acc)
-        g = b.select(_nonzero(b, s(weight_decay)), b.add(g, b.mul(param, s(weight_decay))), g)
+    for i, p, acc, shape, s in _per_parameter(ctx, params):
+        param, g, grad_out = _decayed_gradient(ctx, p, grads[i], grad_scale, maximize, weight_decay, acc)
         if momentum_buffers:  # the optimizer passes none when momentum is 0
             if is_first_step:
                 buf = g
@@ -147,20 +159,10 @@ def _fused_adagrad(ctx: LoweringContext, params: list, grads: list, state_sums: 
     decays to lr / (1 + (step - 1) * lr_decay)."""
     b = ctx.b
     outs: list[list[Value]] = [[], [], []]
-    for i, p in enumerate(params):
-        acc = opmath(p.dtype)
-        shape = p.shape
-
-        def s(x: Any, acc: torch.dtype = acc, shape: tuple[int, ...] = shape) -> Value:
-            return ctx.scalar(x, acc, shape)
-
+    for i, p, acc, shape, s in _per_parameter(ctx, params):
         one = b.constant(1.0, acc, shape)
         clr = b.div(s(lr), b.add(one, b.mul(b.sub(s(state_steps[i]), one), s(lr_decay))))
-        g, grad_out = _unscaled(ctx, grads[i], grad_scale, acc)
-        if maximize:
-            g = b.unary("negate", g)
-        param = b.convert(p, acc)
-        g = b.select(_nonzero(b, s(weight_decay)), b.add(g, b.mul(param, s(weight_decay))), g)
+        param, g, grad_out = _decayed_gradient(ctx, p, grads[i], grad_scale, maximize, weight_decay, acc)
         total = b.add(b.convert(state_sums[i], acc), b.mul(g, g))
         std = b.add(b.unary("sqrt", total), s(eps))
         outs[0].append(b.convert(b.sub(param, b.div(b.mul(clr, g), std)), p.dtype))

@@ -507,3 +507,37 @@ def test_cond_in_a_dynamic_graph():
     for n in (3, 5, 9):
         x, y = torch.randn(n), torch.randn(n)
         torch.testing.assert_close(compiled(x.to("tpu"), y.to("tpu")).cpu(), _branchy(x, y))
+
+
+def test_graph_with_an_unlowerable_node_runs_eagerly_with_a_warning():
+    """A node the graph lowering cannot take (here a boolean-mask assignment whose values depend on
+    the mask's count) no longer fails the compiled function: its graph runs op by op in the
+    current eager mode, once warned; nothing ran before the fallback, so results are exact."""
+    def f(x):
+        y = x.clone()
+        y[x > 0] = x[x > 0] * 2
+        return y + 1
+
+    x = torch.randn(5, 4)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="tpu")
+    with pytest.warns(UserWarning, match="runs op by op"):
+        got = compiled(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), f(x))
+    torch.testing.assert_close(compiled(x.to("tpu")).cpu(), f(x))  # the fallback sticks, silently
+    torch._dynamo.reset()
+
+
+def test_compiled_boolean_mask_assignments_lower_as_selects():
+    def f(x):
+        y = x.clone()
+        y[y > 0.5] = -1.0
+        y[x[:, 0] > 0] = torch.arange(4.0, device=x.device)
+        y[:, x[0] > 0] = 7.0
+        y.index_put_((x < -1,), torch.tensor(2.0, device=x.device), accumulate=True)
+        return y
+
+    x = torch.randn(5, 4)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(f, backend="tpu")(x.to("tpu")).cpu(), f(x))
+    torch._dynamo.reset()

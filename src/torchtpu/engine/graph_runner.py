@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import operator
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,10 @@ class _OutSpec:
     value: Any = None
 
 
+class _NotLowerable(Exception):
+    """A graph node has no lowering for these inputs (raised from the lowering's NotImplementedError)."""
+
+
 class GraphProgram:
     """A lowered graph: call it with the graph's runtime inputs."""
 
@@ -73,13 +78,25 @@ class GraphProgram:
         # program then takes the device's index-check flag as one more input and returns it with
         # these checks folded in (see _fold_bounds for graphs with symbolic shapes).
         self.bounded = [n for n in self.graph.nodes if _index_bounds_of(n) is not None]
+        self.eager_reason: str | None = None  # set when a node cannot be lowered (see __call__)
 
     def __call__(self, args: list[Any]) -> Any:
-        if self.symbolic and bucketing.enabled():
-            plan = self._bucket_plan()
-            if plan is not None:
-                return self._call_bucketed(plan, args)
-        return self._run(args)
+        if self.eager_reason is not None:
+            return self.gm(*args)
+        try:
+            if self.symbolic and bucketing.enabled():
+                plan = self._bucket_plan()
+                if plan is not None:
+                    return self._call_bucketed(plan, args)
+            return self._run(args)
+        except _NotLowerable as e:
+            # Nothing ran: lowering comes before any launch. The graph's ops run one by one in the
+            # current eager mode from now on, where each has its own kernel (a boolean-mask
+            # index_put whose values depend on the mask's count, for instance).
+            self.eager_reason = str(e.__cause__)
+            warnings.warn(f"torchtpu: a compiled {self.name} graph runs op by op in the current eager mode: "
+                          f"{self.eager_reason}", stacklevel=2)
+            return self.gm(*args)
 
     def _bucket_plan(self) -> bucketing.Plan | None:
         if self._plan is False:
@@ -130,8 +147,11 @@ class GraphProgram:
         key = _C._op_key((precision_mod.current(), tuple(specs), skeys))  # exact: 2 != 2.0, 0.0 != -0.0
         entry = self.cache.get(key)
         if entry is None:
-            entry = self._compile(specs, skeys, col, key, bucket[0] if bucket is not None else None,
-                                  flag_device is not None)
+            try:
+                entry = self._compile(specs, skeys, col, key, bucket[0] if bucket is not None else None,
+                                      flag_device is not None)
+            except NotImplementedError as e:
+                raise _NotLowerable() from e
         else:
             executor.stats.hits += 1
         new = executor.execute_and_bind(col, skeys, entry)

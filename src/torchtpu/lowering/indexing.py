@@ -240,8 +240,8 @@ def _index_put(ctx: LoweringContext, x: Value, indices: list[Value | None], valu
                accumulate: bool = False) -> Value:
     b = ctx.b
     idx_pos = [i for i, t in enumerate(indices) if t is not None]
-    if any(t.dtype == torch.bool for t in indices if t is not None):
-        raise NotImplementedError("torchtpu: boolean mask index_put (data-dependent shape)")
+    if any(t.dtype in (torch.bool, torch.uint8) for t in indices if t is not None):
+        return _masked_put(b, x, indices, values, accumulate)
     idx_vals = [indices[i] for i in idx_pos]
     bshape = torch.broadcast_shapes(*[tuple(t.shape) for t in idx_vals])
     coords = []
@@ -275,6 +275,30 @@ def _index_put(ctx: LoweringContext, x: Value, indices: list[Value | None], valu
              + ", ".join(map(str, idx_pos)) + "], scatter_dims_to_operand_dims = [" + ", ".join(map(str, idx_pos))
              + f"], index_vector_dim = {nb}>, indices_are_sorted = false, unique_indices = false")
     return b.op1("stablehlo.scatter", [x, full, v], x.shape, x.dtype, attrs=attrs, region=region)
+
+
+def _masked_put(b: Builder, x: Value, indices: list[Value | None], values: Value, accumulate: bool) -> Value:
+    """``x[mask] = v`` in a compiled graph (eager mode expands a mask into coordinates first): with
+    one mask and values that do not depend on how many elements it selects (a scalar, or one
+    value per element of the dims after the mask), a select; no data-dependent shape arises."""
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    p = pos[0]
+    mask = indices[p]
+    k = mask.rank
+    rest = tuple(x.shape[p + k:])
+    vshape = tuple(values.shape)
+    while len(vshape) > len(rest) and vshape[0] == 1:
+        vshape = vshape[1:]
+    fits = len(vshape) <= len(rest) and all(v in (1, r) for v, r in zip(vshape, rest[len(rest) - len(vshape):]))
+    if len(pos) != 1 or tuple(mask.shape) != tuple(x.shape[p:p + k]) or not fits:
+        raise NotImplementedError("torchtpu: a boolean-mask index_put in a compiled graph whose values depend on "
+                                  "the number of selected elements (data-dependent shape)")
+    v = b.reshape(b.convert(values, x.dtype), vshape)
+    v = b.broadcast_in_dim(v, x.shape, list(range(x.rank - len(vshape), x.rank)))
+    if accumulate:
+        v = b.binary("or", x, v) if x.dtype == torch.bool else b.add(x, v)
+    selected = b.broadcast_in_dim(b.convert(mask, torch.bool), x.shape, list(range(p, p + k)))
+    return b.select(selected, v, x)
 
 
 def _reduce_identity(dtype: torch.dtype, reduce: str) -> float | int | bool:

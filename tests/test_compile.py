@@ -1,6 +1,7 @@
 """torch.compile(model, backend="tpu"): graphs lowered to one executable each."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -540,4 +541,24 @@ def test_compiled_boolean_mask_assignments_lower_as_selects():
     x = torch.randn(5, 4)
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(f, backend="tpu")(x.to("tpu")).cpu(), f(x))
+    torch._dynamo.reset()
+
+
+def test_dynamo_does_not_trace_host_kernels_run_under_compiled_code():
+    """Regression: after a graph break, Dynamo's frame hook is live while the rest of the compiled
+    function runs eagerly, and it traced torchtpu's host kernels (x[x > 0]'s boolean indexing,
+    entered straight from the dispatcher), warning about our C++ functions and the lru_cache."""
+    def f(x):
+        y = x[x > 0]
+        return y.sum() + x.nonzero().shape[0]
+
+    x = torch.randn(6, 3)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(f, backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), f(x))
+    traced = [str(w.message) for w in caught if "Dynamo" in str(w.message) and "torchtpu" in str(w.message)
+              or "executor.py" in str(w.message)]
+    assert not traced, traced
     torch._dynamo.reset()

@@ -227,8 +227,11 @@ def register_kernels() -> None:
     fb = torch.library.Library("_", "IMPL")
     _libs.append(fb)
     fb.fallback(_fallback, "PrivateUse1")
+    # Host kernels registered by name (not reached through _fallback) are entered straight from
+    # the dispatcher: a host kernel under compiled code (x[x > 0] after a graph break) was traced.
     _hide_from_dynamo(dispatch, copy_from, copy_from_and_resize, local_scalar_dense, _fallback,
-                      _make_kernel(_aten.add.Tensor), _sdp_choice_math)
+                      _make_kernel(_aten.add.Tensor), _sdp_choice_math, has_compatible_shallow_copy_type,
+                      *{registry.host_kernel(op) for op in registry.host_kernel_ops()})
 
 
 _SHALLOW_COPY_DEVICES = frozenset({"cpu", "tpu"})

@@ -56,8 +56,10 @@ def _eager_runner(gm: torch.fx.GraphModule, name: str) -> Any:
         warnings.warn(f"torchtpu: a compiled {name} graph moves tensors between devices or has no tpu tensor; "
                       "it runs op by op in the current eager mode", stacklevel=2)
 
+    eager = torch.compiler.disable(gm)  # not traced by Dynamo as a frame of its own (see GraphProgram)
+
     def run(args: list[Any]) -> Any:
-        return gm(*args)
+        return eager(*args)
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run

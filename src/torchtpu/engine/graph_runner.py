@@ -79,10 +79,13 @@ class GraphProgram:
         # these checks folded in (see _fold_bounds for graphs with symbolic shapes).
         self.bounded = [n for n in self.graph.nodes if _index_bounds_of(n) is not None]
         self.eager_reason: str | None = None  # set when a node cannot be lowered (see __call__)
+        # Dynamo's frame hook is live while a compiled function runs: without this it would trace
+        # the graph module's code, and our kernels under it, as a new frame
+        self._run_eagerly = torch.compiler.disable(gm)
 
     def __call__(self, args: list[Any]) -> Any:
         if self.eager_reason is not None:
-            return self.gm(*args)
+            return self._run_eagerly(*args)
         try:
             if self.symbolic and bucketing.enabled():
                 plan = self._bucket_plan()
@@ -96,7 +99,7 @@ class GraphProgram:
             self.eager_reason = str(e.__cause__)
             warnings.warn(f"torchtpu: a compiled {self.name} graph runs op by op in the current eager mode: "
                           f"{self.eager_reason}", stacklevel=2)
-            return self.gm(*args)
+            return self._run_eagerly(*args)
 
     def _bucket_plan(self) -> bucketing.Plan | None:
         if self._plan is False:

@@ -436,3 +436,18 @@ def test_data_parallel_trains_like_one_cpu_model(devices):
     r = run_python(_DATA_PARALLEL, {"TORCH_TPU_NUM_DEVICES": devices})
     assert r.returncode == 0, r.stderr
     assert f"devices {list(range(int(devices)))}" in r.stdout
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_out_of_device_memory_raises_torch_out_of_memory_error(mode):
+    """Regression: a failed device allocation raised the runtime's PjrtError, which a CUDA user's
+    ``except torch.OutOfMemoryError`` (batch-size finders) does not catch. It is now a subclass of
+    both; the device stays usable."""
+    from torchtpu.runtime import PjrtError
+
+    with torch.tpu.eager_mode(mode), pytest.raises(torch.OutOfMemoryError, match="tpu out of memory") as info:
+        x = torch.ones(10**11, device="tpu")  # 400 GB, kept alive (DeferAndFuse drops dead results)
+        torch.tpu.synchronize()
+        del x
+    assert isinstance(info.value, PjrtError) and info.value.code_name == "RESOURCE_EXHAUSTED"
+    assert torch.ones(3, device="tpu").sum().item() == 3.0

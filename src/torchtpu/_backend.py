@@ -29,6 +29,9 @@ def install() -> None:
         torch._register_device_module("tpu", device_module)
         sys.modules["torch.tpu"] = device_module
         sys.modules["torch.tpu.amp"] = device_module.amp
+        from .runtime.errors import RESOURCE_EXHAUSTED, register_error_type
+
+        register_error_type(RESOURCE_EXHAUSTED, device_module.DeviceOutOfMemoryError)
         from . import _autocast, _kernels, _printing
         from .engine import executor
 

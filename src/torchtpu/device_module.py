@@ -12,8 +12,18 @@ from . import _C, _device_state, amp  # noqa: F401  (amp: torch.tpu.amp)
 from ._config import config
 from .engine import deferred, executor
 from .engine.precision import precision  # noqa: F401  (public: torch.tpu.precision)
-from .runtime import host_memory
+from .runtime import PjrtError, host_memory
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
+
+
+class DeviceOutOfMemoryError(torch.OutOfMemoryError, PjrtError):
+    """A device allocation failed (PJRT's RESOURCE_EXHAUSTED): caught by ``except
+    torch.OutOfMemoryError`` as CUDA's out-of-memory error is (batch-size finders rely on it).
+    (PyTorch sets ``torch.tpu.OutOfMemoryError`` to ``torch.OutOfMemoryError`` itself.)"""
+
+    def __init__(self, code: int, message: str) -> None:
+        PjrtError.__init__(self, code, message)
+        self.args = (f"tpu out of memory. {message}",)
 
 
 def _lazy_init() -> None:

@@ -24,6 +24,7 @@ _CODE_NAMES = {
 }
 
 UNIMPLEMENTED = 12
+RESOURCE_EXHAUSTED = 8
 
 
 class PjrtError(Exception):
@@ -41,3 +42,18 @@ class PjrtError(Exception):
     @property
     def code_name(self) -> str:
         return _CODE_NAMES.get(self.code, str(self.code))
+
+
+# Subclasses of PjrtError raised for particular codes, registered by the layer above (which may
+# also derive them from its own exception types: the runtime does not know them).
+_TYPE_FOR_CODE: dict[int, type[PjrtError]] = {}
+
+
+def register_error_type(code: int, cls: type[PjrtError]) -> None:
+    """Raise ``cls(code, message)`` instead of a plain PjrtError for errors with this code."""
+    _TYPE_FOR_CODE[int(code)] = cls
+
+
+def make_error(code: int, message: str) -> PjrtError:
+    """The exception for a PJRT error: the registered type for its code, else PjrtError."""
+    return _TYPE_FOR_CODE.get(int(code), PjrtError)(code, message)

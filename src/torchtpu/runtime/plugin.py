@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from ._pjrt_ffi import PJRT_HEADER_VERSION, ffi
-from .errors import PjrtError
+from .errors import PjrtError, make_error
 
 # RTLD_NODELETE: cffi dlclose()s libraries when the interpreter exits while
 # XLA's worker threads still run code from the .so -> segfault at exit.
@@ -134,7 +134,7 @@ class Plugin:
         d.struct_size = ffi.sizeof("PJRT_Error_Destroy_Args")
         d.error = err
         api.PJRT_Error_Destroy(d)
-        return PjrtError(code, message)
+        return make_error(code, message)
 
     def destroy_buffer(self, handle: Any) -> None:
         if handle:

@@ -1389,3 +1389,25 @@ def test_cpu_index_tensors_index_tpu_tensors(mode):
     for g, w in zip(got_read, want_read):
         torch.testing.assert_close(g, w)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "debug"])
+def test_unique_along_a_dim_matches_cpu(mode):
+    """Regression: torch.unique(x, dim=...) raised NotImplementedError for aten::unique_dim (and
+    unique_consecutive with a dim was refused). Distinct slices in CPU's lexicographic order,
+    inverse and counts; runs of equal neighbours; CPU's error for a zero-sized other dim."""
+    g = torch.Generator().manual_seed(0)
+    cases = [(torch.randint(0, 3, (8, 2), generator=g), 0), (torch.randint(0, 2, (3, 9), generator=g), 1),
+             (torch.randint(0, 2, (2, 5, 3), generator=g).float(), 1), (torch.tensor([[True, False]] * 2), 0),
+             (torch.zeros(0, 3), 0)]
+    calls = [lambda t, d: torch.unique(t, dim=d, return_inverse=True, return_counts=True),
+             lambda t, d: torch.unique_consecutive(t, dim=d, return_inverse=True, return_counts=True),
+             lambda t, d: (torch.unique(t, dim=d, sorted=False),)]
+    with torch.tpu.eager_mode(mode):
+        for x, d in cases:
+            for call in calls:
+                for want, got in zip(call(x, d), call(x.to("tpu"), d)):
+                    assert got.dtype == want.dtype
+                    torch.testing.assert_close(got.cpu(), want)
+        with pytest.raises(RuntimeError, match="0 sized dimensions"):
+            torch.unique(torch.zeros(3, 0, device="tpu"), dim=0)

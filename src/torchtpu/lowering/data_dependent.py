@@ -238,8 +238,57 @@ def unique(x: torch.Tensor, sorted: bool = True, return_inverse: bool = False
 def unique_consecutive(x: torch.Tensor, return_inverse: bool = False, return_counts: bool = False,
                        dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if dim is not None:
-        raise NotImplementedError("torchtpu: aten::unique_consecutive with dim is not implemented")
+        return _unique_slices(x, dim, return_inverse, return_counts, consecutive=True)
     return _unique_sorted(x, return_inverse, return_counts, consecutive=True)
+
+
+@register_host_kernel(aten.unique_dim.default)
+def unique_dim(x: torch.Tensor, dim: int, sorted: bool = True, return_inverse: bool = False,
+               return_counts: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _unique_slices(x, dim, return_inverse, return_counts, consecutive=False)
+
+
+@register_host_kernel(aten.unique_dim_consecutive.default)
+def unique_dim_consecutive(x: torch.Tensor, dim: int, return_inverse: bool = False, return_counts: bool = False
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _unique_slices(x, dim, return_inverse, return_counts, consecutive=True)
+
+
+def _unique_slices(x: torch.Tensor, dim: int, return_inverse: bool, return_counts: bool, consecutive: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.unique(x, dim=...)``: the distinct slices along ``dim`` in lexicographic order (CPU's),
+    or runs of equal neighbouring slices. The slices are sorted on the device by one stable sort per
+    element of a slice, last element first (a radix sort), so the first element ranks highest."""
+    dim = dim % max(x.dim(), 1)
+    if any(d == 0 for i, d in enumerate(x.shape) if i != dim):
+        raise RuntimeError("There are 0 sized dimensions, and they aren't selected, so unique cannot be applied")
+    dev = x.device
+    n = x.shape[dim]
+    empty = torch.empty(0, dtype=torch.int64, device=dev)
+    if n == 0:
+        return x.clone(), empty, empty
+    moved = x.movedim(dim, 0)
+    rows = moved.reshape(n, -1)
+    order = torch.arange(n, device=dev)
+    if not consecutive:
+        for c in range(rows.shape[1] - 1, -1, -1):
+            _, step = torch.sort(rows[:, c].index_select(0, order), stable=True)
+            order = order.index_select(0, step)
+    ranked = rows.index_select(0, order)
+    new_group = torch.ones(n, dtype=torch.bool, device=dev)
+    if n > 1:
+        new_group[1:] = (ranked[1:] != ranked[:-1]).any(1)
+    group = new_group.to(torch.int64).cumsum(0) - 1
+    k = _count_true(new_group)
+    firsts = nonzero(new_group).reshape(-1)
+    values = moved.index_select(0, order.index_select(0, firsts)).movedim(0, dim)
+    inverse = empty
+    if return_inverse:
+        inverse = torch.empty_like(group).scatter(0, order, group)
+    counts = empty
+    if return_counts:
+        counts = torch.zeros(k, dtype=torch.int64, device=dev).index_add(0, group, torch.ones_like(group))
+    return values, inverse, counts
 
 
 # -- batch norm: running statistics are updated in place --------------------------

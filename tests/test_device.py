@@ -412,15 +412,15 @@ _DATA_PARALLEL = """
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     dp = nn.DataParallel(copy.deepcopy(m).to("tpu"))
     opt = torch.optim.SGD(dp.parameters(), lr=0.1)
-    # the process-wide setting: replicas run on DataParallel's threads, which a thread's
-    # torch.tpu.precision block does not reach (as autocast blocks do not, unless propagated)
-    torch.set_float32_matmul_precision("highest")
-    for _ in range(2):
-        for model, o, inp in ((ref, ref_opt, x), (dp, opt, x.to("tpu"))):
-            o.zero_grad()
-            out = model(inp)
-            out.pow(2).sum().backward()
-            o.step()
+    # a thread's precision block: replicas run on DataParallel's threads, which it reaches as
+    # PyTorch carries autocast there
+    with torch.tpu.precision("highest"):
+        for _ in range(2):
+            for model, o, inp in ((ref, ref_opt, x), (dp, opt, x.to("tpu"))):
+                o.zero_grad()
+                out = model(inp)
+                out.pow(2).sum().backward()
+                o.step()
     assert out.device == torch.device("tpu:0"), out.device
     diff = max((p.detach().cpu() - q.detach()).abs().max().item()
                for p, q in zip(dp.module.parameters(), ref.parameters()))
@@ -432,7 +432,9 @@ _DATA_PARALLEL = """
 @pytest.mark.parametrize("devices", ["1", "2"])
 def test_data_parallel_trains_like_one_cpu_model(devices):
     """Regression: nn.DataParallel(model) failed even on one tpu device (torch._C._scatter exists
-    only in CUDA builds). On one and on two emulated devices it trains as the CPU model does."""
+    only in CUDA builds). On one and on two emulated devices it trains as the CPU model does,
+    at the precision of the caller's torch.tpu.precision block (regression: the replica threads
+    ran at the default)."""
     r = run_python(_DATA_PARALLEL, {"TORCH_TPU_NUM_DEVICES": devices})
     assert r.returncode == 0, r.stderr
     assert f"devices {list(range(int(devices)))}" in r.stdout

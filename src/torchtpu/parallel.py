@@ -1,4 +1,4 @@
-"""``nn.DataParallel`` on tpu: the device-to-device primitives it is built on.
+"""``nn.DataParallel`` on tpu: the device-to-device primitives it is built on, and its threads' precision.
 
 DataParallel scatters inputs across devices, broadcasts the module's parameters to
 replicas, runs them on threads and gathers the outputs (``torch.nn.parallel.comm``).
@@ -12,12 +12,15 @@ gradients with ``reduce_add``, which is already device-generic).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch._utils import _get_device_index
 from torch.nn.parallel import comm
+
+from .engine import precision as precision_mod
 
 
 def _device(d: Any) -> torch.device:
@@ -85,12 +88,49 @@ def _route(original: Callable[..., Any], ours: Callable[..., Any]) -> Callable[.
     return primitive
 
 
+class _UnderPrecision:
+    """A replica called under the precision its caller's thread runs at."""
+
+    def __init__(self, module: Callable[..., Any], precision: str) -> None:
+        self.module, self.precision = module, precision
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with precision_mod._override(self.precision, True):
+            return self.module(*args, **kwargs)
+
+
+def _keeping_precision(apply: Callable[..., Any]) -> Callable[..., Any]:
+    """``parallel_apply`` that runs each replica at the caller's matmul precision.
+
+    A ``torch.tpu.precision`` block is thread-local, like autocast; ``parallel_apply``
+    carries grad mode and autocast into its replica threads, and now this as well, so
+    DataParallel computes at the precision its caller asked for."""
+
+    def parallel_apply(modules: Sequence[Any], inputs: Sequence[Any], kwargs_tup: Any = None,
+                       devices: Any = None) -> list[Any]:
+        wanted = precision_mod.current()
+        if wanted != precision_mod.get_global():
+            modules = [_UnderPrecision(m, wanted) for m in modules]
+        return apply(modules, inputs, kwargs_tup, devices)
+
+    parallel_apply.__doc__ = apply.__doc__
+    parallel_apply.__wrapped__ = apply  # type: ignore[attr-defined]
+    return parallel_apply
+
+
 def install() -> None:
-    """Route ``torch.nn.parallel.comm``'s primitives for tpu tensors (once; callers look them up
-    on the module at each call)."""
+    """Route ``torch.nn.parallel.comm``'s primitives for tpu tensors, and carry the caller's
+    precision into ``parallel_apply``'s threads (once; callers look these up on their modules
+    at each call)."""
     if getattr(comm, "_torchtpu_routed", False):
         return
     for name, ours in (("broadcast", broadcast), ("broadcast_coalesced", broadcast_coalesced),
                        ("scatter", scatter), ("gather", gather)):
         setattr(comm, name, _route(getattr(comm, name), ours))
     comm._torchtpu_routed = True
+    # (torch.nn.parallel's attributes of those names are functions, hence the imports by path)
+    parallel_apply_mod = importlib.import_module("torch.nn.parallel.parallel_apply")
+    data_parallel_mod = importlib.import_module("torch.nn.parallel.data_parallel")
+    apply = _keeping_precision(parallel_apply_mod.parallel_apply)
+    for module in (parallel_apply_mod, data_parallel_mod, torch.nn.parallel):
+        module.parallel_apply = apply

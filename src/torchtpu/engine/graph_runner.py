@@ -78,14 +78,14 @@ class GraphProgram:
         # program then takes the device's index-check flag as one more input and returns it with
         # these checks folded in (see _fold_bounds for graphs with symbolic shapes).
         self.bounded = [n for n in self.graph.nodes if _index_bounds_of(n) is not None]
-        self.eager_reason: str | None = None  # set when a node cannot be lowered (see __call__)
-        # Dynamo's frame hook is live while a compiled function runs: without this it would trace
-        # the graph module's code, and our kernels under it, as a new frame
-        self._run_eagerly = torch.compiler.disable(gm)
+        # The graph module run op by op, once a node could not be lowered (see __call__). Through
+        # torch.compiler.disable: Dynamo's frame hook is live while a compiled function runs, and
+        # would trace the module's code, and our kernels under it, as a new frame.
+        self._eager: Any = None
 
     def __call__(self, args: list[Any]) -> Any:
-        if self.eager_reason is not None:
-            return self._run_eagerly(*args)
+        if self._eager is not None:
+            return self._eager(*args)
         try:
             if self.symbolic and bucketing.enabled():
                 plan = self._bucket_plan()
@@ -96,10 +96,10 @@ class GraphProgram:
             # Nothing ran: lowering comes before any launch. The graph's ops run one by one in the
             # current eager mode from now on, where each has its own kernel (a boolean-mask
             # index_put whose values depend on the mask's count, for instance).
-            self.eager_reason = str(e.__cause__)
+            self._eager = torch.compiler.disable(self.gm)
             warnings.warn(f"torchtpu: a compiled {self.name} graph runs op by op in the current eager mode: "
-                          f"{self.eager_reason}", stacklevel=2)
-            return self._run_eagerly(*args)
+                          f"{e.__cause__}", stacklevel=2)
+            return self._eager(*args)
 
     def _bucket_plan(self) -> bucketing.Plan | None:
         if self._plan is False:

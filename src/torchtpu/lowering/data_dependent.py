@@ -206,18 +206,27 @@ def _unique_sorted(x: torch.Tensor, return_inverse: bool, return_counts: bool, c
     new_group = torch.ones(n, dtype=torch.bool, device=dev)
     if n > 1:
         new_group[1:] = s[1:] != s[:-1]
+    firsts, inverse, counts = _groups(new_group, order, return_inverse, return_counts)
+    return s.index_select(0, firsts), inverse.reshape(x.shape) if return_inverse else inverse, counts
+
+
+def _groups(new_group: torch.Tensor, order: torch.Tensor | None, return_inverse: bool, return_counts: bool
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The groups of a sorted run (``new_group`` marks where each starts): the positions of their
+    first elements, each original element's group (``order``: the sort's permutation, None when
+    unsorted), and their sizes. Reads only the number of groups; the last two are empty unless
+    asked for."""
+    dev = new_group.device
     group = new_group.to(torch.int64).cumsum(0) - 1
     k = _count_true(new_group)
     firsts = nonzero(new_group).reshape(-1)
-    values = s.index_select(0, firsts)
     inverse = torch.empty(0, dtype=torch.int64, device=dev)
     if return_inverse:
         inverse = group if order is None else torch.empty_like(group).scatter(0, order, group)
-        inverse = inverse.reshape(x.shape)
     counts = torch.empty(0, dtype=torch.int64, device=dev)
     if return_counts:
         counts = torch.zeros(k, dtype=torch.int64, device=dev).index_add(0, group, torch.ones_like(group))
-    return values, inverse, counts
+    return firsts, inverse, counts
 
 
 @register_host_kernel(aten._unique2.default)
@@ -278,17 +287,8 @@ def _unique_slices(x: torch.Tensor, dim: int, return_inverse: bool, return_count
     new_group = torch.ones(n, dtype=torch.bool, device=dev)
     if n > 1:
         new_group[1:] = (ranked[1:] != ranked[:-1]).any(1)
-    group = new_group.to(torch.int64).cumsum(0) - 1
-    k = _count_true(new_group)
-    firsts = nonzero(new_group).reshape(-1)
-    values = moved.index_select(0, order.index_select(0, firsts)).movedim(0, dim)
-    inverse = empty
-    if return_inverse:
-        inverse = torch.empty_like(group).scatter(0, order, group)
-    counts = empty
-    if return_counts:
-        counts = torch.zeros(k, dtype=torch.int64, device=dev).index_add(0, group, torch.ones_like(group))
-    return values, inverse, counts
+    firsts, inverse, counts = _groups(new_group, order, return_inverse, return_counts)
+    return moved.index_select(0, order.index_select(0, firsts)).movedim(0, dim), inverse, counts
 
 
 # -- batch norm: running statistics are updated in place --------------------------

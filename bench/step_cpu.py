@@ -22,11 +22,17 @@ sizes at batch 1, so the device has almost nothing to compute: the main thread's
 is then the host cost of each mode, what a real TPU, which computes elsewhere, would
 leave on the host. Compared with the default run it also shows how much slower the
 same host code runs while XLA's threads compute on the same cores.
+
+``--alone`` then times each DeferAndFuse program of a step run alone: each launch
+first waits for the device to be idle and is awaited before the host goes on, so
+XLA's threads have both cores to themselves. Their sum is the device's share of a
+step; a step cannot take less than it, however cheap the host's recording.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import sys
@@ -39,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from eager import _gpt_loop
 
-from torchtpu.engine import deferred
+from torchtpu.engine import deferred, executor
 from torchtpu.examples.gpt import GPT, GPTConfig
 from torchtpu.runtime import host_threads
 
@@ -65,6 +71,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--chunks", default="", help="comma-separated CHUNK_NODES values to time as well")
     p.add_argument("--tiny", action="store_true", help="tiny sizes at batch 1: host cost only")
+    p.add_argument("--alone", action="store_true", help="also time each DeferAndFuse program run alone")
     args = p.parse_args()
     torch.manual_seed(0)
     cfg = GPTConfig(vocab=16, seq=4, d_model=8, heads=2) if args.tiny else GPTConfig()
@@ -112,6 +119,38 @@ def main() -> None:
         print(f"{name:26s} {min(walls[name]) / args.steps * 1e3:18.2f} "
               f"{statistics.median(walls[name]) / args.steps * 1e3:7.2f} | {'':12s} "
               f"{ms['main']:5.2f} {ms['process']:7.2f} {ms['xla_eigen']:6.2f} {ms['other']:6.2f} | {programs}")
+    if args.alone:
+        programs_alone(loops["defer_and_fuse"][0], args.rounds * args.steps)
+
+
+def programs_alone(run: Callable[[int], None], steps: int) -> None:
+    """Print the median ms of each DeferAndFuse program of a step, each run with the device to itself."""
+    launch = executor.launch
+    times: dict[int, list[float]] = collections.defaultdict(list)
+    shapes: dict[int, tuple[int, int]] = {}
+
+    def launch_alone(executable, buffers, device, donate=()):
+        executor.wait_latest()
+        t0 = time.perf_counter()
+        outs = launch(executable, buffers, device, donate)
+        if outs:
+            outs[0].block_until_ready()  # (an execution's outputs are ready together)
+        times[id(executable)].append(time.perf_counter() - t0)
+        shapes[id(executable)] = (len(buffers), len(outs))
+        return outs
+
+    executor.launch = launch_alone
+    try:
+        run(steps)
+    finally:
+        executor.launch = launch
+    print("\nDeferAndFuse programs, each run alone (arguments, outputs: median ms, launches per step)")
+    total = 0.0
+    for exe, ts in times.items():
+        median = statistics.median(ts)
+        total += median * len(ts) / steps
+        print(f"  {shapes[exe][0]:4d} args {shapes[exe][1]:4d} outputs: {median * 1e3:6.2f} ms, {len(ts) / steps:.1f}")
+    print(f"device's share of a step: {total * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def main() -> None:
         if name.startswith("xla:"):
             families[re.sub(r"\.\d+$", "", name[4:])] += n
     print("\nXLA fusion kernels by kind:")
-    for name, n in families.most_common(12):
+    for name, n in families.most_common(args.top):
         print(f"  {n / total * 100:6.2f}%  {name}")
     print(f"\ntop {args.top} symbols:")
     for name, n in by_name.most_common(args.top):

@@ -15,7 +15,7 @@ ext_modules = [
         "torchtpu._C",
         ["src/torchtpu/csrc/shim.cpp", "src/torchtpu/csrc/collect.cpp",
          "src/torchtpu/csrc/record.cpp", "src/torchtpu/csrc/op_key.cpp", "src/torchtpu/csrc/defer.cpp",
-         "src/torchtpu/csrc/precision_tls.cpp"],
+         "src/torchtpu/csrc/precision_tls.cpp", "src/torchtpu/csrc/kernel_front.cpp"],
         extra_compile_args=["-O2", "-std=c++17"],
     )
 ]

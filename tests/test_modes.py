@@ -307,3 +307,40 @@ def test_index_checks_under_vmap():
     with pytest.raises(IndexError) as tpu_error:
         batched(weight.to("tpu"), bad.to("tpu")).cpu()
     assert str(tpu_error.value).startswith(str(cpu_error.value))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "debug"])
+def test_kernel_front_passes_arguments_as_python_does(mode):
+    """The native kernel front (csrc/kernel_front.cpp) turns IValues into what a Python kernel got:
+    dtypes, layouts and memory formats as torch objects, keyword-only arguments by name, optional
+    and list arguments, several returns, a kernel's Python error as that error."""
+    x_cpu = torch.randn(3, 4)
+    ctx = torch.tpu.launch_blocking() if mode == "debug" else torch.tpu.eager_mode(mode)
+    with ctx:
+        x = x_cpu.to("tpu")
+        for _ in range(2):  # DeferAndFuse records natively from the second call
+            got = [
+                torch.sum(x, dim=1, dtype=torch.float64),
+                torch.zeros(2, 3, dtype=torch.int32, layout=torch.strided, device="tpu"),
+                torch.empty_like(x, memory_format=torch.contiguous_format).fill_(2.0),
+                torch.add(x, x, alpha=3),
+                torch.clamp(x, min=None, max=0.5),
+                torch.cat([x, x], dim=-1),
+                *torch.sort(x, dim=0, descending=True),
+                torch.full((2,), 7, dtype=torch.int16, device="tpu"),
+            ]
+            want = [
+                torch.sum(x_cpu, dim=1, dtype=torch.float64),
+                torch.zeros(2, 3, dtype=torch.int32),
+                torch.full_like(x_cpu, 2.0),
+                torch.add(x_cpu, x_cpu, alpha=3),
+                torch.clamp(x_cpu, max=0.5),
+                torch.cat([x_cpu, x_cpu], dim=-1),
+                *torch.sort(x_cpu, dim=0, descending=True),
+                torch.full((2,), 7, dtype=torch.int16),
+            ]
+            for g, w in zip(got, want):
+                assert g.device.type == "tpu"
+                torch.testing.assert_close(g.cpu(), w)
+        with pytest.raises(RuntimeError, match="same number of dimensions|dimension"):
+            torch.cat([x, x.reshape(-1)]).cpu()

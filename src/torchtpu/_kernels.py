@@ -1,13 +1,14 @@
 """Dispatcher glue: the PyTorch kernels of the ``tpu`` key that are not lowerings.
 
-Copies between devices, ``.item()``, and the registration of the generic
-engine kernel for every lowered op (per op, so PyTorch's composite kernels do
-not split ``add`` into ``empty`` + ``add.out``), with a boxed fallback that
-names unsupported ops.
+Copies between devices, ``.item()``, and the registration of the engine's
+kernel for every lowered op (per op, so PyTorch's composite kernels do not split
+``add`` into ``empty`` + ``add.out``; the kernel is native, csrc/kernel_front.cpp),
+with a boxed fallback that names unsupported ops.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,6 @@ from .lowering.views import is_contiguous
 from .runtime import Buffer
 
 _aten = torch.ops.aten
-_defer_record = _C._defer_record
 _libs: list[torch.library.Library] = []
 
 
@@ -217,20 +217,29 @@ def register_kernels() -> None:
     for key in ("PrivateUse1", "AutogradPrivateUse1"):
         lib.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type, key)
     ops = _overloads_to_register()
+    # Lowered ops get the native kernel front (csrc/kernel_front.cpp); host kernels stay Python.
+    fronts: list[tuple[str, Any]] = []
     for op in ops + _host_kernels_behind_composites({op.name() for op in ops}):
         qual = op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else "")
-        lib.impl(qual, _make_kernel(op), "PrivateUse1")
-    own = torch.library.Library("torchtpu", "IMPL")  # the library's own ops (lowering/index_bounds.py)
-    _libs.append(own)
-    own.impl("index_bounds_flag", _make_kernel(INDEX_BOUNDS_FLAG), "PrivateUse1")
+        host = registry.host_kernel(op)
+        if host is not None:
+            lib.impl(qual, host, "PrivateUse1")
+        else:
+            fronts.append((qual, functools.partial(plan_for, op)))
+    _C._kernel_front_setup(executor)
+    _C._register_kernel_front("aten", fronts)
+    # the library's own ops (lowering/index_bounds.py)
+    _C._register_kernel_front("torchtpu", [("index_bounds_flag", functools.partial(plan_for, INDEX_BOUNDS_FLAG))])
     nested.register()
     fb = torch.library.Library("_", "IMPL")
     _libs.append(fb)
     fb.fallback(_fallback, "PrivateUse1")
     # Host kernels registered by name (not reached through _fallback) are entered straight from
     # the dispatcher: a host kernel under compiled code (x[x > 0] after a graph break) was traced.
+    # The kernel front calls executor.run_plan and its index check, and plan_for once per op.
     _hide_from_dynamo(dispatch, copy_from, copy_from_and_resize, local_scalar_dense, _fallback,
-                      _make_kernel(_aten.add.Tensor), _sdp_choice_math, has_compatible_shallow_copy_type,
+                      executor.run_plan, executor.check_recorded_index_bounds, plan_for.__wrapped__,
+                      _sdp_choice_math, has_compatible_shallow_copy_type,
                       *{registry.host_kernel(op) for op in registry.host_kernel_ops()})
 
 
@@ -242,28 +251,3 @@ def has_compatible_shallow_copy_type(self: torch.Tensor, other: torch.Tensor) ->
     if self.layout != torch.strided or other.layout != torch.strided:
         return False
     return {self.device.type, other.device.type} <= _SHALLOW_COPY_DEVICES
-
-
-def _make_kernel(op: torch._ops.OpOverload):
-    host = registry.host_kernel(op)
-    if host is not None:
-        return host
-
-    plan = None
-
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        # The plan is looked up on the first call, not at registration (most ops are never
-        # called), and kept here: looking it up by op hashes the OpOverload in Python.
-        nonlocal plan
-        if plan is None:
-            plan = plan_for(op)
-        # DeferAndFuse records an op key seen before natively; anything else returns
-        # NotImplemented having done nothing (csrc/defer.cpp).
-        result = _defer_record(plan, args, kwargs)
-        if result is not NotImplemented:
-            if plan.index_bounds is not None:
-                executor.check_recorded_index_bounds(plan, args, kwargs)
-            return result
-        return executor.run_plan(plan, args, kwargs)
-
-    return kernel

@@ -253,6 +253,8 @@ void after_record(py::handle g, long node_index) {
   }
 }
 
+}  // namespace
+
 py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
   TORCH_CHECK(g_deferred != nullptr, "torchtpu._C._defer_setup was not called");
   const py::object fallback = py::reinterpret_borrow<py::object>(Py_NotImplemented);
@@ -298,8 +300,6 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
   }
   return op_result(fp, values, new_tensors);
 }
-
-}  // namespace
 
 void register_defer(py::module& m) {
   m.def("_defer_setup", [](py::object deferred, py::object config, py::object precision_current,

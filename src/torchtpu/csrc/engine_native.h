@@ -16,4 +16,8 @@ py::object op_key_of(py::handle items);
 py::object record_node(py::handle g, py::handle info, py::handle col, py::handle layouts, long node_index,
                        int device);
 
+// defer.cpp: DeferAndFuse's record of a call of an op key recorded before (kwargs: a dict or
+// None); NotImplemented, having done nothing, for anything else.
+py::object defer_record(py::handle plan, py::handle args, py::handle kwargs);
+
 }  // namespace torchtpu

@@ -586,6 +586,7 @@ void register_record(py::module& m);   // record.cpp
 void register_op_key(py::module& m);   // op_key.cpp
 void register_defer(py::module& m);    // defer.cpp
 void register_precision(py::module& m);  // precision_tls.cpp
+void register_kernel_front(py::module& m);  // kernel_front.cpp
 
 // An op's new output: torch.empty_strided on tpu:index, plus its storage's device data set
 // as the storage attribute `attr`. One call instead of three from Python (argument parsing,
@@ -688,4 +689,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_op_key(m);
   register_defer(m);
   register_precision(m);
+  register_kernel_front(m);
 }

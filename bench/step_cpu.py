@@ -127,7 +127,7 @@ def programs_alone(run: Callable[[int], None], steps: int) -> None:
     """Print the median ms of each DeferAndFuse program of a step, each run with the device to itself."""
     launch = executor.launch
     times: dict[int, list[float]] = collections.defaultdict(list)
-    shapes: dict[int, tuple[int, int]] = {}
+    arity: dict[int, tuple[int, int]] = {}  # (arguments, outputs)
 
     def launch_alone(executable, buffers, device, donate=()):
         executor.wait_latest()
@@ -136,7 +136,7 @@ def programs_alone(run: Callable[[int], None], steps: int) -> None:
         if outs:
             outs[0].block_until_ready()  # (an execution's outputs are ready together)
         times[id(executable)].append(time.perf_counter() - t0)
-        shapes[id(executable)] = (len(buffers), len(outs))
+        arity[id(executable)] = (len(buffers), len(outs))
         return outs
 
     executor.launch = launch_alone
@@ -149,7 +149,7 @@ def programs_alone(run: Callable[[int], None], steps: int) -> None:
     for exe, ts in times.items():
         median = statistics.median(ts)
         total += median * len(ts) / steps
-        print(f"  {shapes[exe][0]:4d} args {shapes[exe][1]:4d} outputs: {median * 1e3:6.2f} ms, {len(ts) / steps:.1f}")
+        print(f"  {arity[exe][0]:4d} args {arity[exe][1]:4d} outputs: {median * 1e3:6.2f} ms, {len(ts) / steps:.1f}")
     print(f"device's share of a step: {total * 1e3:.2f} ms")
 
 

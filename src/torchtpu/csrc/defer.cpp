@@ -3,8 +3,8 @@
 // Recording an op already seen is the common case of every training step (129 ops a GPT
 // step). In Python it ran kernel -> executor.run_plan -> deferred.record -> op_result,
 // five frames around the native walk, key and record: ~4 us of the ~6 us an op cost.
-// _defer_record does the same steps, in the same order and with the same objects, in one
-// call. It returns NotImplemented, having changed nothing, whenever the op needs anything
+// defer_record, called by each op's native kernel (kernel_front.cpp), does the same steps, in
+// the same order and with the same objects, in one call. It returns NotImplemented, having changed nothing, whenever the op needs anything
 // else (another mode, a first call, a generator, a missing argument, a factory op without
 // tensor inputs): executor.run_plan, which stays the reference, then handles the call.
 #include <torch/extension.h>
@@ -328,8 +328,6 @@ void register_defer(py::module& m) {
   });
   m.def("_after_record", &after_record,
         "DeferAndFuse, after a recorded node (deferred._lock held): cut the graph at a repeat or a chunk");
-  m.def("_defer_record", &defer_record,
-        "DeferAndFuse: record a call of an op key recorded before; NotImplemented for anything else");
 }
 
 }  // namespace torchtpu

@@ -236,7 +236,7 @@ def run_plan(plan: OpPlan, args: tuple, kwargs: dict) -> Any:
 
 
 def check_recorded_index_bounds(plan: OpPlan, args: tuple, kwargs: dict) -> None:
-    """The index checks of a call that ``_C._defer_record`` recorded natively (it records only
+    """The index checks of a call that the native kernel (csrc/defer.cpp) recorded (it records only
     outside Debug mode), as run_plan makes them for every other call."""
     if config.index_checks:
         _check_index_bounds(plan, normalize_args(plan, args, kwargs))
@@ -291,7 +291,7 @@ def _supported(plan: OpPlan) -> bool:
 
 
 def defer_fast_eligible(plan: OpPlan) -> bool:
-    """Whether ``_C._defer_record`` may record calls of ``plan`` (checked once per plan): a
+    """Whether the native kernel (csrc/defer.cpp) may record calls of ``plan`` (checked once per plan): a
     supported op without per-call argument checks or random draws, which need run_plan. (Index
     bounds are checked after the native record: see ``check_recorded_index_bounds``.)"""
     return _supported(plan) and plan.argument_check is None and not plan.random

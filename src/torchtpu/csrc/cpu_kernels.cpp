@@ -3,15 +3,19 @@
 // XLA's CPU backend emits a transpose as an elemental loop that reads its input
 // with a stride: about 1 ns per element (170 us for a 512 x 384 bf16 operand),
 // several times the cost of the data it moves. Every weight gradient of a
-// linear layer (x^T @ g) needs one, laid out row-major for the dot. This file
-// supplies the transpose as a custom call:
+// linear layer (x^T @ g) needs one, laid out row-major for the dot. In a fused
+// DeferAndFuse program it is worse: XLA fuses the elementwise producer of the
+// operand (a GELU backward, say) into that strided loop, so every input of the
+// producer is read with the stride too (on an AVX2 machine, 16% of a GPT step's
+// CPU went to such loops). This file supplies the transpose as a custom call:
 //
 //   torchtpu_transpose_v1(x: T[..., R, C]) -> U[..., C, R]     T, U in {f32, bf16}
 //
-// done 16 x 16 elements at a time in AVX-512 registers (bf16 is widened to 32
-// bits, which is exact, and narrowed back with round-to-nearest-even). It is a
-// typed XLA FFI handler (custom call api_version 4: shapes come with the
-// buffers), registered through the PJRT FFI extension of the plugin.
+// done in registers, 16 x 16 elements at a time with AVX-512 or 8 x 8 with AVX2
+// (bf16 is widened to 32 bits, which is exact, and narrowed back with
+// round-to-nearest-even). It is a typed XLA FFI handler (custom call
+// api_version 4: shapes come with the buffers), registered through the PJRT FFI
+// extension of the plugin.
 //
 // No PyTorch here: the runtime layer loads this library with ctypes.
 
@@ -30,19 +34,26 @@ using namespace torchtpu_cpu;  // NOLINT: the FFI layouts (cpu_ffi.h)
 
 // ---- the CPU features the kernels need --------------------------------------
 
-bool DetectFeatures() {
+enum class Isa { kNone, kAvx2, kAvx512 };
+
+Isa DetectIsa() {
   unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return Isa::kNone;
   const bool avx512f = (ebx >> 16) & 1, avx512bw = (ebx >> 30) & 1;
-  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return false;
-  const bool avx512_bf16 = (eax >> 5) & 1;
-  return avx512f && avx512bw && avx512_bf16;
+  bool avx512_bf16 = false;
+  if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) avx512_bf16 = (eax >> 5) & 1;
+  // __builtin_cpu_supports also checks that the OS saves the vector registers
+  if (avx512f && avx512bw && avx512_bf16 && __builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
+  return Isa::kNone;
 }
 
-bool FeaturesAvailable() {
-  static const bool available = DetectFeatures();
-  return available;
+Isa CurrentIsa() {
+  static const Isa isa = DetectIsa();
+  return isa;
 }
+
+bool FeaturesAvailable() { return CurrentIsa() != Isa::kNone; }
 
 // ---- transpose ----------------------------------------------------------------
 
@@ -121,6 +132,15 @@ inline void StoreOne(void* dst, int64_t index, uint32_t bits, bool bf16) {
   static_cast<uint16_t*>(dst)[index] = out;
 }
 
+// The ragged right and bottom edges outside the full blocks, one element at a time.
+void TransposeEdges(const void* src, void* dst, int64_t rows, int64_t cols, int64_t full_rows, int64_t full_cols,
+                    bool bf16_in, bool bf16_out) {
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t col = row < full_rows ? full_cols : 0; col < cols; ++col)
+      StoreOne(dst, col * rows + row, LoadOne(src, row * cols + col, bf16_in), bf16_out);
+  }
+}
+
 // bf16 -> bf16, 32 rows x 16 columns at a time: rows 2i and 2i+1 interleaved make one
 // vector of 32-bit pairs, and a 16 x 16 transpose of those pairs leaves each column's
 // 32 values in order in one register. Half the shuffles per element of widening to f32.
@@ -149,7 +169,7 @@ __attribute__((target("avx512f,avx512bw"))) void TransposeBf16Blocks(const uint1
 
 // dst[C, R] = src[R, C]^T for one matrix of the batch.
 template <bool kBf16In, bool kBf16Out>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void TransposeMatrix(const void* src, void* dst,
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void TransposeMatrixAvx512(const void* src, void* dst,
                                                                             int64_t rows, int64_t cols) {
   constexpr int64_t kRowBlock = kBf16In && kBf16Out ? 32 : 16;
   const int64_t full_rows = rows / kRowBlock * kRowBlock, full_cols = cols / 16 * 16;
@@ -166,31 +186,109 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void TransposeMatrix(cons
       }
     }
   }
-  // The ragged right and bottom edges, one element at a time.
-  for (int64_t row = 0; row < rows; ++row) {
-    for (int64_t col = row < full_rows ? full_cols : 0; col < cols; ++col)
-      StoreOne(dst, col * rows + row, LoadOne(src, row * cols + col, kBf16In), kBf16Out);
+  TransposeEdges(src, dst, rows, cols, full_rows, full_cols, kBf16In, kBf16Out);
+}
+
+// ---- the same with AVX2: 8 x 8 blocks of 32-bit values ---------------------------
+
+// r[i] holds row i of an 8 x 8 block; afterwards r[j] holds column j.
+__attribute__((target("avx2"), always_inline)) inline void Transpose8x8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);      // columns 0, 1 | 4, 5 of two rows
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);  // columns 2, 3 | 6, 7
+  }
+  for (int i = 0; i < 8; i += 4) {  // per four rows: columns j | j + 4, for j = 0..3
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x20);
+    r[j + 4] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x31);
+  }
+}
+
+template <bool kBf16In>
+__attribute__((target("avx2"), always_inline)) inline __m256 LoadRow8(const void* src, int64_t index) {
+  if constexpr (kBf16In) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(src) + index));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // exact
+  } else {
+    return _mm256_loadu_ps(static_cast<const float*>(src) + index);
+  }
+}
+
+template <bool kBf16Out>
+__attribute__((target("avx2"), always_inline)) inline void StoreRow8(void* dst, int64_t index, __m256 v) {
+  if constexpr (kBf16Out) {
+    // StoreOne's rounding, 8 lanes at a time: round to nearest even, NaN stays a quiet NaN.
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    const __m256i rounded =
+        _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+    const __m256i out = _mm256_blendv_epi8(rounded, quiet, nan);  // 8 lanes, each < 2^16
+    // pack to 16 bits: [0..3, 0..3 | 4..7, 4..7]; then the low 64 bits of each half, in order
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(out, out), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(dst) + index),
+                     _mm256_castsi256_si128(packed));
+  } else {
+    _mm256_storeu_ps(static_cast<float*>(dst) + index, v);
   }
 }
 
 template <bool kBf16In, bool kBf16Out>
-void TransposeBatch(const void* src, void* dst, int64_t batch, int64_t rows, int64_t cols) {
+__attribute__((target("avx2"))) void TransposeMatrixAvx2(const void* src, void* dst, int64_t rows, int64_t cols) {
+  const int64_t full_rows = rows / 8 * 8, full_cols = cols / 8 * 8;
+  // Tiles of kTile x kTile, so that the destination lines a tile writes 32 or 16 bytes at a
+  // time are still in cache when the next block of the tile fills them up.
+  constexpr int64_t kTile = 64;
+  __m256 r[8];
+  for (int64_t rt = 0; rt < full_rows; rt += kTile) {
+    const int64_t r_end = rt + kTile < full_rows ? rt + kTile : full_rows;
+    for (int64_t ct = 0; ct < full_cols; ct += kTile) {
+      const int64_t c_end = ct + kTile < full_cols ? ct + kTile : full_cols;
+      for (int64_t c0 = ct; c0 < c_end; c0 += 8) {
+        for (int64_t r0 = rt; r0 < r_end; r0 += 8) {
+          for (int i = 0; i < 8; ++i) r[i] = LoadRow8<kBf16In>(src, (r0 + i) * cols + c0);
+          Transpose8x8(r);
+          for (int j = 0; j < 8; ++j) StoreRow8<kBf16Out>(dst, (c0 + j) * rows + r0, r[j]);
+        }
+      }
+    }
+  }
+  TransposeEdges(src, dst, rows, cols, full_rows, full_cols, kBf16In, kBf16Out);
+}
+
+template <bool kBf16In, bool kBf16Out>
+void TransposeBatch(const void* src, void* dst, int64_t batch, int64_t rows, int64_t cols, Isa isa) {
   const int64_t in_size = kBf16In ? 2 : 4, out_size = kBf16Out ? 2 : 4;
-  for (int64_t b = 0; b < batch; ++b)
-    TransposeMatrix<kBf16In, kBf16Out>(static_cast<const char*>(src) + b * rows * cols * in_size,
-                                       static_cast<char*>(dst) + b * rows * cols * out_size, rows, cols);
+  const bool avx512 = isa == Isa::kAvx512;
+  for (int64_t b = 0; b < batch; ++b) {
+    const void* from = static_cast<const char*>(src) + b * rows * cols * in_size;
+    void* to = static_cast<char*>(dst) + b * rows * cols * out_size;
+    if (avx512) {
+      TransposeMatrixAvx512<kBf16In, kBf16Out>(from, to, rows, cols);
+    } else {
+      TransposeMatrixAvx2<kBf16In, kBf16Out>(from, to, rows, cols);
+    }
+  }
 }
 
 void Transpose(const void* src, bool bf16_in, void* dst, bool bf16_out, int64_t batch, int64_t rows,
-               int64_t cols) {
+               int64_t cols, Isa isa = CurrentIsa()) {
   if (bf16_in && bf16_out) {
-    TransposeBatch<true, true>(src, dst, batch, rows, cols);
+    TransposeBatch<true, true>(src, dst, batch, rows, cols, isa);
   } else if (bf16_in) {
-    TransposeBatch<true, false>(src, dst, batch, rows, cols);
+    TransposeBatch<true, false>(src, dst, batch, rows, cols, isa);
   } else if (bf16_out) {
-    TransposeBatch<false, true>(src, dst, batch, rows, cols);
+    TransposeBatch<false, true>(src, dst, batch, rows, cols, isa);
   } else {
-    TransposeBatch<false, false>(src, dst, batch, rows, cols);
+    TransposeBatch<false, false>(src, dst, batch, rows, cols, isa);
   }
 }
 
@@ -216,17 +314,18 @@ __attribute__((visibility("default"))) void* torchtpu_transpose(FfiCallFrame* fr
   }
   if (y->dims[rank - 2] != cols || y->dims[rank - 1] != rows)
     return Fail(api, "torchtpu_transpose: result is not the operand's last two dims swapped");
-  if (!FeaturesAvailable()) return Fail(api, "torchtpu_transpose: this CPU lacks AVX512F / AVX512BW / AVX512_BF16");
+  if (!FeaturesAvailable()) return Fail(api, "torchtpu_transpose: this CPU lacks AVX2");
   Transpose(x->data, x->dtype == kFfiBf16, y->data, y->dtype == kFfiBf16, batch, rows, cols);
   return nullptr;
 }
 
-// The same transpose on plain pointers (tests compare it with numpy).
+// The same transpose on plain pointers (tests compare it with numpy). avx2_only: the AVX2
+// code even where AVX-512 would be used, so that both are tested on an AVX-512 machine.
 __attribute__((visibility("default"))) int torchtpu_transpose_host(const void* src, int bf16_in, void* dst,
                                                                    int bf16_out, int64_t batch, int64_t rows,
-                                                                   int64_t cols) {
+                                                                   int64_t cols, int avx2_only) {
   if (!FeaturesAvailable()) return -1;
-  Transpose(src, bf16_in != 0, dst, bf16_out != 0, batch, rows, cols);
+  Transpose(src, bf16_in != 0, dst, bf16_out != 0, batch, rows, cols, avx2_only ? Isa::kAvx2 : CurrentIsa());
   return 0;
 }
 
@@ -242,7 +341,7 @@ void* torchtpu_cholesky(FfiCallFrame* frame);
 int torchtpu_lapack_available();
 
 // Registers the custom calls this process can run with a PJRT plugin's FFI extension for
-// XLA:CPU ("Host"): the transpose where the CPU has its instructions, the LAPACK kernels where
+// XLA:CPU ("Host"): the transpose where the CPU has AVX2 at least, the LAPACK kernels where
 // LAPACK was supplied. Returns which (1: transpose, 2: LAPACK's), or -1 when the plugin
 // has no FFI extension; a PJRT error from the plugin is handed back through *error for the
 // caller to read and destroy.

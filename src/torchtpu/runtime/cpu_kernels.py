@@ -65,7 +65,7 @@ def _load() -> Any:
     lib.torchtpu_register_cpu_kernels.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
     lib.torchtpu_transpose_host.restype = ctypes.c_int
     lib.torchtpu_transpose_host.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
     lib.torchtpu_lapack_available.restype = ctypes.c_int
     lib.torchtpu_set_lapack.restype = ctypes.c_int
     lib.torchtpu_set_lapack.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
@@ -73,7 +73,7 @@ def _load() -> Any:
 
 
 def available() -> bool:
-    """Whether this process can run the transpose (library built, CPU has AVX-512 BF16, not disabled)."""
+    """Whether this process can run the transpose (library built, x86-64 CPU with AVX2, not disabled)."""
     lib = _library()
     return lib is not None and bool(lib.torchtpu_cpu_kernels_available())
 
@@ -142,8 +142,11 @@ def linalg_targets() -> LinalgTargets | None:
     return LinalgTargets(EIGH_TARGET, SVD_TARGET, LU_TARGET, GEQRF_TARGET, ORGQR_TARGET, CHOLESKY_TARGET)
 
 
-def transpose_host(x: np.ndarray, out_dtype: Any) -> np.ndarray:
-    """The kernel on host arrays: x[..., R, C] (f32 or bf16) -> [..., C, R] in ``out_dtype`` (for tests)."""
+def transpose_host(x: np.ndarray, out_dtype: Any, avx2_only: bool = False) -> np.ndarray:
+    """The kernel on host arrays: x[..., R, C] (f32 or bf16) -> [..., C, R] in ``out_dtype`` (for tests).
+
+    ``avx2_only``: the AVX2 code even on a CPU where the kernel uses AVX-512.
+    """
     import ml_dtypes
 
     lib = _library()
@@ -157,5 +160,5 @@ def transpose_host(x: np.ndarray, out_dtype: Any) -> np.ndarray:
     out = np.empty((*x.shape[:-2], cols, rows), out_dtype)
     batch = int(np.prod(x.shape[:-2], dtype=np.int64))
     lib.torchtpu_transpose_host(x.ctypes.data, int(x.dtype == bf16), out.ctypes.data,
-                                int(out.dtype == bf16), batch, rows, cols)
+                                int(out.dtype == bf16), batch, rows, cols, int(avx2_only))
     return out

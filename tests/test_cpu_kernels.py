@@ -127,6 +127,43 @@ def test_cached_program_with_the_kernel_runs_in_a_new_process(tmp_path):
     assert compiles == 0 and hits >= 1
 
 
+@pytest.mark.parametrize("bf16_dots", ["1", "0"])
+def test_dot_operands_as_bf16_or_widened_compute_the_same(bf16_dots):
+    """TPU-precision products feed XLA either bf16 operands or the same bf16-rounded values
+    widened to f32 (faster on CPUs without bf16 multiplies): both give the numbers of bf16
+    products accumulated in f32, at every precision, for plain and weight-gradient layouts."""
+    r = run_python("""
+        import torch, torchtpu
+        from torchtpu.engine import compile_cache
+        texts = []
+        real = compile_cache.compile
+        compile_cache.compile = lambda text, **kw: (texts.append(text), real(text, **kw))[1]
+        torch.manual_seed(0)
+        x, w, g = torch.randn(96, 40), torch.randn(40, 24), torch.randn(96, 24)
+        def parts(t, n):  # t split into n bf16 parts, as the TPU's passes do
+            out = []
+            for _ in range(n):
+                out.append(t.bfloat16().double())
+                t = t - out[-1].float()
+            return out
+        passes = {"medium": [(0, 0)], "high": [(1, 0), (0, 1), (0, 0)],
+                  "highest": [(2, 0), (1, 1), (0, 2), (1, 0), (0, 1), (0, 0)]}
+        for precision, pairs in passes.items():
+            n = max(max(p) for p in pairs) + 1
+            for a, b in ((x, w), (x.t(), g)):
+                with torch.tpu.precision(precision):
+                    out = (a.to("tpu") @ b.to("tpu")).cpu()
+                pa, pb = parts(a, n), parts(b, n)
+                want = sum(pa[i] @ pb[j] for i, j in pairs)
+                torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=1e-5)
+        dots = [line for t in texts for line in t.splitlines() if "stablehlo.dot_general" in line]
+        print(all("bf16" in d for d in dots), any("bf16" in d for d in dots))
+    """, env={"TORCH_TPU_BF16_DOTS": bf16_dots, "TORCH_TPU_TIER2_COMPILATION_CACHE": "disabled"})
+    assert r.returncode == 0, r.stderr
+    want = ["True", "True"] if bf16_dots == "1" else ["False", "False"]
+    assert r.stdout.split()[-2:] == want
+
+
 def _lapack_registered() -> bool:
     """Whether the client registered the LAPACK kernels; also empties the in-process op cache, so
     that the test's programs are compiled (and their text seen) even if an earlier test ran them."""

@@ -37,6 +37,7 @@ using namespace torchtpu_cpu;  // NOLINT: the FFI layouts (cpu_ffi.h)
 enum class Isa { kNone, kAvx2, kAvx512 };
 
 Isa DetectIsa() {
+  __builtin_cpu_init();  // (idempotent) in case this runs before libgcc's own constructor did
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return Isa::kNone;
   const bool avx512f = (ebx >> 16) & 1, avx512bw = (ebx >> 30) & 1;

@@ -4,9 +4,10 @@
 // step). In Python it ran kernel -> executor.run_plan -> deferred.record -> op_result,
 // five frames around the native walk, key and record: ~4 us of the ~6 us an op cost.
 // defer_record, called by each op's native kernel (kernel_front.cpp), does the same steps, in
-// the same order and with the same objects, in one call. It returns NotImplemented, having changed nothing, whenever the op needs anything
-// else (another mode, a first call, a generator, a missing argument, a factory op without
-// tensor inputs): executor.run_plan, which stays the reference, then handles the call.
+// the same order and with the same objects, in one call. It returns NotImplemented, having
+// changed nothing, whenever the op needs anything else (another mode, a first call, a
+// generator, a missing argument, a factory op without tensor inputs): executor.run_plan,
+// which stays the reference, then handles the call.
 #include <torch/extension.h>
 
 #include <algorithm>

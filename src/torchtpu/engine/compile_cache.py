@@ -61,6 +61,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from .. import _device_state, runtime
+from ..runtime import host_cpu
 
 __all__ = [
     "ENV_TIER2",
@@ -221,17 +222,8 @@ def cpu_features() -> str:
     if _CPU_FEATURES_OVERRIDE is not None:
         return _CPU_FEATURES_OVERRIDE
     if _cpu_features is None:
-        flags = ""
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    # x86: "flags", arm64: "Features"
-                    name = line.split(":", 1)[0].strip().lower()
-                    if name in ("flags", "features"):
-                        flags = " ".join(sorted(line.split(":", 1)[1].split()))
-                        break
-        except OSError:
-            flags = platform.processor()
+        listed = host_cpu.cpu_flags()
+        flags = platform.processor() if listed is None else " ".join(sorted(listed))
         digest = hashlib.sha256(flags.encode()).hexdigest()
         _cpu_features = f"{platform.machine()};{digest}"
     return _cpu_features

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from ..runtime import host_cpu
+
 _XLA_CPU: list[bool] = []
 
 
@@ -50,12 +52,7 @@ def bf16_dots() -> bool:
 
 
 def _host_multiplies_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name.strip().lower() in ("flags", "features"):  # x86, arm64
-                    return any(flag in value.split() for flag in _NATIVE_BF16_FLAGS)
-    except OSError:
-        pass
-    return True  # unknown: keep the TPU's operand type
+    flags = host_cpu.cpu_flags()
+    if not flags:
+        return True  # unknown: keep the TPU's operand type
+    return any(flag in flags for flag in _NATIVE_BF16_FLAGS)

@@ -8,7 +8,8 @@ Measures, each as the best of several repetitions (machines are small and noisy)
   ``torch.compile(backend="tpu")``, CPU eager and CPU ``torch.compile`` (inductor),
   timed in interleaved rounds (best round per mode; the DeferAndFuse / Strict and compiled /
   Strict ratios also as the median of per-round ratios, see ``paired_median_ratio``);
-- the same training step at batch 1 and 2, Strict vs DeferAndFuse (host overhead weighs more);
+- the same training step at batch 1 and 2, Strict vs DeferAndFuse (host overhead weighs more),
+  and with tiny sizes at batch 1 (host-bound: each mode's host cost per step);
 - GPT inference at batch 1;
 - peak device memory (bytes of PJRT buffers held) of a training step, Strict vs DeferAndFuse;
 - first-step latency (compile included) per mode;
@@ -139,6 +140,22 @@ def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: 
     return out
 
 
+# GPTConfig's structure at sizes where the device work is negligible (bench/step_cpu.py --tiny)
+TINY_GPT = GPTConfig(vocab=16, seq=4, d_model=8, heads=2)
+
+
+def strict_vs_defer(base: GPT, steps: int, rounds: int, batch: int) -> dict[str, Any]:
+    """Strict vs DeferAndFuse training steps of ``base`` at ``batch``: step ms and their ratio."""
+    modes = {"tpu_strict": ("tpu", "strict"), "tpu_defer_and_fuse": ("tpu", "defer_and_fuse")}
+    t = gpt_train(base, modes, steps, rounds, batch=batch, memory=False)
+    return {
+        "step_ms": {k: v["step_ms"] for k, v in t.items()},
+        "defer_and_fuse_vs_strict": t["tpu_strict"]["step_ms"] / t["tpu_defer_and_fuse"]["step_ms"],
+        "defer_and_fuse_vs_strict_paired_median": paired_median_ratio(
+            t["tpu_strict"]["round_step_ms"], t["tpu_defer_and_fuse"]["round_step_ms"]),
+    }
+
+
 def paired_median_ratio(slow: list[float], fast: list[float]) -> float:
     """Median over rounds of slow/fast step time, each pair timed in the same round.
 
@@ -259,16 +276,12 @@ def main() -> None:
     # The same step at smaller batches: less device work per step, so host overhead (what
     # DeferAndFuse removes) weighs more, as on a TPU, whose device work does not share the
     # host's cores. At batch 8 this emulator spends more CPU in XLA than in the host.
-    small = {"tpu_strict": ("tpu", "strict"), "tpu_defer_and_fuse": ("tpu", "defer_and_fuse")}
-    res["gpt_train_small_batch"] = {}
-    for batch in (1, 2):
-        t = gpt_train(base, small, args.steps, args.rounds // 2, batch=batch, memory=False)
-        res["gpt_train_small_batch"][f"batch_{batch}"] = {
-            "step_ms": {k: v["step_ms"] for k, v in t.items()},
-            "defer_and_fuse_vs_strict": t["tpu_strict"]["step_ms"] / t["tpu_defer_and_fuse"]["step_ms"],
-            "defer_and_fuse_vs_strict_paired_median": paired_median_ratio(
-                t["tpu_strict"]["round_step_ms"], t["tpu_defer_and_fuse"]["round_step_ms"]),
-        }
+    res["gpt_train_small_batch"] = {f"batch_{batch}": strict_vs_defer(base, args.steps, args.rounds // 2, batch)
+                                    for batch in (1, 2)}
+    # The same model structure (the same ops in the same order) with tiny sizes at batch 1: the
+    # device computes next to nothing, so each mode's step is its host cost, what a device
+    # that does not share the host's cores (a TPU, a GPU) would leave on the host.
+    res["gpt_train_host_bound"] = strict_vs_defer(GPT(TINY_GPT), args.steps, args.rounds // 2, 1)
     res["mlp_train_step_ms"] = {"cpu_eager": mlp_train("cpu", "eager", args.steps),
                                 **{f"tpu_{m}": mlp_train("tpu", m, args.steps)
                                    for m in ("strict", "defer_and_fuse", "compile")}}

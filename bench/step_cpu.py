@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from eager import _gpt_loop
+from eager import TINY_GPT, _gpt_loop
 
 from torchtpu.engine import deferred, executor
 from torchtpu.examples.gpt import GPT, GPTConfig
@@ -74,7 +74,7 @@ def main() -> None:
     p.add_argument("--alone", action="store_true", help="also time each DeferAndFuse program run alone")
     args = p.parse_args()
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab=16, seq=4, d_model=8, heads=2) if args.tiny else GPTConfig()
+    cfg = TINY_GPT if args.tiny else GPTConfig()
     batch = 1 if args.tiny else 8
     base = GPT(cfg)
     default_chunk = deferred.CHUNK_NODES

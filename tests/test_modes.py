@@ -344,3 +344,32 @@ def test_kernel_front_passes_arguments_as_python_does(mode):
                 torch.testing.assert_close(g.cpu(), w)
         with pytest.raises(RuntimeError, match="same number of dimensions|dimension"):
             torch.cat([x, x.reshape(-1)]).cpu()
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_python_numbers_reach_the_kernels_exactly(mode):
+    """`x + 1.5` passes 1.5 as a wrapped-number tensor; the native kernel front hands the lowering
+    the Python number itself (csrc/kernel_front.cpp: wrapped_number), of each kind, unrounded."""
+    torch.manual_seed(0)
+    x = torch.randn(6)
+    n = torch.arange(6)
+    m = torch.tensor([True, False, True, False, True, False])
+    c = torch.randn(6, dtype=torch.complex64)
+    cases = [
+        lambda x, n, m, c: x + 1.5,
+        lambda x, n, m, c: x * -0.0,  # the sign of zero survives
+        lambda x, n, m, c: n + 2**40,  # an int64 beyond float precision
+        lambda x, n, m, c: n * -3,
+        lambda x, n, m, c: m & True,
+        lambda x, n, m, c: x * False,
+        lambda x, n, m, c: c * (2 - 1j),  # exact products: one rounding per part, as on the CPU
+        lambda x, n, m, c: x.add(n, alpha=3),  # a Scalar argument that is not a wrapped number
+    ]
+    with torch.tpu.eager_mode(mode):
+        args = [t.to("tpu") for t in (x, n, m, c)]
+        got = [f(*args).cpu() for f in cases]
+    for f, g in zip(cases, got):
+        expected = f(x, n, m, c)
+        assert g.dtype == expected.dtype
+        torch.testing.assert_close(g, expected, rtol=0, atol=0)
+    assert torch.equal(torch.signbit(got[1]), torch.signbit(x * -0.0))

@@ -238,6 +238,32 @@ def test_precision_bands():
     assert errs["highest"] < 1e-6, errs
 
 
+def test_native_precision_lookup_follows_global_and_overrides():
+    # csrc/precision_tls.cpp answers the default natively: it must see every other setting
+    import threading
+
+    from torchtpu.engine import precision
+
+    assert precision.current() == "medium"
+    seen = []
+    try:
+        torch.set_float32_matmul_precision("high")
+        assert precision.current() == "high"
+        with torch.tpu.precision("highest"):
+            assert precision.current() == "highest"
+            with torch.tpu.precision("medium"):
+                assert precision.current() == "medium"
+            t = threading.Thread(target=lambda: seen.append(precision.current()))
+            t.start()
+            t.join()
+        assert precision.current() == "high"
+    finally:
+        torch.set_float32_matmul_precision("highest")
+        precision.set_global("medium")
+    assert seen == ["high"]  # another thread: the global level, not this thread's override
+    assert precision.current() == "medium"
+
+
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
 def test_backward_on_autograd_threads_keeps_the_precision_override(mode):
     """Regression: called from a Python thread other than the main one, backward() runs on an

@@ -20,7 +20,7 @@ namespace torchtpu {
 namespace {
 
 // Set once by _defer_setup (leaked on purpose: they live as long as the module).
-PyObject *g_deferred, *g_config, *g_precision_current, *g_collector_type, *g_missing, *g_eligible;
+PyObject *g_deferred, *g_config, *g_collector_type, *g_missing, *g_eligible;
 PyObject *s_defer_and_fuse, *s_launch_blocking, *s_debug_checks_override, *s_op_info, *s_graph, *s_native_record,
     *s_lock, *s_emitted, *s_layouts, *s_nodes, *s_acquire, *s_release, *s_names, *s_defaults,
     *s_runtime_scalar, *s_mutated, *s_returns, *s_returns_list, *s_arg, *s_since_sync, *s_period, *s_stats,
@@ -276,7 +276,8 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
   const int device = static_cast<int>(PyLong_AsLong(device_obj));
   py::object skeys = steal(PyList_AsTuple(get_slot(col.ptr(), g_col.skeys)));
   py::object specs = steal(PyList_AsTuple(PyTuple_GET_ITEM(walked.ptr(), 0)));
-  py::object precision = steal(PyObject_CallNoArgs(g_precision_current));
+  py::object precision = precision_current();
+  if (!precision) throw py::error_already_set();
   py::object key =
       op_key_of(tuple_of({plan, precision, get_slot(col.ptr(), g_col.has_f64), specs, skeys}));
 
@@ -303,14 +304,12 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
 }
 
 void register_defer(py::module& m) {
-  m.def("_defer_setup", [](py::object deferred, py::object config, py::object precision_current,
-                           py::object collector_type, py::object missing, py::object eligible) {
+  m.def("_defer_setup", [](py::object deferred, py::object config, py::object collector_type, py::object missing, py::object eligible) {
     g_col = {slot_offset(collector_type.ptr(), "device"), slot_offset(collector_type.ptr(), "has_f64"),
              slot_offset(collector_type.ptr(), "inputs"), slot_offset(collector_type.ptr(), "skeys"),
              slot_offset(collector_type.ptr(), "storage_index"), slot_offset(collector_type.ptr(), "storages")};
     g_deferred = deferred.release().ptr();
     g_config = config.release().ptr();
-    g_precision_current = precision_current.release().ptr();
     g_collector_type = collector_type.release().ptr();
     g_missing = missing.release().ptr();
     g_eligible = eligible.release().ptr();

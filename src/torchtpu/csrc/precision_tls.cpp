@@ -1,4 +1,5 @@
-// torch.tpu.precision(...) overrides, carried where PyTorch carries its thread-local state.
+// torch.tpu.precision(...) overrides, carried where PyTorch carries its thread-local state, and
+// the precision every op's cache key includes (precision_current), answered here for the default.
 //
 // The override is thread-local (engine/precision.py), but autograd may run a backward pass on
 // one of its own threads: from a Python thread other than the main one it does. PyTorch hands
@@ -62,6 +63,12 @@ void pop() {
   info->active.store(false);
 }
 
+// The global level (engine/precision.py set_global) and, for any level but the default, the
+// Python lookup that warns about its cost once: set by _precision_setup.
+PyObject* g_medium = nullptr;
+bool g_global_is_medium = true;
+PyObject* g_current_slow = nullptr;
+
 py::object propagated() {
   const PrecisionInfo* info = effective();
   if (info == nullptr) return py::none();
@@ -70,7 +77,31 @@ py::object propagated() {
 
 }  // namespace
 
+// precision.current() of the calling thread. Every op's key includes it, so it runs once per op
+// in every mode: the default level is answered here without entering Python (an override or a
+// global level other than "medium" takes the Python path, which warns about its cost once).
+py::object precision_current() {
+  const PrecisionInfo* info = effective();
+  const bool medium = info == nullptr ? g_global_is_medium : info->level == "medium";
+  if (medium && g_medium != nullptr) return py::reinterpret_borrow<py::object>(g_medium);
+  TORCH_CHECK(g_current_slow != nullptr, "torchtpu._C._precision_setup was not called");
+  return py::reinterpret_steal<py::object>(PyObject_CallNoArgs(g_current_slow));
+}
+
 void register_precision(py::module& m) {
+  m.def("_precision_setup", [](py::object current_slow) {
+    g_medium = py::str("medium").release().ptr();  // kept for the module's life
+    PyUnicode_InternInPlace(&g_medium);
+    Py_XDECREF(g_current_slow);
+    g_current_slow = current_slow.release().ptr();
+  });
+  m.def("_precision_set_global", [](const std::string& level) { g_global_is_medium = level == "medium"; },
+        "mirror of engine/precision.py's global level");
+  m.def("_precision_current", [] {
+    py::object out = precision_current();
+    if (!out) throw py::error_already_set();
+    return out;
+  }, "the matmul precision of the calling thread (engine/precision.py current)");
   m.def("_precision_push", &push, "push a precision override onto this thread's propagated state");
   m.def("_precision_pop", &pop, "pop this thread's latest precision override");
   m.def("_precision_propagated", &propagated,

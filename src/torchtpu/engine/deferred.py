@@ -43,7 +43,6 @@ from .._config import config
 from ..lowering.builder import Builder, Value
 from ..lowering.views import dense_buffer_shape
 from . import compile_cache, executor
-from . import precision as precision_mod
 from .opplan import _MISSING
 
 MAX_NODES = 4096
@@ -501,7 +500,7 @@ _record_node = _C._record_node
 _live_outputs = _C._live_outputs
 # The per-op fast path of kernels in DeferAndFuse (csrc/defer.cpp): record() and the parts of
 # executor.run_plan before it, for op keys recorded before.
-_C._defer_setup(sys.modules[__name__], config, precision_mod.current, executor._Collector, _MISSING,
+_C._defer_setup(sys.modules[__name__], config, executor._Collector, _MISSING,
                 executor.defer_fast_eligible)
 _bind_outputs = _C._bind_outputs
 _native_record = True

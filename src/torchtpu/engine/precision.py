@@ -38,6 +38,7 @@ def set_global(value: str) -> None:
     if value not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {value!r}")
     _global = value
+    _C._precision_set_global(value)
 
 
 def get_global() -> str:
@@ -65,6 +66,15 @@ _pushed = False
 
 
 def current() -> str:
+    """The matmul precision ops of this thread run at now.
+
+    Every op's cache key includes it, so it runs once per op: csrc/precision_tls.cpp answers the
+    default ("medium", no override) natively, and calls ``_current_slow`` for anything else.
+    """
+    return _C._precision_current()
+
+
+def _current_slow() -> str:
     p = _local.override
     quiet = _local.quiet
     if p is None and _pushed:
@@ -81,6 +91,10 @@ def current() -> str:
         warnings.warn(f"torchtpu: float32 matmul precision '{p}' emulates TPU multi-pass bf16 products and "
                       f"costs {cost} the default 'medium'.", stacklevel=4)
     return p
+
+
+_C._precision_setup(_current_slow)
+_C._precision_set_global(_global)
 
 
 @contextlib.contextmanager

@@ -65,13 +65,10 @@ def track_torch_setting() -> None:
 _pushed = False
 
 
-def current() -> str:
-    """The matmul precision ops of this thread run at now.
-
-    Every op's cache key includes it, so it runs once per op: csrc/precision_tls.cpp answers the
-    default ("medium", no override) natively, and calls ``_current_slow`` for anything else.
-    """
-    return _C._precision_current()
+# current() -> str: the matmul precision ops of this thread run at now. Every op's cache key
+# includes it, so it runs once per op: csrc/precision_tls.cpp answers the default ("medium", no
+# override) natively, without a Python frame, and calls _current_slow for anything else.
+current = _C._precision_current
 
 
 def _current_slow() -> str:

@@ -8,6 +8,8 @@ Measures, each as the best of several repetitions (machines are small and noisy)
   ``torch.compile(backend="tpu")``, CPU eager and CPU ``torch.compile`` (inductor),
   timed in interleaved rounds (best round per mode; the DeferAndFuse / Strict and compiled /
   Strict ratios also as the median of per-round ratios, see ``paired_median_ratio``);
+- the batch-8 step split in two per mode: host ms until ``step`` returns, then ms in the
+  loss read (flush and device wait), Strict vs DeferAndFuse;
 - the same training step at batch 1 and 2, Strict vs DeferAndFuse (host overhead weighs more),
   and with tiny sizes at batch 1 (host-bound: each mode's host cost per step);
 - GPT inference at batch 1;
@@ -89,10 +91,20 @@ def _gpt_loop(base: GPT, device: str, mode: str, batch: int = 8):
             return contextlib.nullcontext()
         return torch.tpu.eager_mode("defer_and_fuse" if mode == "defer_and_fuse" else "strict")
 
-    def run(n: int) -> None:
+    def run(n: int, split: dict[str, float] | None = None) -> None:
+        """``split``: adds the seconds until ``step`` returns (recording, launching) to its
+        "host" and the loss read's (the rest of the graph, waiting for the device) to "read"."""
         with ctx():
             for _ in range(n):
-                step(x, y).item()
+                if split is None:
+                    step(x, y).item()
+                    continue
+                t0 = time.perf_counter()
+                loss = step(x, y)
+                t1 = time.perf_counter()
+                loss.item()
+                split["host"] += t1 - t0
+                split["read"] += time.perf_counter() - t1
 
     t0 = time.perf_counter()
     run(1)
@@ -154,6 +166,34 @@ def strict_vs_defer(base: GPT, steps: int, rounds: int, batch: int) -> dict[str,
         "defer_and_fuse_vs_strict_paired_median": paired_median_ratio(
             t["tpu_strict"]["round_step_ms"], t["tpu_defer_and_fuse"]["round_step_ms"]),
     }
+
+
+def host_read_split(base: GPT, steps: int, rounds: int) -> dict[str, Any]:
+    """Where each mode's training step goes: ms until ``step`` returns (the host's recording
+    or launching of every op) and ms in the loss read after it (flushing the rest, waiting).
+
+    On this emulator both parts run on the same 2 cores, so the step time of a mode whose
+    host part is short is set by the device's (XLA CPU's) work; the host part is what a
+    TPU, whose work does not share the host's cores, would still cost. Medians over
+    interleaved rounds.
+    """
+    modes = {"tpu_strict": "strict", "tpu_defer_and_fuse": "defer_and_fuse"}
+    loops = {}
+    for name, mode in modes.items():
+        loops[name], _ = _gpt_loop(base, "tpu", mode)
+        loops[name](2)
+    rounds_ms: dict[str, dict[str, list[float]]] = {name: {"host": [], "read": []} for name in modes}
+    for _ in range(rounds):
+        for name, run in loops.items():
+            run(2)
+            split = {"host": 0.0, "read": 0.0}
+            run(steps, split)
+            for part, secs in split.items():
+                rounds_ms[name][part].append(secs / steps * 1e3)
+    out: dict[str, Any] = {name: {f"{part}_ms": statistics.median(v) for part, v in parts.items()}
+                           for name, parts in rounds_ms.items()}
+    out["host_strict_vs_defer_and_fuse"] = out["tpu_strict"]["host_ms"] / out["tpu_defer_and_fuse"]["host_ms"]
+    return out
 
 
 def paired_median_ratio(slow: list[float], fast: list[float]) -> float:
@@ -281,6 +321,7 @@ def main() -> None:
     # The same model structure (the same ops in the same order) with tiny sizes at batch 1: the
     # device computes next to nothing, so each mode's step is its host cost, what a device
     # that does not share the host's cores (a TPU, a GPU) would leave on the host.
+    res["gpt_train_host_read_ms"] = host_read_split(base, args.steps, args.rounds)
     res["gpt_train_host_bound"] = strict_vs_defer(GPT(TINY_GPT), args.steps, args.rounds // 2, 1)
     res["mlp_train_step_ms"] = {"cpu_eager": mlp_train("cpu", "eager", args.steps),
                                 **{f"tpu_{m}": mlp_train("tpu", m, args.steps)

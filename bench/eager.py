@@ -7,9 +7,8 @@ Measures, each as the best of several repetitions (machines are small and noisy)
 - the demo GPT's training step (forward, backward, AdamW) in Strict, DeferAndFuse,
   ``torch.compile(backend="tpu")``, CPU eager and CPU ``torch.compile`` (inductor),
   timed in interleaved rounds (best round per mode; the DeferAndFuse / Strict and compiled /
-  Strict ratios also as the median of per-round ratios, see ``paired_median_ratio``);
-- the batch-8 step split in two per mode: host ms until ``step`` returns, then ms in the
-  loss read (flush and device wait), Strict vs DeferAndFuse;
+  Strict ratios also as the median of per-round ratios, see ``paired_median_ratio``), and
+  each step split in two: host ms until ``step`` returns, then ms in the loss read;
 - the same training step at batch 1 and 2, Strict vs DeferAndFuse (host overhead weighs more),
   and with tiny sizes at batch 1 (host-bound: each mode's host cost per step);
 - GPT inference at batch 1;
@@ -96,15 +95,13 @@ def _gpt_loop(base: GPT, device: str, mode: str, batch: int = 8):
         "host" and the loss read's (the rest of the graph, waiting for the device) to "read"."""
         with ctx():
             for _ in range(n):
-                if split is None:
-                    step(x, y).item()
-                    continue
                 t0 = time.perf_counter()
                 loss = step(x, y)
                 t1 = time.perf_counter()
                 loss.item()
-                split["host"] += t1 - t0
-                split["read"] += time.perf_counter() - t1
+                if split is not None:
+                    split["host"] += t1 - t0
+                    split["read"] += time.perf_counter() - t1
 
     t0 = time.perf_counter()
     run(1)
@@ -121,6 +118,13 @@ def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: 
     this noisy machine hits every mode alike instead of whichever ran during it. Slow
     spells here last seconds: many short rounds spread each mode's samples over the
     whole run, so that every mode gets a round in a quiet stretch.
+
+    Each step is also split in two (medians over rounds): ``host_ms`` until ``step``
+    returns (the host recording, or launching, every op) and ``read_ms`` in the loss read
+    after it (flushing the rest, waiting for the device). On this emulator both parts share
+    the same 2 cores, so a mode with a short host part has its step time set by XLA CPU's
+    work; the host part is what a TPU, whose work does not share the host's cores, would
+    still cost.
     """
     out: dict[str, Any] = {name: {} for name in modes}
     for name, (device, mode) in modes.items() if memory else ():
@@ -139,16 +143,21 @@ def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: 
         loops[name], _ = _gpt_loop(base, device, mode, batch)
         loops[name](2)
     times: dict[str, list[float]] = {name: [] for name in modes}
+    splits: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
     for _ in range(rounds):
         for name, run in loops.items():
             run(2)  # untimed: lets the previous mode's worker threads go idle first
+            split = {"host": 0.0, "read": 0.0}
             t0 = time.perf_counter()
-            run(steps)
+            run(steps, split)
             times[name].append((time.perf_counter() - t0) / steps)
+            splits[name].append(split)
     for name, ts in times.items():
         t = min(ts)
         out[name].update(step_ms=t * 1e3, steps_per_s=1.0 / t, median_step_ms=statistics.median(ts) * 1e3,
-                         round_step_ms=[x * 1e3 for x in ts])
+                         round_step_ms=[x * 1e3 for x in ts],
+                         **{f"{part}_ms": statistics.median(sp[part] for sp in splits[name]) / steps * 1e3
+                            for part in ("host", "read")})
     return out
 
 
@@ -166,34 +175,6 @@ def strict_vs_defer(base: GPT, steps: int, rounds: int, batch: int) -> dict[str,
         "defer_and_fuse_vs_strict_paired_median": paired_median_ratio(
             t["tpu_strict"]["round_step_ms"], t["tpu_defer_and_fuse"]["round_step_ms"]),
     }
-
-
-def host_read_split(base: GPT, steps: int, rounds: int) -> dict[str, Any]:
-    """Where each mode's training step goes: ms until ``step`` returns (the host's recording
-    or launching of every op) and ms in the loss read after it (flushing the rest, waiting).
-
-    On this emulator both parts run on the same 2 cores, so the step time of a mode whose
-    host part is short is set by the device's (XLA CPU's) work; the host part is what a
-    TPU, whose work does not share the host's cores, would still cost. Medians over
-    interleaved rounds.
-    """
-    modes = {"tpu_strict": "strict", "tpu_defer_and_fuse": "defer_and_fuse"}
-    loops = {}
-    for name, mode in modes.items():
-        loops[name], _ = _gpt_loop(base, "tpu", mode)
-        loops[name](2)
-    rounds_ms: dict[str, dict[str, list[float]]] = {name: {"host": [], "read": []} for name in modes}
-    for _ in range(rounds):
-        for name, run in loops.items():
-            run(2)
-            split = {"host": 0.0, "read": 0.0}
-            run(steps, split)
-            for part, secs in split.items():
-                rounds_ms[name][part].append(secs / steps * 1e3)
-    out: dict[str, Any] = {name: {f"{part}_ms": statistics.median(v) for part, v in parts.items()}
-                           for name, parts in rounds_ms.items()}
-    out["host_strict_vs_defer_and_fuse"] = out["tpu_strict"]["host_ms"] / out["tpu_defer_and_fuse"]["host_ms"]
-    return out
 
 
 def paired_median_ratio(slow: list[float], fast: list[float]) -> float:
@@ -321,7 +302,6 @@ def main() -> None:
     # The same model structure (the same ops in the same order) with tiny sizes at batch 1: the
     # device computes next to nothing, so each mode's step is its host cost, what a device
     # that does not share the host's cores (a TPU, a GPU) would leave on the host.
-    res["gpt_train_host_read_ms"] = host_read_split(base, args.steps, args.rounds)
     res["gpt_train_host_bound"] = strict_vs_defer(GPT(TINY_GPT), args.steps, args.rounds // 2, 1)
     res["mlp_train_step_ms"] = {"cpu_eager": mlp_train("cpu", "eager", args.steps),
                                 **{f"tpu_{m}": mlp_train("tpu", m, args.steps)
@@ -343,6 +323,7 @@ def main() -> None:
         "train_compile_vs_strict": train["tpu_compile"]["steps_per_s"] / train["tpu_strict"]["steps_per_s"],
         "train_compile_vs_strict_paired_median": paired_median_ratio(
             train["tpu_strict"]["round_step_ms"], train["tpu_compile"]["round_step_ms"]),
+        "host_strict_vs_defer_and_fuse": train["tpu_strict"]["host_ms"] / train["tpu_defer_and_fuse"]["host_ms"],
         "peak_memory_defer_and_fuse_vs_strict": train["tpu_defer_and_fuse"]["peak_device_bytes"]
         / train["tpu_strict"]["peak_device_bytes"],
     }

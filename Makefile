@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml setup.py $(wildcard src/torchtpu/csrc/*.cpp src/torchtp
 demo: $(STAMP)
 	$(PY) -m torchtpu.demo
 
+# One worker per core, at most 4 (each holds a PyTorch and an XLA client): run serially, the
+# suite leaves a core of two mostly idle. Whole files per worker, so that each file's tests
+# run in their written order.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 bench: $(STAMP)
 	$(PY) bench/eager.py

@@ -399,6 +399,37 @@ def test_a_read_runs_everything_recorded(monkeypatch):
         assert e.cpu().tolist() == [8.0] * 4
 
 
+def test_a_read_launches_the_rest_before_waiting_for_the_index_checks(monkeypatch):
+    """The index-check flag of an already launched chunk is read only after the ops recorded
+    since have been launched too: the device runs them while the host waits for the flag (and,
+    in a training loop, while the host records the next step), instead of idling until the host
+    has flushed them after the wait."""
+    from torchtpu.engine import index_checks
+
+    monkeypatch.setattr(deferred, "CHUNK_NODES", 3)
+    monkeypatch.setattr(deferred, "MIN_PERIOD", 10_000)
+    pending_at_flag_read = []
+    read = index_checks._read
+
+    def spy(flag):
+        pending_at_flag_read.append(deferred.has_pending())
+        return read(flag)
+
+    monkeypatch.setattr(index_checks, "_read", spy)
+    w = torch.arange(12.0).reshape(6, 2)
+    with torch.tpu.defer_and_fuse():
+        wt = w.to("tpu")
+        torch.tpu.synchronize()
+        e = torch.nn.functional.embedding(torch.tensor([1, 4], device="tpu"), wt)  # an index check
+        f = e * 2
+        g = f + 1  # the chunk is cut and launched here, the flag among its outputs
+        h = g * 3  # recorded after the cut
+        assert deferred.has_pending()
+        assert g.sum().item() == 48.0
+    assert pending_at_flag_read == [False]
+    assert h.cpu().tolist() == [[15.0, 21.0], [51.0, 57.0]]
+
+
 def _recorded_program(native: bool, monkeypatch) -> tuple[list, list]:
     """A graph exercising every kind of recorded input and output, and what it computes."""
     monkeypatch.setattr(deferred, "_native_record", native)

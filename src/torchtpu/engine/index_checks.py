@@ -88,6 +88,13 @@ def raise_pending() -> None:
     """At a synchronization: read the unread flags, raise the first failed check's error."""
     if not _flags:
         return
+    from . import deferred  # (imports the executor, which imports this module)
+
+    # Launch everything recorded first. A flag computed by a graph already launched is read
+    # as soon as that graph has run: had the rest (an optimizer step's tail, say) waited for
+    # the read, the device would idle while the host flushed it, and the next step's
+    # recording could not overlap with it.
+    deferred.flush()
     with _lock:
         flags = list(_flags.values())
         _flags.clear()  # before reading: the reads below synchronize too
@@ -100,10 +107,10 @@ def raise_pending() -> None:
 
 def _read(flag: torch.Tensor) -> Any:
     """The flag's values, straight from its buffer (it owns the whole of it)."""
-    from . import deferred  # (imports the executor, which imports this module)
+    from . import deferred
 
     buf = st.storage_buffer(flag.untyped_storage())
-    if not isinstance(buf, Buffer):  # recorded in DeferAndFuse, not run yet
+    if not isinstance(buf, Buffer):  # recorded by another thread in DeferAndFuse, not run yet
         deferred.flush()
         buf = st.storage_buffer(flag.untyped_storage())
     return buf.to_host()

@@ -475,6 +475,30 @@ def test_native_recording_matches_python(monkeypatch):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 
+def test_native_dead_arguments_match_python():
+    """_C._dead_arguments finds the same dead buffer arguments as the Python code: one updated in
+    place (paired with the result that replaced it), one whose tensor was freed, none still held."""
+    p, q, r = (torch.full((4,), v, device="tpu") for v in (1.0, 2.0, 3.0))
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        torch.tpu.synchronize()
+        s = p * q + r  # three buffer arguments
+        p.add_(s)  # p's storage now holds this graph's result: dead, donatable onto it
+        t = q * 2
+        del q  # q's storage is freed: dead, nothing to pair with
+        g = deferred._graph
+        live = deferred._C._live_outputs(g, g.touched)[0]
+        native = deferred._C._dead_arguments(g, g.args, live)
+        python = deferred._dead_arguments_python(g, g.args, live)
+        kinds = [a[0] for a in g.args]
+        assert native == python, (native, python)
+        bufs = [i for i, k in enumerate(kinds) if k == "buf"]
+        assert len(bufs) == 3 and len(native) == 2, (kinds, native)
+        (ip, jp), (iq, jq) = native
+        assert jp == live.index((2, 0)) and jq == -1  # p.add_ is node 2 (after p * q, + r); q has none
+        assert ip == bufs[0] and iq == bufs[1]
+    assert p.cpu().tolist() == [6.0] * 4 and s.cpu().tolist() == [5.0] * 4 and t.cpu().tolist() == [4.0] * 4
+
+
 def test_native_live_outputs_and_binding_match_python():
     """_C._live_outputs and _C._bind_outputs find and bind the same live outputs as the Python code:
     a storage touched twice counts once, an overwritten one and a dead one not at all."""
@@ -520,7 +544,7 @@ def test_packed_scalars_follow_every_change_of_value():
 def test_native_fast_path_records_seen_ops_and_matches_cpu(monkeypatch):
     """Calls of op keys recorded before skip executor.run_plan (csrc/defer.cpp records them) and
     return what the Python path returns: kwargs and defaults, several returns, in-place and out=
-    ops, a list return; a new key, a random op and a factory op still take run_plan."""
+    ops, a list return, a factory op; a new key and a random op still take run_plan."""
     calls = []
     real = executor.run_plan
     monkeypatch.setattr(executor, "run_plan", lambda plan, a, k: calls.append(str(plan.op)) or real(plan, a, k))
@@ -552,11 +576,38 @@ def test_native_fast_path_records_seen_ops_and_matches_cpu(monkeypatch):
         calls.clear()
         for attempt in range(2):
             torch.nn.functional.dropout(x, 0.5, training=True)  # random: run_plan every call
-            torch.scalar_tensor(2.0, device="tpu")  # no tpu input: run_plan finds the device
+            s = torch.scalar_tensor(2.0, device="tpu")  # no tpu input: the device from its arguments
             torch.add(x, y64)  # a new key: run_plan until a flush has emitted it
             torch.tpu.synchronize()
-        twice = ["aten.native_dropout.default", "aten.scalar_tensor.default", "aten.add.Tensor"] * 2
-        assert calls == twice[:5], calls
+            assert s.device == torch.device("tpu", 0) and s.item() == 2.0
+        assert calls == ["aten.native_dropout.default", "aten.scalar_tensor.default", "aten.add.Tensor",
+                         "aten.native_dropout.default"], calls
+
+
+def test_native_fast_path_puts_factory_ops_on_the_device_asked_for():
+    """A factory op recorded natively (no tpu tensor among its arguments) lands where run_plan
+    puts it: on its device argument's index, or on the current device for a bare "tpu"."""
+    r = run_python("""
+        import torch
+        from torchtpu.engine import executor
+        calls = []
+        real = executor.run_plan
+        executor.run_plan = lambda plan, a, k: calls.append(str(plan.op)) or real(plan, a, k)
+        with torch.tpu.eager_mode("defer_and_fuse"):
+            for attempt in range(3):
+                a = torch.arange(4, device="tpu:1")
+                with torch.tpu.device(1):
+                    s = torch.scalar_tensor(2.5, device="tpu")
+                t = torch.scalar_tensor(1.5, device="tpu")
+                torch.tpu.synchronize()
+                print(a.device, s.device, t.device, a.tolist(), s.item(), t.item())
+        print(calls)
+    """, {"TORCH_TPU_NUM_DEVICES": "2"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:3] == ["tpu:1 tpu:1 tpu:0 [0, 1, 2, 3] 2.5 1.5"] * 3, r.stdout
+    # each key takes run_plan once, on the first attempt (the scalar's value is part of the key)
+    assert lines[3] == "['aten.arange.default', 'aten.scalar_tensor.default', 'aten.scalar_tensor.default']", r.stdout
 
 
 def _reference_repeats(keys: list[int], state: dict) -> bool:

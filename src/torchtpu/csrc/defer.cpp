@@ -6,9 +6,11 @@
 // defer_record, called by each op's native kernel (kernel_front.cpp), does the same steps, in
 // the same order and with the same objects, in one call. It returns NotImplemented, having
 // changed nothing, whenever the op needs anything else (another mode, a first call, a
-// generator, a missing argument, a factory op without tensor inputs): executor.run_plan,
-// which stays the reference, then handles the call.
+// generator, a missing argument): executor.run_plan, which stays the reference, then handles
+// the call.
 #include <torch/extension.h>
+
+#include <torch/csrc/Device.h>
 
 #include <algorithm>
 #include <unordered_map>
@@ -127,6 +129,21 @@ py::object op_result(const FastPlan& fp, py::handle values, py::handle new_tenso
     PyTuple_SET_ITEM(out.ptr(), i, pick(fp.returns[i]).release().ptr());
   }
   return out;
+}
+
+// The device of a call without tpu tensors (a factory op such as arange, or the scalar_tensor
+// of an attention mask): its tpu device argument, else the current device, as
+// executor._device_from_args (which sets the collector's device in the Python path).
+int device_from_args(py::handle values) {
+  const Py_ssize_t n = PyList_GET_SIZE(values.ptr());
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* v = PyList_GET_ITEM(values.ptr(), i);
+    if (THPDevice_Check(v)) {
+      const c10::Device& d = reinterpret_cast<THPDevice*>(v)->device;
+      if (d.type() == c10::DeviceType::PrivateUse1) return d.has_index() ? d.index() : current_device();
+    }
+  }
+  return current_device();
 }
 
 // Holds deferred._lock (an RLock, shared with flushes from other threads) for a scope.
@@ -272,8 +289,8 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
   py::tuple walked = walk_all(col, values, fp.runtime_scalar);
   if (PyObject_IsTrue(PyTuple_GET_ITEM(walked.ptr(), 1)) == 1) return fallback;  // a generator
   PyObject* device_obj = get_slot(col.ptr(), g_col.device);
-  if (device_obj == Py_None) return fallback;  // no tpu tensor: the device comes from the arguments
-  const int device = static_cast<int>(PyLong_AsLong(device_obj));
+  const int device =
+      device_obj == Py_None ? device_from_args(values) : static_cast<int>(PyLong_AsLong(device_obj));
   py::object skeys = steal(PyList_AsTuple(get_slot(col.ptr(), g_col.skeys)));
   py::object specs = steal(PyList_AsTuple(PyTuple_GET_ITEM(walked.ptr(), 0)));
   py::object precision = precision_current();

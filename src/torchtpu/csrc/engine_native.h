@@ -20,6 +20,9 @@ py::object record_node(py::handle g, py::handle info, py::handle col, py::handle
 // None); NotImplemented, having done nothing, for anything else.
 py::object defer_record(py::handle plan, py::handle args, py::handle kwargs);
 
+// shim.cpp: this thread's current tpu device (torch.tpu.current_device()).
+c10::DeviceIndex current_device();
+
 // precision_tls.cpp: engine/precision.py current() (a null object with a Python error set on failure).
 py::object precision_current();
 

@@ -247,6 +247,47 @@ void bind_outputs(py::handle live, py::handle outs, py::handle holders) {
   }
 }
 
+// (argument position, index into live or -1) per buffer argument dead after graph g: its storage
+// freed, or now holding another value; that value's index into live where it is one of g's
+// results (see deferred._dead_arguments, the reference). A flush visits every argument: ~100
+// per GPT program.
+py::tuple dead_arguments(py::handle g, py::handle args, py::handle live) {
+  if (!PyList_Check(args.ptr()) || !PyList_Check(live.ptr())) throw py::type_error("args and live must be lists");
+  py::list dead(0);
+  py::dict position;  // (node, index) -> its index into live, made at the first in-place update
+  bool have_position = false;
+  const Py_ssize_t n = PyList_GET_SIZE(args.ptr());
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* a = PyList_GET_ITEM(args.ptr(), i);
+    if (!is_kind(PyTuple_GET_ITEM(a, 0), k_buf)) continue;
+    PyObject* s = PyWeakref_GetObject(PyTuple_GET_ITEM(a, 2));  // borrowed
+    if (s == nullptr) throw py::error_already_set();
+    py::object v;
+    if (s != Py_None) {
+      PyObject* raw = nullptr;
+      if (_PyObject_LookupAttr(s, g_attr, &raw) < 0) throw py::error_already_set();
+      v = py::reinterpret_steal<py::object>(raw);
+      if (v.ptr() == PyTuple_GET_ITEM(a, 1)) continue;  // still this graph's argument
+    }
+    long j = -1;
+    if (v && Py_TYPE(v.ptr()) == reinterpret_cast<PyTypeObject*>(g_pending_type) &&
+        get_slot(v.ptr(), g_slots.graph) == g.ptr()) {
+      if (!have_position) {
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(live.ptr()); ++k) {
+          check(PyDict_SetItem(position.ptr(), PyList_GET_ITEM(live.ptr(), k), py::int_(k).ptr()));
+        }
+        have_position = true;
+      }
+      py::object key = tuple_of({get_slot(v.ptr(), g_slots.node), get_slot(v.ptr(), g_slots.index)});
+      PyObject* found = PyDict_GetItemWithError(position.ptr(), key.ptr());  // borrowed
+      if (found == nullptr && PyErr_Occurred()) throw py::error_already_set();
+      if (found != nullptr) j = PyLong_AsLong(found);
+    }
+    check(PyList_Append(dead.ptr(), tuple_of({py::int_(i), py::int_(j)}).ptr()));
+  }
+  return steal(PyList_AsTuple(dead.ptr()));
+}
+
 }  // namespace
 
 py::object record_node(py::handle g, py::handle info, py::handle col, py::handle layouts, long node_index,
@@ -306,6 +347,8 @@ void register_record(py::module& m) {
         "deferred.record() for an op key emitted before: the node recorded, its new tensors returned");
   m.def("_live_outputs", &live_outputs,
         "deferred.flush(): (live (node, index) keys, {key: [(storage, Pending)]}) of a graph's touched storages");
+  m.def("_dead_arguments", &dead_arguments,
+        "deferred.flush(): (argument, index into live or -1) per buffer argument dead after the graph");
   m.def("_bind_outputs", &bind_outputs, "deferred._launch(): resolve each live output's Pendings to its buffer");
 }
 

@@ -426,7 +426,8 @@ def flush(cut: bool = False) -> None:
             _rewire(g)  # the cut graphs it reads from have launched above
         args, wiring = g.args, g.wiring
         # exact and fast to compare: a step's graph has thousands of wires (see csrc/op_key.cpp)
-        key = _C._op_key((tuple(wiring), tuple(live), _dead_arguments(g, args, live)))
+        dead = (_dead_arguments if _native_record else _dead_arguments_python)(g, args, live)
+        key = _C._op_key((tuple(wiring), tuple(live), dead))
         fused = _cache.get(key)
         if fused is None and cut:
             text, layout, aliases = _emit(g, args, live, key)
@@ -498,6 +499,7 @@ _C._record_setup(Pending, _Node, _ATTR, _UNINIT, _UNINIT_WIRE, torch.float32, to
 _record_io = _C._record_io
 _record_node = _C._record_node
 _live_outputs = _C._live_outputs
+_dead_arguments = _C._dead_arguments
 # The per-op fast path of kernels in DeferAndFuse (csrc/defer.cpp): record() and the parts of
 # executor.run_plan before it, for op keys recorded before.
 _C._defer_setup(sys.modules[__name__], config, executor._Collector, _MISSING,
@@ -592,8 +594,10 @@ def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]],
     return text, layout, aliases
 
 
-def _dead_arguments(g: _Graph, args: list[tuple], live: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """(argument position, index into ``live`` or -1) per buffer argument dead after the graph.
+def _dead_arguments_python(g: _Graph, args: list[tuple],
+                           live: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """(argument position, index into ``live`` or -1) per buffer argument dead after the graph
+    (``_C._dead_arguments`` natively).
 
     An argument is dead when its storage was freed or overwritten; such inputs may be
     donated, so an optimizer step updates parameters in place. Where the storage now

@@ -249,7 +249,7 @@ void bind_outputs(py::handle live, py::handle outs, py::handle holders) {
 
 // (argument position, index into live or -1) per buffer argument dead after graph g: its storage
 // freed, or now holding another value; that value's index into live where it is one of g's
-// results (see deferred._dead_arguments, the reference). A flush visits every argument: ~100
+// results (deferred._dead_arguments_python is the reference). A flush visits every argument: ~100
 // per GPT program.
 py::tuple dead_arguments(py::handle g, py::handle args, py::handle live) {
   if (!PyList_Check(args.ptr()) || !PyList_Check(live.ptr())) throw py::type_error("args and live must be lists");

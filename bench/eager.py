@@ -14,6 +14,8 @@ Measures, each as the best of several repetitions (machines are small and noisy)
 - GPT inference at batch 1;
 - peak device memory (bytes of PJRT buffers held) of a training step, Strict vs DeferAndFuse;
 - first-step latency (compile included) per mode;
+- per mode, the share of the machine's CPU time the hypervisor stole during its timed rounds
+  (``steal_share``): on a shared VM, figures taken with a large share are slower across the board;
 - an MLP training step (Strict, DeferAndFuse, compiled, CPU eager);
 - cold vs warm start: the first DeferAndFuse training step of a fresh process with an
   empty tier-3 cache, then of a second process with it filled.
@@ -33,6 +35,21 @@ import torch
 
 from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
 from torchtpu.runtime import host_memory
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """Machine-wide (busy, stolen) CPU clock ticks so far (Linux ``/proc/stat``; zeros elsewhere).
+
+    Steal is time the hypervisor gave this VM's virtual CPUs to someone else: a share of a few
+    percent or more during a round slows it by as much, whatever the mode.
+    """
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return user + nice + system + irq + softirq, steal
 
 
 def best_of(fn, reps: int = 5) -> float:
@@ -144,18 +161,25 @@ def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: 
         loops[name](2)
     times: dict[str, list[float]] = {name: [] for name in modes}
     splits: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
+    ticks: dict[str, list[int]] = {name: [0, 0] for name in modes}  # (busy, stolen) over the timed rounds
     for _ in range(rounds):
         for name, run in loops.items():
             run(2)  # untimed: lets the previous mode's worker threads go idle first
             split = {"host": 0.0, "read": 0.0}
+            busy0, steal0 = cpu_ticks()
             t0 = time.perf_counter()
             run(steps, split)
             times[name].append((time.perf_counter() - t0) / steps)
+            busy1, steal1 = cpu_ticks()
+            ticks[name][0] += busy1 - busy0
+            ticks[name][1] += steal1 - steal0
             splits[name].append(split)
     for name, ts in times.items():
         t = min(ts)
+        busy, stolen = ticks[name]
         out[name].update(step_ms=t * 1e3, steps_per_s=1.0 / t, median_step_ms=statistics.median(ts) * 1e3,
                          round_step_ms=[x * 1e3 for x in ts],
+                         steal_share=stolen / (busy + stolen) if busy + stolen else 0.0,
                          **{f"{part}_ms": statistics.median(sp[part] for sp in splits[name]) / steps * 1e3
                             for part in ("host", "read")})
     return out

@@ -1,0 +1,86 @@
+"""Strict vs DeferAndFuse GPT training step, old code against new, in alternating processes (not a test).
+
+    python bench/ab_checkouts.py OLD_SRC NEW_SRC [--pairs 8] [--rounds 8] [--steps 10]
+
+OLD_SRC and NEW_SRC are the ``src`` folders of two checkouts, each with its native
+extension built in place (``python setup.py build_ext --inplace`` in that checkout), e.g.
+``git worktree add /tmp/old <commit>`` for the old one. A change worth a few percent is
+smaller than what this shared 2-vCPU machine's speed does from one minute to the next, so
+a single run of each says little. This runs ``--pairs`` pairs of fresh processes, old then
+new; each process times ``--rounds`` interleaved rounds of ``--steps`` steps of Strict and
+DeferAndFuse (the loop of ``bench/eager.py``) and reports its medians and main-thread CPU.
+Both codes see the same slow and quiet spells, and the medians over processes compare them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+_CHILD = """
+import json, statistics, sys, time
+sys.path.insert(0, {bench!r})
+import torch
+from eager import _gpt_loop
+from torchtpu.examples.gpt import GPT, GPTConfig
+torch.manual_seed(0)
+base = GPT(GPTConfig())
+loops = {{m: _gpt_loop(base, "tpu", m)[0] for m in ("strict", "defer_and_fuse")}}
+for run in loops.values():
+    run(3)
+wall = {{m: [] for m in loops}}
+main = {{m: [] for m in loops}}
+for _ in range({rounds}):
+    for m, run in loops.items():
+        run(2)  # untimed: the other mode's worker threads go idle first
+        c0, t0 = time.thread_time(), time.perf_counter()
+        run({steps})
+        wall[m].append((time.perf_counter() - t0) / {steps} * 1e3)
+        main[m].append((time.thread_time() - c0) / {steps} * 1e3)
+print(json.dumps({{m: {{"best": min(wall[m]), "median": statistics.median(wall[m]),
+                      "main_cpu": statistics.median(main[m])}} for m in loops}}))
+"""
+
+
+def run_one(src: str, rounds: int, steps: int) -> dict[str, dict[str, float]]:
+    """One process of the checkout at ``src``: per mode, best and median ms per step, main-thread CPU ms."""
+    bench = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=src, TORCH_DEVICE_BACKEND_AUTOLOAD="1")
+    code = _CHILD.format(bench=bench, rounds=rounds, steps=steps)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("old_src")
+    p.add_argument("new_src")
+    p.add_argument("--pairs", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--steps", type=int, default=10)
+    args = p.parse_args()
+    results: dict[str, list[dict[str, dict[str, float]]]] = {"old": [], "new": []}
+    for i in range(args.pairs):
+        for name, src in (("old", args.old_src), ("new", args.new_src)):
+            r = run_one(src, args.rounds, args.steps)
+            results[name].append(r)
+            s, d = r["strict"], r["defer_and_fuse"]
+            print(f"pair {i + 1} {name}: Strict {s['best']:.2f}/{s['median']:.2f} ms, DeferAndFuse "
+                  f"{d['best']:.2f}/{d['median']:.2f} ms (main thread {d['main_cpu']:.2f} ms CPU)", flush=True)
+    for name, rs in results.items():
+        def med(f, rs=rs):  # the median over this checkout's processes
+            return statistics.median(f(r) for r in rs)
+
+        print(f"{name}: Strict/DeferAndFuse by medians {med(lambda r: r['strict']['median'] / r['defer_and_fuse']['median']):.3f}, "
+              f"by bests {med(lambda r: r['strict']['best'] / r['defer_and_fuse']['best']):.3f}; DeferAndFuse median "
+              f"{med(lambda r: r['defer_and_fuse']['median']):.2f} ms, main thread "
+              f"{med(lambda r: r['defer_and_fuse']['main_cpu']):.2f} ms CPU; Strict median "
+              f"{med(lambda r: r['strict']['median']):.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,7 @@ extension built in place (``python setup.py build_ext --inplace`` in that checko
 smaller than what this shared 2-vCPU machine's speed does from one minute to the next, so
 a single run of each says little. This runs ``--pairs`` pairs of fresh processes, old then
 new; each process times ``--rounds`` interleaved rounds of ``--steps`` steps of Strict and
-DeferAndFuse (the loop of ``bench/eager.py``) and reports its medians and main-thread CPU.
+DeferAndFuse (``gpt_train`` of ``bench/eager.py``) and reports its medians and main-thread CPU.
 Both codes see the same slow and quiet spells, and the medians over processes compare them.
 """
 
@@ -22,27 +22,16 @@ import subprocess
 import sys
 
 _CHILD = """
-import json, statistics, sys, time
+import json, sys
 sys.path.insert(0, {bench!r})
 import torch
-from eager import _gpt_loop
+from eager import gpt_train
 from torchtpu.examples.gpt import GPT, GPTConfig
 torch.manual_seed(0)
-base = GPT(GPTConfig())
-loops = {{m: _gpt_loop(base, "tpu", m)[0] for m in ("strict", "defer_and_fuse")}}
-for run in loops.values():
-    run(3)
-wall = {{m: [] for m in loops}}
-main = {{m: [] for m in loops}}
-for _ in range({rounds}):
-    for m, run in loops.items():
-        run(2)  # untimed: the other mode's worker threads go idle first
-        c0, t0 = time.thread_time(), time.perf_counter()
-        run({steps})
-        wall[m].append((time.perf_counter() - t0) / {steps} * 1e3)
-        main[m].append((time.thread_time() - c0) / {steps} * 1e3)
-print(json.dumps({{m: {{"best": min(wall[m]), "median": statistics.median(wall[m]),
-                      "main_cpu": statistics.median(main[m])}} for m in loops}}))
+modes = {{"strict": ("tpu", "strict"), "defer_and_fuse": ("tpu", "defer_and_fuse")}}
+t = gpt_train(GPT(GPTConfig()), modes, {steps}, {rounds}, memory=False)
+print(json.dumps({{m: {{"best": v["step_ms"], "median": v["median_step_ms"], "main_cpu": v["main_cpu_ms"]}}
+                  for m, v in t.items()}}))
 """
 
 

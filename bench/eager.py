@@ -136,7 +136,8 @@ def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: 
     spells here last seconds: many short rounds spread each mode's samples over the
     whole run, so that every mode gets a round in a quiet stretch.
 
-    Each step is also split in two (medians over rounds): ``host_ms`` until ``step``
+    ``main_cpu_ms`` is the CPU this (the recording or launching) thread spends per step, median
+    over rounds. Each step is also split in two (medians over rounds): ``host_ms`` until ``step``
     returns (the host recording, or launching, every op) and ``read_ms`` in the loss read
     after it (flushing the rest, waiting for the device). On this emulator both parts share
     the same 2 cores, so a mode with a short host part has its step time set by XLA CPU's
@@ -162,14 +163,16 @@ def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: 
     times: dict[str, list[float]] = {name: [] for name in modes}
     splits: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
     ticks: dict[str, list[int]] = {name: [0, 0] for name in modes}  # (busy, stolen) over the timed rounds
+    main_cpu: dict[str, list[float]] = {name: [] for name in modes}  # this thread's CPU seconds per step
     for _ in range(rounds):
         for name, run in loops.items():
             run(2)  # untimed: lets the previous mode's worker threads go idle first
             split = {"host": 0.0, "read": 0.0}
             busy0, steal0 = cpu_ticks()
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             run(steps, split)
             times[name].append((time.perf_counter() - t0) / steps)
+            main_cpu[name].append((time.thread_time() - c0) / steps)
             busy1, steal1 = cpu_ticks()
             ticks[name][0] += busy1 - busy0
             ticks[name][1] += steal1 - steal0
@@ -180,6 +183,7 @@ def gpt_train(base: GPT, modes: dict[str, tuple[str, str]], steps: int, rounds: 
         out[name].update(step_ms=t * 1e3, steps_per_s=1.0 / t, median_step_ms=statistics.median(ts) * 1e3,
                          round_step_ms=[x * 1e3 for x in ts],
                          steal_share=stolen / (busy + stolen) if busy + stolen else 0.0,
+                         main_cpu_ms=statistics.median(main_cpu[name]) * 1e3,
                          **{f"{part}_ms": statistics.median(sp[part] for sp in splits[name]) / steps * 1e3
                             for part in ("host", "read")})
     return out

@@ -1,6 +1,7 @@
 """Strict vs DeferAndFuse GPT training step, old code against new, in alternating processes (not a test).
 
     python bench/ab_checkouts.py OLD_SRC NEW_SRC [--pairs 8] [--rounds 8] [--steps 10]
+        [--old-env VAR=VALUE ...] [--new-env VAR=VALUE ...]
 
 OLD_SRC and NEW_SRC are the ``src`` folders of two checkouts, each with its native
 extension built in place (``python setup.py build_ext --inplace`` in that checkout), e.g.
@@ -10,6 +11,11 @@ a single run of each says little. This runs ``--pairs`` pairs of fresh processes
 new; each process times ``--rounds`` interleaved rounds of ``--steps`` steps of Strict and
 DeferAndFuse (``gpt_train`` of ``bench/eager.py``) and reports its medians and main-thread CPU.
 Both codes see the same slow and quiet spells, and the medians over processes compare them.
+
+``--old-env`` and ``--new-env`` set environment variables in the processes of one side
+only, so that one checkout can be compared with itself under two settings, e.g.
+``bench/ab_checkouts.py src src --old-env TORCH_TPU_DEFER_CHUNK_NODES=40
+--new-env TORCH_TPU_DEFER_CHUNK_NODES=100``.
 """
 
 from __future__ import annotations
@@ -35,13 +41,26 @@ print(json.dumps({{m: {{"best": v["step_ms"], "median": v["median_step_ms"], "ma
 """
 
 
-def run_one(src: str, rounds: int, steps: int) -> dict[str, dict[str, float]]:
-    """One process of the checkout at ``src``: per mode, best and median ms per step, main-thread CPU ms."""
+def run_one(src: str, rounds: int, steps: int, extra_env: dict[str, str] | None = None
+            ) -> dict[str, dict[str, float]]:
+    """One process of the checkout at ``src`` (with ``extra_env`` set): per mode, best and median ms
+    per step, main-thread CPU ms."""
     bench = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=src, TORCH_DEVICE_BACKEND_AUTOLOAD="1")
+    env = dict(os.environ, PYTHONPATH=src, TORCH_DEVICE_BACKEND_AUTOLOAD="1", **(extra_env or {}))
     code = _CHILD.format(bench=bench, rounds=rounds, steps=steps)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _assignments(p: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
+    """``["VAR=VALUE", ...]`` as a dict (a malformed item is a usage error)."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            p.error(f"expected VAR=VALUE, got {item!r}")
+        out[name] = value
+    return out
 
 
 def main() -> None:
@@ -51,11 +70,14 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=8)
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--old-env", action="append", default=[], metavar="VAR=VALUE")
+    p.add_argument("--new-env", action="append", default=[], metavar="VAR=VALUE")
     args = p.parse_args()
+    envs = {"old": _assignments(p, args.old_env), "new": _assignments(p, args.new_env)}
     results: dict[str, list[dict[str, dict[str, float]]]] = {"old": [], "new": []}
     for i in range(args.pairs):
         for name, src in (("old", args.old_src), ("new", args.new_src)):
-            r = run_one(src, args.rounds, args.steps)
+            r = run_one(src, args.rounds, args.steps, envs[name])
             results[name].append(r)
             s, d = r["strict"], r["defer_and_fuse"]
             print(f"pair {i + 1} {name}: Strict {s['best']:.2f}/{s['median']:.2f} ms, DeferAndFuse "

@@ -584,6 +584,51 @@ def test_native_fast_path_records_seen_ops_and_matches_cpu(monkeypatch):
                          "aten.native_dropout.default"], calls
 
 
+def test_native_key_words_equal_the_python_op_key():
+    """The key words DeferAndFuse's native record writes straight from a call's values
+    (csrc/collect.cpp walk_key) are those of the OpKey run_plan makes from its spec tuples:
+    tensors and their storages (a buffer, a Pending, an uninitialized one; shared storages,
+    views at an offset), a host scalar tensor, lists of tensors, runtime scalars of each kind, ints past one CPython
+    digit, negative dims, dtypes and other static values."""
+    from torchtpu import _C
+    from torchtpu.engine import precision
+
+    aten = torch.ops.aten
+    x = torch.randn(4, 6, device="tpu")
+    big = 2**40
+
+    def python_words(op, args, kwargs):
+        plan = executor.plan_for(op)
+        values = executor.normalize_args(plan, args, kwargs)
+        col = executor._Collector()
+        specs, _ = _C._walk_all(col, values, plan.runtime_scalar)
+        key = _C._op_key((plan, precision.current(), col.has_f64, tuple(specs), tuple(col.skeys)))
+        return _C._op_key_words(key)
+
+    def check(op, *args, **kwargs):
+        native = _C._call_key_words(executor.plan_for(op), args, kwargs or None)
+        assert native is not None, op
+        assert native == python_words(op, args, kwargs), op
+
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        pending = x * 2  # a recorded value: its storage holds a Pending
+        check(aten.add.Tensor, x, pending, alpha=2.5)
+        check(aten.add.Tensor, x, x)  # one storage twice
+        check(aten.add.Tensor, x, torch.tensor(2.0, dtype=torch.float64))  # a host scalar
+        check(aten.add.Tensor, x, torch.empty(4, 6, device="tpu"))  # an uninitialized storage
+        check(aten.add.Tensor, x[1:, 2:], x.t()[2:, 1:])  # views: offsets and strides
+        check(aten.mul.Scalar, x, big)
+        check(aten.mul.Scalar, x, -(2**31))
+        check(aten.mul.Scalar, x, True)
+        check(aten.sum.dim_IntList, x, [-1], True, dtype=torch.float64)
+        check(aten._foreach_add_.Scalar, [x, pending, x.double()], 1.0)
+        check(aten.cat.default, [x, pending], -1)
+        check(aten.empty.memory_format, [2, big], dtype=torch.float32, device=torch.device("tpu"))
+        check(aten.arange.start_step, 0, 10, 2, device="tpu")
+        torch.tpu.synchronize()
+    check(aten.add.Tensor, x, pending)  # buffers now
+
+
 def test_native_fast_path_puts_factory_ops_on_the_device_asked_for():
     """A factory op recorded natively (no tpu tensor among its arguments) lands where run_plan
     puts it: on its device argument's index, or on the current device for a bare "tpu"."""

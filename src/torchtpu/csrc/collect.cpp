@@ -72,6 +72,14 @@ py::object buffer_field(py::handle buf, PyObject* slot_name, PyObject* property_
   return buf.attr(property_name);
 }
 
+// isinstance(v, torch.Tensor) at C level. THPVariable_Check calls PyObject_IsInstance, which
+// for anything but an exact torch.Tensor (an int, None, a list, a Parameter) looks up and calls
+// the metaclass's __instancecheck__: a Python-level call per argument value. torch.Tensor's
+// metaclass does not override it, so the subtype check says the same.
+inline bool is_tensor(PyObject* v) {
+  return THPVariableClass != nullptr && PyObject_TypeCheck(v, reinterpret_cast<PyTypeObject*>(THPVariableClass));
+}
+
 py::object int_tuple(c10::IntArrayRef values) {
   py::tuple out(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
@@ -160,19 +168,19 @@ py::object scalar_spec(State& st, py::handle v) {
 
 py::object walk(State& st, py::handle v, bool runtime_scalar) {
   PyObject* p = v.ptr();
-  if (THPVariable_Check(p)) {
+  if (is_tensor(p)) {
     return tensor_spec(st, v);
   }
   const bool is_list = PyList_Check(p);
   if (is_list || PyTuple_Check(p)) {
     const Py_ssize_t n = is_list ? PyList_GET_SIZE(p) : PyTuple_GET_SIZE(p);
     PyObject* first = n > 0 ? (is_list ? PyList_GET_ITEM(p, 0) : PyTuple_GET_ITEM(p, 0)) : nullptr;
-    if (first != nullptr && (THPVariable_Check(first) || first == Py_None || runtime_scalar)) {
+    if (first != nullptr && (is_tensor(first) || first == Py_None || runtime_scalar)) {
       py::tuple items(n);
       for (Py_ssize_t i = 0; i < n; ++i) {
         // re-read each time: a call into Python may not resize a list we hold, but be safe
         py::handle x = is_list ? PyList_GET_ITEM(p, i) : PyTuple_GET_ITEM(p, i);
-        py::object spec = THPVariable_Check(x.ptr()) ? tensor_spec(st, x) : walk(st, x, runtime_scalar);
+        py::object spec = is_tensor(x.ptr()) ? tensor_spec(st, x) : walk(st, x, runtime_scalar);
         PyTuple_SET_ITEM(items.ptr(), i, spec.release().ptr());
       }
       return tuple_of({k_L, items});
@@ -192,7 +200,163 @@ py::object walk(State& st, py::handle v, bool runtime_scalar) {
   return tuple_of({k_V, v});
 }
 
+// ---- the same walk, as OpKey words (DeferAndFuse's native record, csrc/defer.cpp) ----------
+//
+// A call whose key was recorded before only needs its key to find what recording needs
+// (deferred._OpInfo); the spec tuples walk() builds, three per tensor, were then made only
+// to be encoded into the key's words and dropped. KeyWalker writes those words directly,
+// word for word what OpKey's encoding of walk_all's specs and storage keys gives (tests
+// compare them), and fills the collector's storages and inputs as walk() does. It declines
+// (returns false) wherever walk() would call back into Python.
+class KeyWalker {
+ public:
+  KeyWalker(py::handle col, WalkedKey& out)
+      : col_(col), storages_(col.attr(s_storages)), inputs_(col.attr(s_inputs)), out_(out) {}
+
+  bool value(PyObject* p, bool runtime_scalar, std::vector<uint64_t>& words) {
+    if (is_tensor(p)) return tensor(p, words);
+    const bool is_list = PyList_Check(p);
+    if (is_list || PyTuple_Check(p)) {
+      const Py_ssize_t n = is_list ? PyList_GET_SIZE(p) : PyTuple_GET_SIZE(p);
+      PyObject* first = n > 0 ? (is_list ? PyList_GET_ITEM(p, 0) : PyTuple_GET_ITEM(p, 0)) : nullptr;
+      if (first != nullptr && (is_tensor(first) || first == Py_None || runtime_scalar)) {
+        words.push_back(key_tuple_word(2));
+        append_key_str("L", words);
+        words.push_back(key_tuple_word(static_cast<size_t>(n)));
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          PyObject* x = is_list ? PyList_GET_ITEM(p, i) : PyTuple_GET_ITEM(p, i);
+          if (!(is_tensor(x) ? tensor(x, words) : value(x, runtime_scalar, words))) return false;
+        }
+        return true;
+      }
+      py::object as_tuple = is_list ? steal(PyList_AsTuple(p)) : py::reinterpret_borrow<py::object>(p);
+      words.push_back(key_tuple_word(2));
+      append_key_str("V", words);
+      return append_key_words(as_tuple.ptr(), words);
+    }
+    if (runtime_scalar && (PyLong_Check(p) || PyFloat_Check(p))) return scalar(p, words);
+    if (PyObject_TypeCheck(p, reinterpret_cast<PyTypeObject*>(g_generator_type))) return false;
+    words.push_back(key_tuple_word(2));
+    append_key_str("V", words);
+    return append_key_words(p, words);
+  }
+
+ private:
+  // tensor_spec's ("T", slot, dtype, shape, stride, offset), and its storage key on first sight
+  bool tensor(PyObject* v, std::vector<uint64_t>& words) {
+    const at::Tensor& t = THPVariable_Unpack(v);
+    const c10::Device dev = t.device();
+    if (dev.type() == c10::DeviceType::CPU && t.dim() == 0 && !t.is_conj() && !t.is_neg()) {
+      // a host scalar (lr, a step count): _Collector.tensor's ("C", slot, dtype) and its host input
+      return append_key_words(py::object(col_.attr(s_tensor)(py::handle(v))).ptr(), words);
+    }
+    if (dev.type() != c10::DeviceType::PrivateUse1 || t.is_conj() || t.is_neg()) return false;
+    const long idx = dev.has_index() ? dev.index() : 0;
+    if (out_.device >= 0 && out_.device != idx) return false;
+    out_.device = idx;
+    const at::ScalarType type = t.scalar_type();
+    if (type == at::kDouble || type == at::kComplexDouble) out_.has_f64 = true;
+    const c10::Storage& storage = t.storage();
+    const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    size_t slot = 0;
+    while (slot < seen_.size() && seen_[slot] != impl) ++slot;
+    if (slot == seen_.size()) {
+      seen_.push_back(impl);
+      if (!storage_key(storage, type, slot)) return false;
+    }
+    words.push_back(key_tuple_word(6));
+    append_key_str("T", words);
+    append_key_int(static_cast<int64_t>(slot), words);
+    words.push_back(key_dtype_word(type));
+    const auto ints = [&](c10::IntArrayRef values) {
+      words.push_back(key_tuple_word(values.size()));
+      for (const int64_t x : values) append_key_int(x, words);
+    };
+    ints(t.sizes());
+    ints(t.strides());
+    append_key_int(t.storage_offset(), words);
+    return true;
+  }
+
+  // tensor_spec's storage key, ("U", numel, dtype) or ("B", shape, dtype, numel), and its input
+  bool storage_key(const c10::Storage& storage, at::ScalarType type, size_t slot) {
+    py::object s = steal(THPStorage_Wrap(storage));
+    check(PyList_Append(storages_.ptr(), s.ptr()));
+    const auto nbytes = static_cast<int64_t>(storage.nbytes());
+    PyObject* raw_buf = nullptr;
+    if (_PyObject_LookupAttr(s.ptr(), g_buffer_attr, &raw_buf) < 0) throw py::error_already_set();
+    py::object buf = py::reinterpret_steal<py::object>(raw_buf);
+    std::vector<uint64_t>& words = out_.skeys;
+    if (!buf || buf.is_none()) {
+      words.push_back(key_tuple_word(3));
+      append_key_str("U", words);
+      append_key_int(nbytes / static_cast<int64_t>(c10::elementSize(type)), words);
+      words.push_back(key_dtype_word(type));
+    } else {
+      py::object np_dtype = buffer_field(buf, s_dtype_slot, s_dtype);
+      PyObject* dt = PyDict_GetItemWithError(g_numpy_to_torch, np_dtype.ptr());
+      if (dt == nullptr) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        return false;
+      }
+      const auto buf_type = reinterpret_cast<THPDtype*>(dt)->scalar_type;
+      py::object shape = buffer_field(buf, s_shape_slot, s_shape);
+      words.push_back(key_tuple_word(4));
+      append_key_str("B", words);
+      if (!append_key_words(shape.ptr(), words)) return false;
+      words.push_back(key_dtype_word(buf_type));
+      append_key_int(nbytes / static_cast<int64_t>(c10::elementSize(buf_type)), words);
+    }
+    ++out_.n_skeys;
+    check(PyList_Append(inputs_.ptr(), tuple_of({k_storage, py::int_(slot)}).ptr()));
+    return true;
+  }
+
+  // scalar_spec's ("S", slot, kind), and its ("scalar", value, dtype) input
+  bool scalar(PyObject* p, std::vector<uint64_t>& words) {
+    const Py_ssize_t slot = PyList_GET_SIZE(inputs_.ptr());
+    py::handle dtype, kind;
+    if (PyBool_Check(p)) {
+      dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(at::kBool));
+      kind = reinterpret_cast<PyObject*>(&PyBool_Type);
+    } else if (PyLong_Check(p)) {
+      dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(at::kLong));
+      kind = reinterpret_cast<PyObject*>(&PyLong_Type);
+    } else {
+      dtype = Py_None;
+      kind = reinterpret_cast<PyObject*>(&PyFloat_Type);
+    }
+    check(PyList_Append(inputs_.ptr(), tuple_of({k_scalar, p, dtype}).ptr()));
+    words.push_back(key_tuple_word(3));
+    append_key_str("S", words);
+    append_key_int(slot, words);
+    words.push_back(key_identity_tag());
+    words.push_back(reinterpret_cast<uint64_t>(kind.ptr()));
+    return true;
+  }
+
+  py::handle col_;
+  py::object storages_, inputs_;
+  std::vector<const c10::StorageImpl*> seen_;  // storage slot -> its storage (a call has few)
+  WalkedKey& out_;
+};
+
 }  // namespace
+
+bool walk_key(py::handle col, py::handle values, py::handle runtime_scalar, WalkedKey& out) {
+  TORCH_CHECK(g_numpy_to_torch != nullptr, "torchtpu._C._collect_setup was not called");
+  TORCH_CHECK_INDEX(PyList_Check(values.ptr()) && PyList_Check(runtime_scalar.ptr()) &&
+                        PyList_GET_SIZE(runtime_scalar.ptr()) >= PyList_GET_SIZE(values.ptr()),
+                    "more argument values than schema arguments");
+  KeyWalker walker(col, out);
+  const Py_ssize_t n = PyList_GET_SIZE(values.ptr());
+  out.n_specs = static_cast<size_t>(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const bool runtime_scalar_arg = PyList_GET_ITEM(runtime_scalar.ptr(), i) == Py_True;
+    if (!walker.value(PyList_GET_ITEM(values.ptr(), i), runtime_scalar_arg, out.specs)) return false;
+  }
+  return true;
+}
 
 py::tuple walk_all(py::handle col, py::handle values_obj, py::handle runtime_scalar) {
   TORCH_CHECK(g_numpy_to_torch != nullptr, "torchtpu._C._collect_setup was not called");

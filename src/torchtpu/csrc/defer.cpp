@@ -7,13 +7,16 @@
 // the same order and with the same objects, in one call. It returns NotImplemented, having
 // changed nothing, whenever the op needs anything else (another mode, a first call, a
 // generator, a missing argument): executor.run_plan, which stays the reference, then handles
-// the call.
+// the call. It finds the op key's recorded info by the key's words, written straight from the
+// call's values (walk_key in collect.cpp), without the spec tuples and OpKey that run_plan
+// makes: walking into those and encoding them was about a quarter of this path's time.
 #include <torch/extension.h>
 
 #include <torch/csrc/Device.h>
 
 #include <algorithm>
 #include <unordered_map>
+#include <vector>
 
 #include "engine_native.h"
 #include "py_helpers.h"
@@ -23,7 +26,7 @@ namespace {
 
 // Set once by _defer_setup (leaked on purpose: they live as long as the module).
 PyObject *g_deferred, *g_config, *g_collector_type, *g_missing, *g_eligible;
-PyObject *s_defer_and_fuse, *s_launch_blocking, *s_debug_checks_override, *s_op_info, *s_graph, *s_native_record,
+PyObject *s_defer_and_fuse, *s_launch_blocking, *s_debug_checks_override, *s_graph, *s_native_record,
     *s_lock, *s_emitted, *s_layouts, *s_nodes, *s_acquire, *s_release, *s_names, *s_defaults,
     *s_runtime_scalar, *s_mutated, *s_returns, *s_returns_list, *s_arg, *s_since_sync, *s_period, *s_stats,
     *s_period_cuts, *s_chunk_nodes, *s_max_nodes, *s_min_period, *s_min_cut_nodes, *s_keys, *s_occurrences,
@@ -271,6 +274,44 @@ void after_record(py::handle g, long node_index) {
   }
 }
 
+// Op key words -> the deferred._OpInfo recorded for that key (deferred._op_info holds the same
+// objects by OpKey, and never drops one). Filled by _remember_op_info when Python records a
+// key first; leaked with its references, like g_plans.
+struct WordsHash {
+  size_t operator()(const std::vector<uint64_t>& words) const { return static_cast<size_t>(key_words_hash(words)); }
+};
+auto* g_infos = new std::unordered_map<std::vector<uint64_t>, PyObject*, WordsHash>();
+
+// The words of the call's OpKey, as executor.run_plan would make the key (plan, precision,
+// has_f64, specs, storage keys), written straight from the values; false where walk_key
+// declines. Fills the collector's storages, inputs, device and has_f64 as walk_all does.
+bool call_words(py::handle plan, py::handle values, const FastPlan& fp, py::handle col,
+                std::vector<uint64_t>& words) {
+  WalkedKey walked;
+  if (!walk_key(col, values, fp.runtime_scalar, walked)) return false;
+  if (walked.device >= 0) replace_slot(col.ptr(), g_col.device, py::int_(walked.device).ptr());
+  replace_slot(col.ptr(), g_col.has_f64, walked.has_f64 ? Py_True : Py_False);
+  py::object precision = precision_current();
+  if (!precision) throw py::error_already_set();
+  words.clear();
+  words.push_back(key_tuple_word(5));
+  if (!append_key_words(plan.ptr(), words) || !append_key_words(precision.ptr(), words)) return false;
+  if (!append_key_words(walked.has_f64 ? Py_True : Py_False, words)) return false;
+  words.push_back(key_tuple_word(walked.n_specs));
+  words.insert(words.end(), walked.specs.begin(), walked.specs.end());
+  words.push_back(key_tuple_word(walked.n_skeys));
+  words.insert(words.end(), walked.skeys.begin(), walked.skeys.end());
+  return true;
+}
+
+// The _OpInfo of the call's key (borrowed), or nullptr when its key was not recorded before.
+PyObject* call_info(py::handle plan, py::handle values, const FastPlan& fp, py::handle col,
+                    std::vector<uint64_t>& words) {
+  if (!call_words(plan, values, fp, col, words)) return nullptr;
+  const auto it = g_infos->find(words);
+  return it == g_infos->end() ? nullptr : it->second;
+}
+
 }  // namespace
 
 py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
@@ -286,28 +327,17 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
   py::object values = normalize(fp, args, kwargs);
   if (!values) return fallback;
   py::object col = new_collector();
-  py::tuple walked = walk_all(col, values, fp.runtime_scalar);
-  if (PyObject_IsTrue(PyTuple_GET_ITEM(walked.ptr(), 1)) == 1) return fallback;  // a generator
+  thread_local std::vector<uint64_t> words;  // the call's key words (kept: no allocation per call)
+  PyObject* info = call_info(plan, values, fp, col, words);  // borrowed
+  if (info == nullptr) return fallback;  // a key not recorded yet, or one walk_key declines
   PyObject* device_obj = get_slot(col.ptr(), g_col.device);
   const int device =
       device_obj == Py_None ? device_from_args(values) : static_cast<int>(PyLong_AsLong(device_obj));
-  py::object skeys = steal(PyList_AsTuple(get_slot(col.ptr(), g_col.skeys)));
-  py::object specs = steal(PyList_AsTuple(PyTuple_GET_ITEM(walked.ptr(), 0)));
-  py::object precision = precision_current();
-  if (!precision) throw py::error_already_set();
-  py::object key =
-      op_key_of(tuple_of({plan, precision, get_slot(col.ptr(), g_col.has_f64), specs, skeys}));
 
   py::object lock = steal(PyObject_GetAttr(g_deferred, s_lock));
   py::object new_tensors;
   {
     DeferredLock held(lock.ptr());
-    py::object op_info = steal(PyObject_GetAttr(g_deferred, s_op_info));
-    PyObject* info = PyDict_GetItemWithError(op_info.ptr(), key.ptr());  // borrowed
-    if (info == nullptr) {
-      if (PyErr_Occurred()) throw py::error_already_set();
-      return fallback;  // a new key: its meta, checks and layouts are made in Python
-    }
     py::object info_ref = py::reinterpret_borrow<py::object>(info);
     if (!attr_true(info, s_emitted) || !attr_true(g_deferred, s_native_record)) return fallback;
     py::object g = steal(PyObject_GetAttr(g_deferred, s_graph));
@@ -331,7 +361,7 @@ void register_defer(py::module& m) {
     g_missing = missing.release().ptr();
     g_eligible = eligible.release().ptr();
     intern_all({{&s_defer_and_fuse, "defer_and_fuse"}, {&s_launch_blocking, "launch_blocking"},
-                {&s_debug_checks_override, "debug_checks_override"}, {&s_op_info, "_op_info"},
+                {&s_debug_checks_override, "debug_checks_override"},
                 {&s_graph, "_graph"}, {&s_native_record, "_native_record"}, {&s_lock, "_lock"},
                 {&s_emitted, "emitted"}, {&s_layouts, "layouts"},
                 {&s_nodes, "nodes"}, {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_names, "names"},
@@ -343,6 +373,36 @@ void register_defer(py::module& m) {
                 {&s_occurrences, "occurrences"}, {&s_on_period, "on_period"}, {&s_flush, "flush"},
                 {&s_cut, "cut"}});
   });
+  m.def(
+      "_remember_op_info",
+      [](py::handle key, py::handle info) {
+        const std::vector<uint64_t>* words = op_key_words(key.ptr());
+        if (words == nullptr) return false;  // a key with Python-equality values stays Python's
+        auto [it, added] = g_infos->emplace(*words, info.ptr());
+        if (added) Py_INCREF(info.ptr());
+        return added;
+      },
+      "deferred.record(): the _OpInfo of a new op key, for the native record of its next calls");
+  m.def(
+      "_call_key_words",
+      [](py::handle plan, py::handle args, py::handle kwargs) -> py::object {
+        // tests: the key words defer_record computes for a call (None where it declines)
+        const FastPlan& fp = fast_plan(plan);
+        if (!fp.eligible) return py::none();
+        py::object values = normalize(fp, args, kwargs);
+        if (!values) return py::none();
+        std::vector<uint64_t> words;
+        if (!call_words(plan, values, fp, new_collector(), words)) return py::none();
+        return py::cast(words);
+      },
+      "the OpKey words DeferAndFuse's native record computes for a call of plan (tests)");
+  m.def(
+      "_op_key_words",
+      [](py::handle key) -> py::object {
+        const std::vector<uint64_t>* words = op_key_words(key.ptr());
+        return words == nullptr ? py::none() : py::cast(*words);
+      },
+      "an OpKey's words, or None when it holds Python-equality values (tests)");
   m.def("_after_record", &after_record,
         "DeferAndFuse, after a recorded node (deferred._lock held): cut the graph at a repeat or a chunk");
 }

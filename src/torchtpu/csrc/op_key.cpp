@@ -288,6 +288,56 @@ PyObject* make_op_key(PyObject* items) {
 
 }  // namespace
 
+bool append_key_words(PyObject* value, std::vector<uint64_t>& words) {
+  Encoder enc{words};
+  enc.size = words.size();
+  try {
+    enc.encode(value);
+  } catch (...) {
+    Py_XDECREF(enc.others);
+    throw;
+  }
+  words.resize(enc.size);
+  if (enc.others != nullptr) {
+    Py_DECREF(enc.others);
+    return false;
+  }
+  return true;
+}
+
+uint64_t key_tuple_word(size_t n) { return kTuple | (static_cast<uint64_t>(n) << 8); }
+
+void append_key_int(int64_t value, std::vector<uint64_t>& words) {
+  // as Encoder::encode writes a Python int: one word below 2**30 in magnitude (one CPython digit)
+  constexpr int64_t kOneDigit = int64_t{1} << 30;
+  if (value > -kOneDigit && value < kOneDigit) {
+    words.push_back(kSmallInt | (static_cast<uint64_t>(value) << 8));
+    return;
+  }
+  words.push_back(kInt);
+  words.push_back(static_cast<uint64_t>(value));
+}
+
+void append_key_str(const char* text, std::vector<uint64_t>& words) {
+  const size_t n = std::strlen(text);
+  TORCH_CHECK(n <= 6, "append_key_str takes up to 6 characters");
+  uint64_t w = 0;
+  std::memcpy(&w, text, n);
+  words.push_back(kShortStr | (static_cast<uint64_t>(n) << 8) | (w << 16));
+}
+
+uint64_t key_dtype_word(at::ScalarType type) { return kDtype | (static_cast<uint64_t>(type) << 8); }
+
+uint64_t key_identity_tag() { return kIdentity; }
+
+Py_hash_t key_words_hash(const std::vector<uint64_t>& words) { return hash_words(words.data(), words.size()); }
+
+const std::vector<uint64_t>* op_key_words(PyObject* key) {
+  if (Py_TYPE(key) != &OpKeyType) return nullptr;
+  const auto* k = reinterpret_cast<OpKeyObject*>(key);
+  return k->others == nullptr ? k->words : nullptr;
+}
+
 py::object op_key_of(py::handle items) {
   return steal(make_op_key(items.ptr()));
 }

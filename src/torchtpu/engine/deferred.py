@@ -256,6 +256,7 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
         info = _op_info.get(key)
         if info is None:
             info = _op_info[key] = _OpInfo(len(_op_info), plan, values, specs, skeys, key)
+            _C._remember_op_info(key, info)  # for the native record of its next calls (csrc/defer.cpp)
         g = _graph
         node_index = len(g.nodes)
         device = col.device or 0

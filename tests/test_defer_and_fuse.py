@@ -588,8 +588,8 @@ def test_native_key_words_equal_the_python_op_key():
     """The key words DeferAndFuse's native record writes straight from a call's values
     (csrc/collect.cpp walk_key) are those of the OpKey run_plan makes from its spec tuples:
     tensors and their storages (a buffer, a Pending, an uninitialized one; shared storages,
-    views at an offset), a host scalar tensor, lists of tensors, runtime scalars of each kind, ints past one CPython
-    digit, negative dims, dtypes and other static values."""
+    views at an offset), a host scalar tensor, lists of tensors, runtime scalars of each kind,
+    ints past one CPython digit, negative dims, dtypes and other static values."""
     from torchtpu import _C
     from torchtpu.engine import precision
 

@@ -330,8 +330,7 @@ class KeyWalker {
     words.push_back(key_tuple_word(3));
     append_key_str("S", words);
     append_key_int(slot, words);
-    words.push_back(key_identity_tag());
-    words.push_back(reinterpret_cast<uint64_t>(kind.ptr()));
+    append_key_identity(kind.ptr(), words);
     return true;
   }
 

@@ -98,13 +98,14 @@ py::object normalize(const FastPlan& fp, py::handle args, py::handle kwargs) {
   return values;
 }
 
-// A fresh executor._Collector, its slots filled as its __init__ does.
+// A fresh executor._Collector for walk_key: its slots filled as its __init__ does, but for the
+// storage keys and storage index, which walk_key keeps as key words and in C++ (None here).
 py::object new_collector() {
   auto* type = reinterpret_cast<PyTypeObject*>(g_collector_type);
   py::object col = steal(type->tp_alloc(type, 0));
   set_slot(col.ptr(), g_col.storages, steal(PyList_New(0)).ptr());
-  set_slot(col.ptr(), g_col.skeys, steal(PyList_New(0)).ptr());
-  set_slot(col.ptr(), g_col.storage_index, steal(PyDict_New()).ptr());
+  set_slot(col.ptr(), g_col.skeys, Py_None);
+  set_slot(col.ptr(), g_col.storage_index, Py_None);
   set_slot(col.ptr(), g_col.inputs, steal(PyList_New(0)).ptr());
   set_slot(col.ptr(), g_col.device, Py_None);
   set_slot(col.ptr(), g_col.has_f64, Py_False);

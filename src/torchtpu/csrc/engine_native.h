@@ -8,9 +8,6 @@
 
 namespace torchtpu {
 
-// collect.cpp: (specs, has_generator) of a call's schema values, filling the collector.
-py::tuple walk_all(py::handle col, py::handle values, py::handle runtime_scalar);
-
 // collect.cpp: what walk_key gives: the OpKey words of walk_all's specs and storage keys.
 struct WalkedKey {
   std::vector<uint64_t> specs, skeys;  // the words of each spec (storage key), one after another
@@ -22,20 +19,17 @@ struct WalkedKey {
 // (values and runtime_scalar: lists); false where walk_all would call back into Python.
 bool walk_key(py::handle col, py::handle values, py::handle runtime_scalar, WalkedKey& out);
 
-// op_key.cpp: the exact cache key (a torchtpu._C.OpKey) of a tuple of key items.
-py::object op_key_of(py::handle items);
-
 // op_key.cpp: appends to `words` what an OpKey encodes for `value` (so that the words of a
 // tuple's items, after a tuple header word, are the words of the tuple's key); false when
 // the value needs Python equality, which only a real OpKey holds.
 bool append_key_words(PyObject* value, std::vector<uint64_t>& words);
-// op_key.cpp: the header word of a tuple of n items, and the tag words of small ints and of
-// dtypes, as the OpKey encoding writes them.
+// op_key.cpp: the words of a tuple's header (n items), an int, a short string, a dtype and an
+// identity-compared object, as the OpKey encoding writes them.
 uint64_t key_tuple_word(size_t n);
 void append_key_int(int64_t value, std::vector<uint64_t>& words);
 void append_key_str(const char* text, std::vector<uint64_t>& words);  // up to 6 ASCII characters
 uint64_t key_dtype_word(at::ScalarType type);
-uint64_t key_identity_tag();
+void append_key_identity(PyObject* value, std::vector<uint64_t>& words);  // a type, compared by identity
 // op_key.cpp: the hash an OpKey of these words has (without Python-equality values).
 Py_hash_t key_words_hash(const std::vector<uint64_t>& words);
 // op_key.cpp: an OpKey's words, or nullptr when it is not one or holds Python-equality values.

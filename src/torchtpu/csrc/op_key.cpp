@@ -42,6 +42,22 @@ struct OpKeyObject {
   Py_hash_t hash;
 };
 
+// The words of fixed-size values, shared by Encoder and by the key words that collect.cpp
+// writes straight from a call's values (append_key_*): the two must agree word for word.
+#if PY_VERSION_HEX < 0x030C0000
+constexpr bool kSmallIntWords = true;  // CPython <= 3.11's int layout: a one-digit int is one word
+#else
+constexpr bool kSmallIntWords = false;  // (3.12 changed the layout Encoder reads the digit from)
+#endif
+constexpr uint64_t tuple_word(size_t n) { return kTuple | (static_cast<uint64_t>(n) << 8); }
+constexpr uint64_t small_int_word(int64_t x) { return kSmallInt | (static_cast<uint64_t>(x) << 8); }
+constexpr uint64_t dtype_word(at::ScalarType type) { return kDtype | (static_cast<uint64_t>(type) << 8); }
+inline uint64_t short_str_word(const char* text, size_t n) {  // n <= 6 ASCII characters
+  uint64_t w = 0;
+  std::memcpy(&w, text, n);
+  return kShortStr | (static_cast<uint64_t>(n) << 8) | (w << 16);
+}
+
 struct Encoder {
   // Words go to a scratch buffer kept between calls (one per thread: keys are also made on
   // compile threads), so encoding allocates nothing once the buffer has grown.
@@ -65,7 +81,7 @@ struct Encoder {
     // most frequent first: the tuples, ints and tag strings of tensor specs
     if (PyTuple_Check(v)) {  // torch.Size included: it means the same as a tuple of ints
       const Py_ssize_t n = PyTuple_GET_SIZE(v);
-      add(kTuple | (static_cast<uint64_t>(n) << 8));
+      add(tuple_word(static_cast<size_t>(n)));
       for (Py_ssize_t i = 0; i < n; ++i) encode(PyTuple_GET_ITEM(v, i));
       return;
     }
@@ -74,7 +90,7 @@ struct Encoder {
       const Py_ssize_t digits = Py_SIZE(v);
       if (digits >= -1 && digits <= 1) {  // |v| < 2**30 (one digit): one word
         const int64_t x = digits * static_cast<int64_t>(reinterpret_cast<PyLongObject*>(v)->ob_digit[0]);
-        return add(kSmallInt | (static_cast<uint64_t>(x) << 8));
+        return add(small_int_word(x));
       }
 #endif
       int overflow = 0;
@@ -89,11 +105,7 @@ struct Encoder {
       if (PyUnicode_IS_COMPACT_ASCII(v)) {
         n = PyUnicode_GET_LENGTH(v);
         text = static_cast<const char*>(PyUnicode_DATA(v));
-        if (n <= 6) {  // the spec tags ("T", "L", "V", ...): one word
-          uint64_t w = 0;
-          std::memcpy(&w, text, static_cast<size_t>(n));
-          return add(kShortStr | (static_cast<uint64_t>(n) << 8) | (w << 16));
-        }
+        if (n <= 6) return add(short_str_word(text, static_cast<size_t>(n)));  // spec tags: one word
       } else {
         text = PyUnicode_AsUTF8AndSize(v, &n);
         if (text == nullptr) throw py::error_already_set();
@@ -107,7 +119,7 @@ struct Encoder {
       return;
     }
     if (THPDtype_Check(v)) {
-      return add(kDtype | (static_cast<uint64_t>(reinterpret_cast<THPDtype*>(v)->scalar_type) << 8));
+      return add(dtype_word(reinterpret_cast<THPDtype*>(v)->scalar_type));
     }
     if (v == Py_None) return add(kNone);
     if (PyBool_Check(v)) return add(v == Py_True ? kTrue : kFalse);
@@ -305,13 +317,13 @@ bool append_key_words(PyObject* value, std::vector<uint64_t>& words) {
   return true;
 }
 
-uint64_t key_tuple_word(size_t n) { return kTuple | (static_cast<uint64_t>(n) << 8); }
+uint64_t key_tuple_word(size_t n) { return tuple_word(n); }
 
 void append_key_int(int64_t value, std::vector<uint64_t>& words) {
   // as Encoder::encode writes a Python int: one word below 2**30 in magnitude (one CPython digit)
   constexpr int64_t kOneDigit = int64_t{1} << 30;
-  if (value > -kOneDigit && value < kOneDigit) {
-    words.push_back(kSmallInt | (static_cast<uint64_t>(value) << 8));
+  if (kSmallIntWords && value > -kOneDigit && value < kOneDigit) {
+    words.push_back(small_int_word(value));
     return;
   }
   words.push_back(kInt);
@@ -321,14 +333,15 @@ void append_key_int(int64_t value, std::vector<uint64_t>& words) {
 void append_key_str(const char* text, std::vector<uint64_t>& words) {
   const size_t n = std::strlen(text);
   TORCH_CHECK(n <= 6, "append_key_str takes up to 6 characters");
-  uint64_t w = 0;
-  std::memcpy(&w, text, n);
-  words.push_back(kShortStr | (static_cast<uint64_t>(n) << 8) | (w << 16));
+  words.push_back(short_str_word(text, n));
 }
 
-uint64_t key_dtype_word(at::ScalarType type) { return kDtype | (static_cast<uint64_t>(type) << 8); }
+uint64_t key_dtype_word(at::ScalarType type) { return dtype_word(type); }
 
-uint64_t key_identity_tag() { return kIdentity; }
+void append_key_identity(PyObject* value, std::vector<uint64_t>& words) {
+  words.push_back(kIdentity);
+  words.push_back(reinterpret_cast<uint64_t>(value));
+}
 
 Py_hash_t key_words_hash(const std::vector<uint64_t>& words) { return hash_words(words.data(), words.size()); }
 

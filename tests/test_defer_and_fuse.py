@@ -475,6 +475,29 @@ def test_native_recording_matches_python(monkeypatch):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 
+def test_native_record_reads_only_the_types_it_knows():
+    """The native record reads a graph's, an op info's and a collector's fields at their slot
+    offsets: any other object is a TypeError, never a read at a foreign object's offsets."""
+    from torchtpu.engine import executor
+
+    class LookAlike:  # the same field names, in an instance dict
+        def __init__(self) -> None:
+            for name in ("nodes", "keys", "wiring", "args", "touched"):
+                setattr(self, name, [])
+            self.arg_of, self.occurrences = {}, {}
+            self.has_later, self.on_period, self.in_flight = False, True, False
+
+    col = executor._Collector()
+    with pytest.raises(TypeError, match="deferred._Graph"):
+        deferred._C._record_io(LookAlike(), col, [], [], 0, 0)
+    with pytest.raises(TypeError, match="executor._Collector"):
+        deferred._C._record_io(deferred._Graph(), LookAlike(), [], [], 0, 0)
+    with pytest.raises(TypeError, match="deferred._OpInfo"):
+        deferred._C._record_node(deferred._Graph(), LookAlike(), col, [], 0, 0)
+    with pytest.raises(TypeError, match="deferred._Graph"):
+        deferred._C._after_record(LookAlike(), 0)
+
+
 def test_native_dead_arguments_match_python():
     """_C._dead_arguments finds the same dead buffer arguments as the Python code: one updated in
     place (paired with the result that replaced it), one whose tensor was freed, none still held."""

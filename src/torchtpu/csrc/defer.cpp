@@ -27,14 +27,41 @@ namespace {
 // Set once by _defer_setup (leaked on purpose: they live as long as the module).
 PyObject *g_deferred, *g_config, *g_collector_type, *g_missing, *g_eligible;
 PyObject *s_defer_and_fuse, *s_launch_blocking, *s_debug_checks_override, *s_graph, *s_native_record,
-    *s_lock, *s_emitted, *s_layouts, *s_nodes, *s_acquire, *s_release, *s_names, *s_defaults,
-    *s_runtime_scalar, *s_mutated, *s_returns, *s_returns_list, *s_arg, *s_since_sync, *s_period, *s_stats,
-    *s_period_cuts, *s_chunk_nodes, *s_max_nodes, *s_min_period, *s_min_cut_nodes, *s_keys, *s_occurrences,
-    *s_on_period, *s_flush, *s_cut;
+    *s_lock, *s_acquire, *s_release, *s_names, *s_defaults, *s_runtime_scalar, *s_mutated, *s_returns,
+    *s_returns_list, *s_arg, *s_since_sync, *s_period, *s_stats, *s_period_cuts, *s_chunk_nodes, *s_max_nodes,
+    *s_min_period, *s_min_cut_nodes, *s_flush, *s_cut;
 
 struct CollectorSlots {
   Py_ssize_t device, has_f64, inputs, skeys, storage_index, storages;
 } g_col;
+struct InfoSlots {
+  Py_ssize_t emitted, layouts;
+} g_info;
+PyObject* g_info_type;
+
+// deferred's globals and config's settings, read per recorded op. Module globals and plain
+// instance attributes live in a dict: reading that dict skips the generic attribute lookup
+// (the type's MRO first), ~10 of them an op. A name missing from the dict (never, unless a
+// test deletes one) takes the generic path, which raises the AttributeError.
+PyObject *g_deferred_dict, *g_config_dict;
+
+PyObject* dict_get(PyObject* dict, PyObject* owner, PyObject* name, py::object& holder) {  // borrowed
+  PyObject* v = PyDict_GetItemWithError(dict, name);
+  if (v != nullptr) return v;
+  if (PyErr_Occurred()) throw py::error_already_set();
+  holder = steal(PyObject_GetAttr(owner, name));
+  return holder.ptr();
+}
+
+bool config_true(PyObject* name) {
+  py::object holder;
+  return PyObject_IsTrue(dict_get(g_config_dict, g_config, name, holder)) == 1;
+}
+
+py::object module_get(PyObject* name) {
+  py::object holder;
+  return py::reinterpret_borrow<py::object>(dict_get(g_deferred_dict, g_deferred, name, holder));
+}
 
 // What a call needs of an OpPlan, read once per plan (plans live as long as the process).
 struct FastPlan {
@@ -69,10 +96,6 @@ const FastPlan& fast_plan(py::handle plan) {
   return g_plans->emplace(plan.ptr(), std::move(fp)).first->second;
 }
 
-bool attr_true(PyObject* obj, PyObject* name) {
-  py::object v = steal(PyObject_GetAttr(obj, name));
-  return PyObject_IsTrue(v.ptr()) == 1;
-}
 
 // The schema's values in order, defaults filled in (executor.normalize_args); empty when an
 // argument is missing or there are too many (the Python path raises for those).
@@ -150,17 +173,31 @@ int device_from_args(py::handle values) {
   return current_device();
 }
 
-// Holds deferred._lock (an RLock, shared with flushes from other threads) for a scope.
+// Holds deferred._lock (an RLock, shared with flushes from other threads) for a scope. Its
+// bound acquire and release are kept (the module's lock never changes; if it did, they are
+// fetched again): looking the methods up cost as much as calling them.
 class DeferredLock {
  public:
-  explicit DeferredLock(PyObject* lock) : lock_(lock) {
-    steal(PyObject_CallMethodNoArgs(lock_, s_acquire));
+  explicit DeferredLock(py::handle lock) {
+    static PyObject *held_lock = nullptr, *acquire = nullptr, *release = nullptr;  // leaked with the module
+    if (lock.ptr() != held_lock) {
+      PyObject* a = steal(PyObject_GetAttr(lock.ptr(), s_acquire)).release().ptr();
+      PyObject* r = steal(PyObject_GetAttr(lock.ptr(), s_release)).release().ptr();
+      Py_XDECREF(acquire);
+      Py_XDECREF(release);
+      Py_XDECREF(held_lock);
+      held_lock = lock.inc_ref().ptr();
+      acquire = a;
+      release = r;
+    }
+    release_ = py::reinterpret_borrow<py::object>(release);
+    steal(PyObject_CallNoArgs(acquire));
   }
   ~DeferredLock() {
     PyObject *type, *value, *trace;
     PyErr_Fetch(&type, &value, &trace);  // keep a pending exception across the release
-    PyObject* r = PyObject_CallMethodNoArgs(lock_, s_release);
-    if (r == nullptr) PyErr_WriteUnraisable(lock_);
+    PyObject* r = PyObject_CallNoArgs(release_.ptr());
+    if (r == nullptr) PyErr_WriteUnraisable(release_.ptr());
     Py_XDECREF(r);
     PyErr_Restore(type, value, trace);
   }
@@ -168,18 +205,18 @@ class DeferredLock {
   DeferredLock& operator=(const DeferredLock&) = delete;
 
  private:
-  PyObject* lock_;
+  py::object release_;
 };
 
 long module_long(PyObject* name) {
-  py::object v = steal(PyObject_GetAttr(g_deferred, name));
+  py::object v = module_get(name);
   const long out = PyLong_AsLong(v.ptr());
   if (out == -1 && PyErr_Occurred()) throw py::error_already_set();
   return out;
 }
 
 void set_module_long(PyObject* name, long value) {
-  check(PyObject_SetAttr(g_deferred, name, steal(PyLong_FromLong(value)).ptr()));
+  check(PyDict_SetItem(g_deferred_dict, name, steal(PyLong_FromLong(value)).ptr()));  // as a module setattr
 }
 
 long item_long(PyObject* list, Py_ssize_t i) {  // a key id of a graph's keys or of the period
@@ -187,7 +224,7 @@ long item_long(PyObject* list, Py_ssize_t i) {  // a key id of a graph's keys or
 }
 
 void count_period_cut() {
-  py::object stats = steal(PyObject_GetAttr(g_deferred, s_stats));
+  py::object stats = module_get(s_stats);
   PyObject* n = PyDict_GetItemWithError(stats.ptr(), s_period_cuts);
   if (n == nullptr) throw py::key_error("period_cuts");
   check(PyDict_SetItem(stats.ptr(), s_period_cuts, steal(PyNumber_Add(n, py::int_(1).ptr())).ptr()));
@@ -199,11 +236,11 @@ void count_period_cut() {
 // MIN_CUT_NODES ops: a flush and launch cost about as much as recording 10-20 ops); from
 // then on a graph is cut once it has recorded one period.
 bool repeats(py::handle g) {
-  py::object keys = g.attr(s_keys);
+  py::handle keys = graph_field(g, GraphField::kKeys);
   const Py_ssize_t n = PyList_GET_SIZE(keys.ptr());
-  py::object period = steal(PyObject_GetAttr(g_deferred, s_period));
+  py::object period = module_get(s_period);
   if (!period.is_none()) {
-    const bool on = PyObject_IsTrue(py::object(g.attr(s_on_period)).ptr()) == 1;
+    const bool on = PyObject_IsTrue(graph_field(g, GraphField::kOnPeriod)) == 1;
     if (on && n <= PyList_GET_SIZE(period.ptr()) && item_long(keys.ptr(), n - 1) == item_long(period.ptr(), n - 1)) {
       if (n == PyList_GET_SIZE(period.ptr())) {
         count_period_cut();
@@ -211,11 +248,11 @@ bool repeats(py::handle g) {
       }
       return false;
     }
-    g.attr(s_on_period) = py::bool_(false);
+    set_graph_field(g, GraphField::kOnPeriod, Py_False);
     return false;
   }
   PyObject* last = PyList_GET_ITEM(keys.ptr(), n - 1);
-  py::object occurrences = g.attr(s_occurrences);
+  py::handle occurrences = graph_field(g, GraphField::kOccurrences);
   PyObject* earlier = PyDict_GetItemWithError(occurrences.ptr(), last);  // borrowed
   if (earlier == nullptr) {
     if (PyErr_Occurred()) throw py::error_already_set();
@@ -240,7 +277,7 @@ bool repeats(py::handle g) {
       const long min_cut = module_long(s_min_cut_nodes);
       const Py_ssize_t copies = (min_cut + p - 1) / p;
       py::object one = steal(PyList_GetSlice(keys.ptr(), n - p, n));
-      check(PyObject_SetAttr(g_deferred, s_period, steal(PySequence_Repeat(one.ptr(), copies)).ptr()));
+      check(PyDict_SetItem(g_deferred_dict, s_period, steal(PySequence_Repeat(one.ptr(), copies)).ptr()));
       count_period_cut();
       return true;
     }
@@ -253,6 +290,7 @@ bool repeats(py::handle g) {
 // After a recorded node (deferred._lock held): cut the graph where the repeated-ops
 // heuristic or the chunk size says so.
 void after_record(py::handle g, long node_index) {
+  check_graph(g);  // before any state changes
   const long since = module_long(s_since_sync) + 1;
   set_module_long(s_since_sync, since);
   bool cut = repeats(g);
@@ -263,12 +301,11 @@ void after_record(py::handle g, long node_index) {
     cut = node_index + 1 >= module_long(s_max_nodes);
     if (!cut && chunk != 0 && since % chunk == 0) {
       // a graph still repeating the period is left to the period cut
-      py::object period = steal(PyObject_GetAttr(g_deferred, s_period));
-      cut = period.is_none() || PyObject_IsTrue(py::object(g.attr(s_on_period)).ptr()) != 1;
+      cut = module_get(s_period).is_none() || PyObject_IsTrue(graph_field(g, GraphField::kOnPeriod)) != 1;
     }
   }
   if (cut) {
-    py::object flush = steal(PyObject_GetAttr(g_deferred, s_flush));
+    py::object flush = module_get(s_flush);
     py::dict kwargs;
     kwargs[s_cut] = py::bool_(true);
     steal(PyObject_Call(flush.ptr(), py::tuple().ptr(), kwargs.ptr()));
@@ -288,7 +325,22 @@ auto* g_infos = new std::unordered_map<std::vector<uint64_t>, PyObject*, WordsHa
 // declines. Fills the collector's storages, inputs, device and has_f64 as walk_all does.
 bool call_words(py::handle plan, py::handle values, const FastPlan& fp, py::handle col,
                 std::vector<uint64_t>& words) {
-  WalkedKey walked;
+  // One WalkedKey per thread, reused: two vector allocations fewer per recorded op. A walk that
+  // calls into Python (a host scalar) could record another op on this thread meanwhile: that
+  // inner call walks into its own.
+  thread_local WalkedKey reused;
+  thread_local bool reused_busy = false;
+  WalkedKey own;
+  const bool nested = reused_busy;
+  WalkedKey& walked = nested ? own : reused;
+  walked.reset();
+  reused_busy = true;
+  struct Release {
+    bool nested;
+    ~Release() {
+      if (!nested) reused_busy = false;
+    }
+  } release{nested};
   if (!walk_key(col, values, fp.runtime_scalar, walked)) return false;
   if (walked.device >= 0) replace_slot(col.ptr(), g_col.device, py::int_(walked.device).ptr());
   replace_slot(col.ptr(), g_col.has_f64, walked.has_f64 ? Py_True : Py_False);
@@ -320,9 +372,10 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
   const py::object fallback = py::reinterpret_borrow<py::object>(Py_NotImplemented);
   if (!PyTuple_Check(args.ptr()) || (kwargs.ptr() != Py_None && !PyDict_Check(kwargs.ptr()))) return fallback;
   // DeferAndFuse, not Debug (which runs and checks every op), as executor.run_plan decides
-  if (!attr_true(g_config, s_defer_and_fuse) || attr_true(g_config, s_launch_blocking)) return fallback;
-  py::object checks = steal(PyObject_GetAttr(g_config, s_debug_checks_override));
-  if (checks.ptr() != Py_None && PyObject_IsTrue(checks.ptr()) == 1) return fallback;
+  if (!config_true(s_defer_and_fuse) || config_true(s_launch_blocking)) return fallback;
+  py::object holder;
+  PyObject* checks = dict_get(g_config_dict, g_config, s_debug_checks_override, holder);
+  if (checks != Py_None && PyObject_IsTrue(checks) == 1) return fallback;
   const FastPlan& fp = fast_plan(plan);
   if (!fp.eligible) return fallback;
   py::object values = normalize(fp, args, kwargs);
@@ -335,15 +388,20 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
   const int device =
       device_obj == Py_None ? device_from_args(values) : static_cast<int>(PyLong_AsLong(device_obj));
 
-  py::object lock = steal(PyObject_GetAttr(g_deferred, s_lock));
   py::object new_tensors;
   {
-    DeferredLock held(lock.ptr());
+    DeferredLock held(module_get(s_lock));
     py::object info_ref = py::reinterpret_borrow<py::object>(info);
-    if (!attr_true(info, s_emitted) || !attr_true(g_deferred, s_native_record)) return fallback;
-    py::object g = steal(PyObject_GetAttr(g_deferred, s_graph));
-    const long node_index = static_cast<long>(PyList_GET_SIZE(py::object(g.attr(s_nodes)).ptr()));
-    py::object layouts = fp.mutated ? py::none() : py::object(info_ref.attr(s_layouts));
+    TORCH_CHECK(Py_TYPE(info) == reinterpret_cast<PyTypeObject*>(g_info_type), "expected a deferred._OpInfo");
+    if (PyObject_IsTrue(get_slot(info, g_info.emitted)) != 1 || PyObject_IsTrue(module_get(s_native_record).ptr()) != 1) {
+      return fallback;
+    }
+    py::object g = module_get(s_graph);
+    PyObject* nodes = graph_field(g, GraphField::kNodes);
+    TORCH_CHECK(PyList_Check(nodes), "a graph's nodes must be a list");
+    const long node_index = static_cast<long>(PyList_GET_SIZE(nodes));
+    py::object layouts =
+        fp.mutated ? py::none() : py::reinterpret_borrow<py::object>(get_slot(info, g_info.layouts));
     new_tensors = record_node(g, info_ref, col, layouts, node_index, device);
     if (new_tensors.is_none()) return fallback;  // an RNG seed input: nothing was recorded
     after_record(g, node_index);
@@ -356,6 +414,14 @@ void register_defer(py::module& m) {
     g_col = {slot_offset(collector_type.ptr(), "device"), slot_offset(collector_type.ptr(), "has_f64"),
              slot_offset(collector_type.ptr(), "inputs"), slot_offset(collector_type.ptr(), "skeys"),
              slot_offset(collector_type.ptr(), "storage_index"), slot_offset(collector_type.ptr(), "storages")};
+    py::object info_type = deferred.attr("_OpInfo");
+    g_info = {slot_offset(info_type.ptr(), "emitted"), slot_offset(info_type.ptr(), "layouts")};
+    g_info_type = info_type.release().ptr();
+    PyObject** config_dict = _PyObject_GetDictPtr(config.ptr());
+    TORCH_CHECK(config_dict != nullptr && *config_dict != nullptr && PyDict_Check(*config_dict),
+                "the config object must keep its settings in an instance dict");
+    g_config_dict = *config_dict;  // (the config object, kept below, keeps its dict)
+    g_deferred_dict = PyModule_GetDict(deferred.ptr());
     g_deferred = deferred.release().ptr();
     g_config = config.release().ptr();
     g_collector_type = collector_type.release().ptr();
@@ -364,14 +430,12 @@ void register_defer(py::module& m) {
     intern_all({{&s_defer_and_fuse, "defer_and_fuse"}, {&s_launch_blocking, "launch_blocking"},
                 {&s_debug_checks_override, "debug_checks_override"},
                 {&s_graph, "_graph"}, {&s_native_record, "_native_record"}, {&s_lock, "_lock"},
-                {&s_emitted, "emitted"}, {&s_layouts, "layouts"},
-                {&s_nodes, "nodes"}, {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_names, "names"},
+                {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_names, "names"},
                 {&s_defaults, "defaults"}, {&s_runtime_scalar, "runtime_scalar"}, {&s_mutated, "mutated"},
                 {&s_returns, "returns"}, {&s_returns_list, "returns_list"}, {&s_arg, "arg"},
                 {&s_since_sync, "_since_sync"}, {&s_period, "_period"}, {&s_stats, "stats"},
                 {&s_period_cuts, "period_cuts"}, {&s_chunk_nodes, "CHUNK_NODES"}, {&s_max_nodes, "MAX_NODES"},
-                {&s_min_period, "MIN_PERIOD"}, {&s_min_cut_nodes, "MIN_CUT_NODES"}, {&s_keys, "keys"},
-                {&s_occurrences, "occurrences"}, {&s_on_period, "on_period"}, {&s_flush, "flush"},
+                {&s_min_period, "MIN_PERIOD"}, {&s_min_cut_nodes, "MIN_CUT_NODES"}, {&s_flush, "flush"},
                 {&s_cut, "cut"}});
   });
   m.def(

@@ -14,6 +14,14 @@ struct WalkedKey {
   size_t n_specs = 0, n_skeys = 0;
   long device = -1;  // -1: no tpu tensor among the values
   bool has_f64 = false;
+
+  void reset() {  // empty again, keeping the vectors' memory for the next walk
+    specs.clear();
+    skeys.clear();
+    n_specs = n_skeys = 0;
+    device = -1;
+    has_f64 = false;
+  }
 };
 // collect.cpp: walk_all's walk as OpKey words, filling the collector's storages and inputs
 // (values and runtime_scalar: lists); false where walk_all would call back into Python.
@@ -34,6 +42,14 @@ void append_key_identity(PyObject* value, std::vector<uint64_t>& words);  // a t
 Py_hash_t key_words_hash(const std::vector<uint64_t>& words);
 // op_key.cpp: an OpKey's words, or nullptr when it is not one or holds Python-equality values.
 const std::vector<uint64_t>* op_key_words(PyObject* key);
+
+// record.cpp: the fields of deferred._Graph (a slotted dataclass) read by their slots;
+// graph_field is borrowed, and both raise TypeError for anything but a _Graph.
+enum class GraphField { kNodes, kKeys, kOccurrences, kArgs, kArgOf, kWiring, kTouched, kHasLater, kOnPeriod, kInFlight,
+                        kCount };
+void check_graph(py::handle g);
+PyObject* graph_field(py::handle g, GraphField field);
+void set_graph_field(py::handle g, GraphField field, PyObject* value);
 
 // record.cpp: records one node of an op key emitted before into graph g; its new tensors,
 // or None where an input is an RNG seed (then nothing was recorded).

@@ -24,8 +24,6 @@ namespace {
 
 // Set once by _record_setup (leaked on purpose: they live as long as the module).
 PyObject *g_pending_type, *g_node_type, *g_attr, *g_uninit, *g_uninit_wire, *g_f32, *g_f64, *g_empty;
-PyObject *s_args, *s_arg_of, *s_touched, *s_has_later, *s_graph, *s_node, *s_index, *s_in_flight, *s_inputs,
-    *s_storages, *s_has_f64, *s_written, *s_key_id, *s_wiring, *s_nodes, *s_keys;
 PyObject *k_storage, *k_scalar, *k_host, *k_buf, *k_pending, *k_later, *k_a, *k_p;
 
 py::object weakref(py::handle obj) {
@@ -44,6 +42,28 @@ struct PendingSlots {
 struct NodeSlots {
   Py_ssize_t info, inputs, device, where;
 } g_node_slots;
+// ... and of the fields of deferred._Graph, _OpInfo and executor._Collector that every recorded
+// op reads: a generic attribute read looks the name up in the type's MRO and then in the
+// instance dict, and a recorded op made ~25 of them.
+Py_ssize_t g_graph_slots[static_cast<int>(GraphField::kCount)];
+struct InfoSlots {
+  Py_ssize_t written, key_id;
+} g_info_slots;
+struct CollectorSlots {
+  Py_ssize_t inputs, storages, has_f64;
+} g_col_slots;
+PyObject *g_graph_type, *g_info_type, *g_collector_type;
+
+// Slot reads of objects whose type the caller does not choose (the Python twins pass them in).
+void check_type(py::handle obj, PyObject* type, const char* what) {
+  if (Py_TYPE(obj.ptr()) != reinterpret_cast<PyTypeObject*>(type)) {
+    throw py::type_error(std::string("expected a ") + what + ", got " + Py_TYPE(obj.ptr())->tp_name);
+  }
+}
+
+PyObject* graph_slot(py::handle g, GraphField field) {  // borrowed
+  return get_slot(g.ptr(), g_graph_slots[static_cast<int>(field)]);
+}
 
 // The same object as Pending(g, node, index, shape, dtype, np_dtype) (see deferred.Pending).
 py::object new_pending(py::handle g, long node, long index, py::handle shape, py::handle dtype, py::handle np_dtype) {
@@ -72,7 +92,10 @@ struct NodeIO {
 std::optional<NodeIO> record_io(py::handle g, py::handle col, py::handle layouts, py::handle written,
                                 long node_index, int device) {
   TORCH_CHECK(g_pending_type != nullptr, "torchtpu._C._record_setup was not called");
-  py::object col_inputs = col.attr(s_inputs);
+  check_type(g, g_graph_type, "deferred._Graph");
+  check_type(col, g_collector_type, "executor._Collector");
+  py::handle col_inputs = get_slot(col.ptr(), g_col_slots.inputs);
+  TORCH_CHECK(PyList_Check(col_inputs.ptr()), "_Collector.inputs must be a list");
   const Py_ssize_t n_in = PyList_GET_SIZE(col_inputs.ptr());
   for (Py_ssize_t i = 0; i < n_in; ++i) {
     PyObject* kind = PyTuple_GET_ITEM(PyList_GET_ITEM(col_inputs.ptr(), i), 0);
@@ -80,11 +103,14 @@ std::optional<NodeIO> record_io(py::handle g, py::handle col, py::handle layouts
       return std::nullopt;
     }
   }
-  py::object storages = col.attr(s_storages);
-  const bool has_f64 = PyObject_IsTrue(py::object(col.attr(s_has_f64)).ptr()) == 1;
-  py::object args = g.attr(s_args);
-  py::object arg_of = g.attr(s_arg_of);
-  py::object touched = g.attr(s_touched);
+  py::handle storages = get_slot(col.ptr(), g_col_slots.storages);
+  const bool has_f64 = PyObject_IsTrue(get_slot(col.ptr(), g_col_slots.has_f64)) == 1;
+  py::handle args = graph_slot(g, GraphField::kArgs);
+  py::handle arg_of = graph_slot(g, GraphField::kArgOf);
+  py::handle touched = graph_slot(g, GraphField::kTouched);
+  TORCH_CHECK(PyList_Check(storages.ptr()) && PyList_Check(args.ptr()) && PyDict_Check(arg_of.ptr()) &&
+                  PyList_Check(touched.ptr()),
+              "a graph's args and touched must be lists, its arg_of a dict");
   py::list inputs(0);
   py::tuple wires(n_in);
   const auto add_arg = [&](Py_ssize_t i, const py::object& a) {
@@ -117,20 +143,21 @@ std::optional<NodeIO> record_io(py::handle g, py::handle col, py::handle layouts
     }
     py::object a;
     if (Py_TYPE(buf.ptr()) == reinterpret_cast<PyTypeObject*>(g_pending_type)) {
-      py::object graph = buf.attr(s_graph);
-      if (graph.is(g)) {
+      PyObject* graph = get_slot(buf.ptr(), g_slots.graph);
+      if (graph == g.ptr()) {
         check(PyList_Append(inputs.ptr(), tuple_of({k_pending, buf}).ptr()));
-        py::object wire = tuple_of({k_p, py::object(buf.attr(s_node)), py::object(buf.attr(s_index))});
+        py::object wire = tuple_of({k_p, get_slot(buf.ptr(), g_slots.node), get_slot(buf.ptr(), g_slots.index)});
         PyTuple_SET_ITEM(wires.ptr(), i, wire.release().ptr());
         continue;
       }
-      if (PyObject_IsTrue(py::object(graph.attr(s_in_flight)).ptr()) != 1) {
+      check_type(graph, g_graph_type, "deferred._Graph");
+      if (PyObject_IsTrue(graph_slot(graph, GraphField::kInFlight)) != 1) {
         PyErr_SetString(PyExc_AssertionError, "stale pending storage");
         throw py::error_already_set();
       }
       // a result of a cut graph still compiling: an argument, bound when it launches
       a = tuple_of({k_later, buf, weakref(s)});
-      g.attr(s_has_later) = py::bool_(true);
+      replace_slot(g.ptr(), g_graph_slots[static_cast<int>(GraphField::kHasLater)], Py_True);
     } else {
       a = tuple_of({k_buf, buf, weakref(s)});
     }
@@ -290,14 +317,34 @@ py::tuple dead_arguments(py::handle g, py::handle args, py::handle live) {
 
 }  // namespace
 
+void check_graph(py::handle g) {
+  check_type(g, g_graph_type, "deferred._Graph");
+}
+
+PyObject* graph_field(py::handle g, GraphField field) {
+  check_graph(g);
+  return graph_slot(g, field);
+}
+
+void set_graph_field(py::handle g, GraphField field, PyObject* value) {
+  check_type(g, g_graph_type, "deferred._Graph");
+  replace_slot(g.ptr(), g_graph_slots[static_cast<int>(field)], value);
+}
+
 py::object record_node(py::handle g, py::handle info, py::handle col, py::handle layouts, long node_index,
                        int device) {
   // record_io, then the node itself: its wiring, a _Node (without a source line: only an op
   // key emitted before comes here) and its key id. None where record_io declines.
-  std::optional<NodeIO> io = record_io(g, col, layouts, py::object(info.attr(s_written)), node_index, device);
+  check_type(info, g_info_type, "deferred._OpInfo");
+  std::optional<NodeIO> io = record_io(g, col, layouts, get_slot(info.ptr(), g_info_slots.written), node_index, device);
   if (!io) return py::none();
-  py::object key_id = info.attr(s_key_id);
-  check(PyList_Append(py::object(g.attr(s_wiring)).ptr(), tuple_of({key_id, io->wires}).ptr()));
+  py::handle key_id = get_slot(info.ptr(), g_info_slots.key_id);
+  PyObject* wiring = graph_slot(g, GraphField::kWiring);
+  PyObject* nodes = graph_slot(g, GraphField::kNodes);
+  PyObject* keys = graph_slot(g, GraphField::kKeys);
+  TORCH_CHECK(PyList_Check(wiring) && PyList_Check(nodes) && PyList_Check(keys),
+              "a graph's wiring, nodes and keys must be lists");
+  check(PyList_Append(wiring, tuple_of({key_id, io->wires}).ptr()));
   auto* type = reinterpret_cast<PyTypeObject*>(g_node_type);
   py::object node = steal(type->tp_alloc(type, 0));
   py::object device_obj = steal(PyLong_FromLong(device));
@@ -305,14 +352,30 @@ py::object record_node(py::handle g, py::handle info, py::handle col, py::handle
   set_slot(node.ptr(), g_node_slots.inputs, io->inputs.ptr());
   set_slot(node.ptr(), g_node_slots.device, device_obj.ptr());
   set_slot(node.ptr(), g_node_slots.where, g_empty);
-  check(PyList_Append(py::object(g.attr(s_nodes)).ptr(), node.ptr()));
-  check(PyList_Append(py::object(g.attr(s_keys)).ptr(), key_id.ptr()));
+  check(PyList_Append(nodes, node.ptr()));
+  check(PyList_Append(keys, key_id.ptr()));
   return std::move(io->new_tensors);
 }
 
 void register_record(py::module& m) {
-  m.def("_record_setup", [](py::object pending_type, py::object node_type, py::str attr, py::object uninit,
+  m.def("_record_setup", [](py::object pending_type, py::object node_type, py::object graph_type,
+                            py::object info_type, py::object collector_type, py::str attr, py::object uninit,
                             py::object uninit_wire, py::object f32, py::object f64) {
+    const std::pair<GraphField, const char*> graph_fields[] = {
+        {GraphField::kNodes, "nodes"}, {GraphField::kKeys, "keys"}, {GraphField::kOccurrences, "occurrences"},
+        {GraphField::kArgs, "args"}, {GraphField::kArgOf, "arg_of"}, {GraphField::kWiring, "wiring"},
+        {GraphField::kTouched, "touched"}, {GraphField::kHasLater, "has_later"},
+        {GraphField::kOnPeriod, "on_period"}, {GraphField::kInFlight, "in_flight"}};
+    static_assert(sizeof(graph_fields) / sizeof(graph_fields[0]) == static_cast<size_t>(GraphField::kCount));
+    for (const auto& [field, name] : graph_fields) {
+      g_graph_slots[static_cast<int>(field)] = slot_offset(graph_type.ptr(), name);
+    }
+    g_info_slots = {slot_offset(info_type.ptr(), "written"), slot_offset(info_type.ptr(), "key_id")};
+    g_col_slots = {slot_offset(collector_type.ptr(), "inputs"), slot_offset(collector_type.ptr(), "storages"),
+                   slot_offset(collector_type.ptr(), "has_f64")};
+    g_graph_type = graph_type.release().ptr();
+    g_info_type = info_type.release().ptr();
+    g_collector_type = collector_type.release().ptr();
     g_node_slots = {slot_offset(node_type.ptr(), "info"), slot_offset(node_type.ptr(), "inputs"),
                     slot_offset(node_type.ptr(), "device"), slot_offset(node_type.ptr(), "where")};
     g_node_type = node_type.release().ptr();
@@ -326,12 +389,8 @@ void register_record(py::module& m) {
     g_uninit_wire = uninit_wire.release().ptr();
     g_f32 = f32.release().ptr();
     g_f64 = f64.release().ptr();
-    intern_all({{&s_args, "args"}, {&s_arg_of, "arg_of"}, {&s_touched, "touched"}, {&s_has_later, "has_later"},
-                {&s_graph, "graph"}, {&s_node, "node"}, {&s_index, "index"}, {&s_in_flight, "in_flight"},
-                {&s_inputs, "inputs"}, {&s_storages, "storages"}, {&s_has_f64, "has_f64"}, {&k_storage, "storage"},
-                {&k_scalar, "scalar"}, {&k_host, "host"}, {&k_buf, "buf"}, {&k_pending, "pending"},
-                {&k_later, "later"}, {&k_a, "a"}, {&k_p, "p"}, {&g_empty, ""}, {&s_written, "written"},
-                {&s_key_id, "key_id"}, {&s_wiring, "wiring"}, {&s_nodes, "nodes"}, {&s_keys, "keys"}});
+    intern_all({{&k_storage, "storage"}, {&k_scalar, "scalar"}, {&k_host, "host"}, {&k_buf, "buf"},
+                {&k_pending, "pending"}, {&k_later, "later"}, {&k_a, "a"}, {&k_p, "p"}, {&g_empty, ""}});
   });
   m.def(
       "_record_io",

@@ -93,7 +93,7 @@ class _Node:
         self.where = where
 
 
-@dataclass
+@dataclass(slots=True)  # slots: the native record reads its fields by offset (csrc/record.cpp)
 class _Graph:
     nodes: list[_Node] = field(default_factory=list)
     touched: list[weakref.ref] = field(default_factory=list)
@@ -496,7 +496,8 @@ _UNINIT = ("uninit",)
 _UNINIT_WIRE = ("u",)
 # The native twins of _record_io_python and of the node bookkeeping in record() (csrc/record.cpp);
 # tests switch them off to compare.
-_C._record_setup(Pending, _Node, _ATTR, _UNINIT, _UNINIT_WIRE, torch.float32, torch.float64)
+_C._record_setup(Pending, _Node, _Graph, _OpInfo, executor._Collector, _ATTR, _UNINIT, _UNINIT_WIRE, torch.float32,
+                 torch.float64)
 _record_io = _C._record_io
 _record_node = _C._record_node
 _live_outputs = _C._live_outputs

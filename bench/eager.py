@@ -13,6 +13,9 @@ Measures, each as the best of several repetitions (machines are small and noisy)
   and with tiny sizes at batch 1 (host-bound: each mode's host cost per step);
 - GPT inference at batch 1;
 - peak device memory (bytes of PJRT buffers held) of a training step, Strict vs DeferAndFuse;
+- the device's share of a DeferAndFuse training step (each program timed with the cores to
+  itself), and Strict's median step over it: the highest DeferAndFuse / Strict ratio that any
+  host-side change could reach on this machine, whose cores also compute the emulated device;
 - first-step latency (compile included) per mode;
 - per mode, the share of the machine's CPU time the hypervisor stole during its timed rounds
   (``steal_share``): on a shared VM, figures taken with a large share are slower across the board;
@@ -205,6 +208,41 @@ def strict_vs_defer(base: GPT, steps: int, rounds: int, batch: int) -> dict[str,
     }
 
 
+def programs_alone(run: Any, steps: int) -> dict[int, tuple[tuple[int, int], list[float]]]:
+    """Each DeferAndFuse program of ``steps`` steps of ``run`` timed with the device to itself.
+
+    Each launch first waits until the device is idle and is awaited before the host goes on,
+    so XLA's threads have every core. Per program (by executable identity): its (arguments,
+    outputs) and seconds per launch. The sum per step is the device's share of a step: no
+    host-side change can bring a DeferAndFuse step below it on this machine.
+    """
+    from torchtpu.engine import executor
+
+    launch = executor.launch
+    out: dict[int, tuple[tuple[int, int], list[float]]] = {}
+
+    def launch_alone(executable: Any, buffers: list, device: int, donate: Any = ()) -> list:
+        executor.wait_latest()
+        t0 = time.perf_counter()
+        outs = launch(executable, buffers, device, donate)
+        if outs:
+            outs[0].block_until_ready()  # (an execution's outputs are ready together)
+        out.setdefault(id(executable), ((len(buffers), len(outs)), []))[1].append(time.perf_counter() - t0)
+        return outs
+
+    executor.launch = launch_alone
+    try:
+        run(steps)
+    finally:
+        executor.launch = launch
+    return out
+
+
+def device_alone_ms(per_program: dict[int, tuple[tuple[int, int], list[float]]], steps: int) -> float:
+    """The device's ms per step from ``programs_alone``: each program's median times its launches."""
+    return sum(statistics.median(ts) * len(ts) / steps for _, ts in per_program.values()) * 1e3
+
+
 def paired_median_ratio(slow: list[float], fast: list[float]) -> float:
     """Median over rounds of slow/fast step time, each pair timed in the same round.
 
@@ -322,6 +360,12 @@ def main() -> None:
     if not args.skip_inductor:
         infer["cpu_inductor"] = gpt_infer(base, "cpu", "inductor")
     res["gpt_train"] = train
+    # The device's share of a DeferAndFuse step (each program run with the cores to itself): on
+    # this emulator the device computes on the host's cores, so Strict's median over it is the
+    # most any host-side change to DeferAndFuse could reach here.
+    daf_run, _ = _gpt_loop(base, "tpu", "defer_and_fuse")
+    daf_run(2)
+    train["tpu_defer_and_fuse"]["device_alone_ms"] = device_alone_ms(programs_alone(daf_run, args.steps), args.steps)
     # The same step at smaller batches: less device work per step, so host overhead (what
     # DeferAndFuse removes) weighs more, as on a TPU, whose device work does not share the
     # host's cores. At batch 8 this emulator spends more CPU in XLA than in the host.
@@ -351,6 +395,8 @@ def main() -> None:
         "train_compile_vs_strict": train["tpu_compile"]["steps_per_s"] / train["tpu_strict"]["steps_per_s"],
         "train_compile_vs_strict_paired_median": paired_median_ratio(
             train["tpu_strict"]["round_step_ms"], train["tpu_compile"]["round_step_ms"]),
+        "train_defer_and_fuse_vs_strict_device_bound_ceiling": train["tpu_strict"]["median_step_ms"]
+        / train["tpu_defer_and_fuse"]["device_alone_ms"],
         "host_strict_vs_defer_and_fuse": train["tpu_strict"]["host_ms"] / train["tpu_defer_and_fuse"]["host_ms"],
         "peak_memory_defer_and_fuse_vs_strict": train["tpu_defer_and_fuse"]["peak_device_bytes"]
         / train["tpu_strict"]["peak_device_bytes"],

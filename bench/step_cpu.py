@@ -32,7 +32,6 @@ step; a step cannot take less than it, however cheap the host's recording.
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import statistics
 import sys
@@ -43,9 +42,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from eager import TINY_GPT, _gpt_loop
+from eager import TINY_GPT, _gpt_loop, device_alone_ms, programs_alone
 
-from torchtpu.engine import deferred, executor
+from torchtpu.engine import deferred
 from torchtpu.examples.gpt import GPT, GPTConfig
 from torchtpu.runtime import host_threads
 
@@ -120,37 +119,16 @@ def main() -> None:
               f"{statistics.median(walls[name]) / args.steps * 1e3:7.2f} | {'':12s} "
               f"{ms['main']:5.2f} {ms['process']:7.2f} {ms['xla_eigen']:6.2f} {ms['other']:6.2f} | {programs}")
     if args.alone:
-        programs_alone(loops["defer_and_fuse"][0], args.rounds * args.steps)
+        print_programs_alone(loops["defer_and_fuse"][0], args.rounds * args.steps)
 
 
-def programs_alone(run: Callable[[int], None], steps: int) -> None:
+def print_programs_alone(run: Callable[[int], None], steps: int) -> None:
     """Print the median ms of each DeferAndFuse program of a step, each run with the device to itself."""
-    launch = executor.launch
-    times: dict[int, list[float]] = collections.defaultdict(list)
-    arity: dict[int, tuple[int, int]] = {}  # (arguments, outputs)
-
-    def launch_alone(executable, buffers, device, donate=()):
-        executor.wait_latest()
-        t0 = time.perf_counter()
-        outs = launch(executable, buffers, device, donate)
-        if outs:
-            outs[0].block_until_ready()  # (an execution's outputs are ready together)
-        times[id(executable)].append(time.perf_counter() - t0)
-        arity[id(executable)] = (len(buffers), len(outs))
-        return outs
-
-    executor.launch = launch_alone
-    try:
-        run(steps)
-    finally:
-        executor.launch = launch
+    per_program = programs_alone(run, steps)
     print("\nDeferAndFuse programs, each run alone (arguments, outputs: median ms, launches per step)")
-    total = 0.0
-    for exe, ts in times.items():
-        median = statistics.median(ts)
-        total += median * len(ts) / steps
-        print(f"  {arity[exe][0]:4d} args {arity[exe][1]:4d} outputs: {median * 1e3:6.2f} ms, {len(ts) / steps:.1f}")
-    print(f"device's share of a step: {total * 1e3:.2f} ms")
+    for (n_args, n_outs), ts in per_program.values():
+        print(f"  {n_args:4d} args {n_outs:4d} outputs: {statistics.median(ts) * 1e3:6.2f} ms, {len(ts) / steps:.1f}")
+    print(f"device's share of a step: {device_alone_ms(per_program, steps):.2f} ms")
 
 
 if __name__ == "__main__":

@@ -236,11 +236,11 @@ void count_period_cut() {
 // MIN_CUT_NODES ops: a flush and launch cost about as much as recording 10-20 ops); from
 // then on a graph is cut once it has recorded one period.
 bool repeats(py::handle g) {
-  py::handle keys = graph_field(g, GraphField::kKeys);
+  py::object keys = graph_field(g, GraphField::kKeys);
   const Py_ssize_t n = PyList_GET_SIZE(keys.ptr());
   py::object period = module_get(s_period);
   if (!period.is_none()) {
-    const bool on = PyObject_IsTrue(graph_field(g, GraphField::kOnPeriod)) == 1;
+    const bool on = PyObject_IsTrue(graph_field(g, GraphField::kOnPeriod).ptr()) == 1;
     if (on && n <= PyList_GET_SIZE(period.ptr()) && item_long(keys.ptr(), n - 1) == item_long(period.ptr(), n - 1)) {
       if (n == PyList_GET_SIZE(period.ptr())) {
         count_period_cut();
@@ -252,7 +252,7 @@ bool repeats(py::handle g) {
     return false;
   }
   PyObject* last = PyList_GET_ITEM(keys.ptr(), n - 1);
-  py::handle occurrences = graph_field(g, GraphField::kOccurrences);
+  py::object occurrences = graph_field(g, GraphField::kOccurrences);
   PyObject* earlier = PyDict_GetItemWithError(occurrences.ptr(), last);  // borrowed
   if (earlier == nullptr) {
     if (PyErr_Occurred()) throw py::error_already_set();
@@ -301,7 +301,7 @@ void after_record(py::handle g, long node_index) {
     cut = node_index + 1 >= module_long(s_max_nodes);
     if (!cut && chunk != 0 && since % chunk == 0) {
       // a graph still repeating the period is left to the period cut
-      cut = module_get(s_period).is_none() || PyObject_IsTrue(graph_field(g, GraphField::kOnPeriod)) != 1;
+      cut = module_get(s_period).is_none() || PyObject_IsTrue(graph_field(g, GraphField::kOnPeriod).ptr()) != 1;
     }
   }
   if (cut) {
@@ -397,9 +397,9 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
       return fallback;
     }
     py::object g = module_get(s_graph);
-    PyObject* nodes = graph_field(g, GraphField::kNodes);
-    TORCH_CHECK(PyList_Check(nodes), "a graph's nodes must be a list");
-    const long node_index = static_cast<long>(PyList_GET_SIZE(nodes));
+    py::object nodes = graph_field(g, GraphField::kNodes);
+    TORCH_CHECK(PyList_Check(nodes.ptr()), "a graph's nodes must be a list");
+    const long node_index = static_cast<long>(PyList_GET_SIZE(nodes.ptr()));
     py::object layouts =
         fp.mutated ? py::none() : py::reinterpret_borrow<py::object>(get_slot(info, g_info.layouts));
     new_tensors = record_node(g, info_ref, col, layouts, node_index, device);

@@ -43,12 +43,12 @@ Py_hash_t key_words_hash(const std::vector<uint64_t>& words);
 // op_key.cpp: an OpKey's words, or nullptr when it is not one or holds Python-equality values.
 const std::vector<uint64_t>* op_key_words(PyObject* key);
 
-// record.cpp: the fields of deferred._Graph (a slotted dataclass) read by their slots;
-// graph_field is borrowed, and both raise TypeError for anything but a _Graph.
+// record.cpp: the fields of deferred._Graph (a slotted dataclass) read by their slots (a new
+// reference); both raise TypeError for anything but a _Graph.
 enum class GraphField { kNodes, kKeys, kOccurrences, kArgs, kArgOf, kWiring, kTouched, kHasLater, kOnPeriod, kInFlight,
                         kCount };
 void check_graph(py::handle g);
-PyObject* graph_field(py::handle g, GraphField field);
+py::object graph_field(py::handle g, GraphField field);
 void set_graph_field(py::handle g, GraphField field, PyObject* value);
 
 // record.cpp: records one node of an op key emitted before into graph g; its new tensors,

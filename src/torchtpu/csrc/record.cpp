@@ -61,8 +61,14 @@ void check_type(py::handle obj, PyObject* type, const char* what) {
   }
 }
 
-PyObject* graph_slot(py::handle g, GraphField field) {  // borrowed
-  return get_slot(g.ptr(), g_graph_slots[static_cast<int>(field)]);
+// A new reference: any allocation may run the cyclic GC, whose finalizers may record (or flush)
+// on this thread and so replace the graph's lists while a caller still uses them.
+py::object graph_slot(py::handle g, GraphField field) {
+  return py::reinterpret_borrow<py::object>(get_slot(g.ptr(), g_graph_slots[static_cast<int>(field)]));
+}
+
+py::object slot_object(py::handle obj, Py_ssize_t offset) {  // a new reference, as graph_slot
+  return py::reinterpret_borrow<py::object>(get_slot(obj.ptr(), offset));
 }
 
 // The same object as Pending(g, node, index, shape, dtype, np_dtype) (see deferred.Pending).
@@ -94,7 +100,7 @@ std::optional<NodeIO> record_io(py::handle g, py::handle col, py::handle layouts
   TORCH_CHECK(g_pending_type != nullptr, "torchtpu._C._record_setup was not called");
   check_type(g, g_graph_type, "deferred._Graph");
   check_type(col, g_collector_type, "executor._Collector");
-  py::handle col_inputs = get_slot(col.ptr(), g_col_slots.inputs);
+  py::object col_inputs = slot_object(col, g_col_slots.inputs);
   TORCH_CHECK(PyList_Check(col_inputs.ptr()), "_Collector.inputs must be a list");
   const Py_ssize_t n_in = PyList_GET_SIZE(col_inputs.ptr());
   for (Py_ssize_t i = 0; i < n_in; ++i) {
@@ -103,11 +109,11 @@ std::optional<NodeIO> record_io(py::handle g, py::handle col, py::handle layouts
       return std::nullopt;
     }
   }
-  py::handle storages = get_slot(col.ptr(), g_col_slots.storages);
+  py::object storages = slot_object(col, g_col_slots.storages);
   const bool has_f64 = PyObject_IsTrue(get_slot(col.ptr(), g_col_slots.has_f64)) == 1;
-  py::handle args = graph_slot(g, GraphField::kArgs);
-  py::handle arg_of = graph_slot(g, GraphField::kArgOf);
-  py::handle touched = graph_slot(g, GraphField::kTouched);
+  py::object args = graph_slot(g, GraphField::kArgs);
+  py::object arg_of = graph_slot(g, GraphField::kArgOf);
+  py::object touched = graph_slot(g, GraphField::kTouched);
   TORCH_CHECK(PyList_Check(storages.ptr()) && PyList_Check(args.ptr()) && PyDict_Check(arg_of.ptr()) &&
                   PyList_Check(touched.ptr()),
               "a graph's args and touched must be lists, its arg_of a dict");
@@ -143,15 +149,15 @@ std::optional<NodeIO> record_io(py::handle g, py::handle col, py::handle layouts
     }
     py::object a;
     if (Py_TYPE(buf.ptr()) == reinterpret_cast<PyTypeObject*>(g_pending_type)) {
-      PyObject* graph = get_slot(buf.ptr(), g_slots.graph);
-      if (graph == g.ptr()) {
+      py::object graph = slot_object(buf, g_slots.graph);
+      if (graph.is(g)) {
         check(PyList_Append(inputs.ptr(), tuple_of({k_pending, buf}).ptr()));
         py::object wire = tuple_of({k_p, get_slot(buf.ptr(), g_slots.node), get_slot(buf.ptr(), g_slots.index)});
         PyTuple_SET_ITEM(wires.ptr(), i, wire.release().ptr());
         continue;
       }
       check_type(graph, g_graph_type, "deferred._Graph");
-      if (PyObject_IsTrue(graph_slot(graph, GraphField::kInFlight)) != 1) {
+      if (PyObject_IsTrue(graph_slot(graph, GraphField::kInFlight).ptr()) != 1) {
         PyErr_SetString(PyExc_AssertionError, "stale pending storage");
         throw py::error_already_set();
       }
@@ -321,7 +327,7 @@ void check_graph(py::handle g) {
   check_type(g, g_graph_type, "deferred._Graph");
 }
 
-PyObject* graph_field(py::handle g, GraphField field) {
+py::object graph_field(py::handle g, GraphField field) {
   check_graph(g);
   return graph_slot(g, field);
 }
@@ -336,15 +342,15 @@ py::object record_node(py::handle g, py::handle info, py::handle col, py::handle
   // record_io, then the node itself: its wiring, a _Node (without a source line: only an op
   // key emitted before comes here) and its key id. None where record_io declines.
   check_type(info, g_info_type, "deferred._OpInfo");
-  std::optional<NodeIO> io = record_io(g, col, layouts, get_slot(info.ptr(), g_info_slots.written), node_index, device);
+  std::optional<NodeIO> io = record_io(g, col, layouts, slot_object(info, g_info_slots.written), node_index, device);
   if (!io) return py::none();
-  py::handle key_id = get_slot(info.ptr(), g_info_slots.key_id);
-  PyObject* wiring = graph_slot(g, GraphField::kWiring);
-  PyObject* nodes = graph_slot(g, GraphField::kNodes);
-  PyObject* keys = graph_slot(g, GraphField::kKeys);
-  TORCH_CHECK(PyList_Check(wiring) && PyList_Check(nodes) && PyList_Check(keys),
+  py::object key_id = slot_object(info, g_info_slots.key_id);
+  py::object wiring = graph_slot(g, GraphField::kWiring);
+  py::object nodes = graph_slot(g, GraphField::kNodes);
+  py::object keys = graph_slot(g, GraphField::kKeys);
+  TORCH_CHECK(PyList_Check(wiring.ptr()) && PyList_Check(nodes.ptr()) && PyList_Check(keys.ptr()),
               "a graph's wiring, nodes and keys must be lists");
-  check(PyList_Append(wiring, tuple_of({key_id, io->wires}).ptr()));
+  check(PyList_Append(wiring.ptr(), tuple_of({key_id, io->wires}).ptr()));
   auto* type = reinterpret_cast<PyTypeObject*>(g_node_type);
   py::object node = steal(type->tp_alloc(type, 0));
   py::object device_obj = steal(PyLong_FromLong(device));
@@ -352,8 +358,8 @@ py::object record_node(py::handle g, py::handle info, py::handle col, py::handle
   set_slot(node.ptr(), g_node_slots.inputs, io->inputs.ptr());
   set_slot(node.ptr(), g_node_slots.device, device_obj.ptr());
   set_slot(node.ptr(), g_node_slots.where, g_empty);
-  check(PyList_Append(nodes, node.ptr()));
-  check(PyList_Append(keys, key_id.ptr()));
+  check(PyList_Append(nodes.ptr(), node.ptr()));
+  check(PyList_Append(keys.ptr(), key_id.ptr()));
   return std::move(io->new_tensors);
 }
 

@@ -25,19 +25,11 @@ namespace torchtpu {
 namespace {
 
 // Set once by _defer_setup (leaked on purpose: they live as long as the module).
-PyObject *g_deferred, *g_config, *g_collector_type, *g_missing, *g_eligible;
+PyObject *g_deferred, *g_config, *g_missing, *g_eligible;
 PyObject *s_defer_and_fuse, *s_launch_blocking, *s_debug_checks_override, *s_graph, *s_native_record,
     *s_lock, *s_acquire, *s_release, *s_names, *s_defaults, *s_runtime_scalar, *s_mutated, *s_returns,
     *s_returns_list, *s_arg, *s_since_sync, *s_period, *s_stats, *s_period_cuts, *s_chunk_nodes, *s_max_nodes,
     *s_min_period, *s_min_cut_nodes, *s_flush, *s_cut;
-
-struct CollectorSlots {
-  Py_ssize_t device, has_f64, inputs, skeys, storage_index, storages;
-} g_col;
-struct InfoSlots {
-  Py_ssize_t emitted, layouts;
-} g_info;
-PyObject* g_info_type;
 
 // deferred's globals and config's settings, read per recorded op. Module globals and plain
 // instance attributes live in a dict: reading that dict skips the generic attribute lookup
@@ -126,12 +118,13 @@ py::object normalize(const FastPlan& fp, py::handle args, py::handle kwargs) {
 py::object new_collector() {
   auto* type = reinterpret_cast<PyTypeObject*>(g_collector_type);
   py::object col = steal(type->tp_alloc(type, 0));
-  set_slot(col.ptr(), g_col.storages, steal(PyList_New(0)).ptr());
-  set_slot(col.ptr(), g_col.skeys, Py_None);
-  set_slot(col.ptr(), g_col.storage_index, Py_None);
-  set_slot(col.ptr(), g_col.inputs, steal(PyList_New(0)).ptr());
-  set_slot(col.ptr(), g_col.device, Py_None);
-  set_slot(col.ptr(), g_col.has_f64, Py_False);
+  const CollectorSlots& slots = g_collector_slots;
+  set_slot(col.ptr(), slots.storages, steal(PyList_New(0)).ptr());
+  set_slot(col.ptr(), slots.skeys, Py_None);
+  set_slot(col.ptr(), slots.storage_index, Py_None);
+  set_slot(col.ptr(), slots.inputs, steal(PyList_New(0)).ptr());
+  set_slot(col.ptr(), slots.device, Py_None);
+  set_slot(col.ptr(), slots.has_f64, Py_False);
   return col;
 }
 
@@ -342,8 +335,8 @@ bool call_words(py::handle plan, py::handle values, const FastPlan& fp, py::hand
     }
   } release{nested};
   if (!walk_key(col, values, fp.runtime_scalar, walked)) return false;
-  if (walked.device >= 0) replace_slot(col.ptr(), g_col.device, py::int_(walked.device).ptr());
-  replace_slot(col.ptr(), g_col.has_f64, walked.has_f64 ? Py_True : Py_False);
+  if (walked.device >= 0) replace_slot(col.ptr(), g_collector_slots.device, py::int_(walked.device).ptr());
+  replace_slot(col.ptr(), g_collector_slots.has_f64, walked.has_f64 ? Py_True : Py_False);
   py::object precision = precision_current();
   if (!precision) throw py::error_already_set();
   words.clear();
@@ -384,7 +377,7 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
   thread_local std::vector<uint64_t> words;  // the call's key words (kept: no allocation per call)
   PyObject* info = call_info(plan, values, fp, col, words);  // borrowed
   if (info == nullptr) return fallback;  // a key not recorded yet, or one walk_key declines
-  PyObject* device_obj = get_slot(col.ptr(), g_col.device);
+  PyObject* device_obj = get_slot(col.ptr(), g_collector_slots.device);
   const int device =
       device_obj == Py_None ? device_from_args(values) : static_cast<int>(PyLong_AsLong(device_obj));
 
@@ -392,8 +385,9 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
   {
     DeferredLock held(module_get(s_lock));
     py::object info_ref = py::reinterpret_borrow<py::object>(info);
-    TORCH_CHECK(Py_TYPE(info) == reinterpret_cast<PyTypeObject*>(g_info_type), "expected a deferred._OpInfo");
-    if (PyObject_IsTrue(get_slot(info, g_info.emitted)) != 1 || PyObject_IsTrue(module_get(s_native_record).ptr()) != 1) {
+    check_type(info, g_op_info_type, "deferred._OpInfo");
+    if (PyObject_IsTrue(get_slot(info, g_op_info_slots.emitted)) != 1 ||
+        PyObject_IsTrue(module_get(s_native_record).ptr()) != 1) {
       return fallback;
     }
     py::object g = module_get(s_graph);
@@ -401,7 +395,7 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
     TORCH_CHECK(PyList_Check(nodes.ptr()), "a graph's nodes must be a list");
     const long node_index = static_cast<long>(PyList_GET_SIZE(nodes.ptr()));
     py::object layouts =
-        fp.mutated ? py::none() : py::reinterpret_borrow<py::object>(get_slot(info, g_info.layouts));
+        fp.mutated ? py::none() : py::reinterpret_borrow<py::object>(get_slot(info, g_op_info_slots.layouts));
     new_tensors = record_node(g, info_ref, col, layouts, node_index, device);
     if (new_tensors.is_none()) return fallback;  // an RNG seed input: nothing was recorded
     after_record(g, node_index);
@@ -410,13 +404,9 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
 }
 
 void register_defer(py::module& m) {
-  m.def("_defer_setup", [](py::object deferred, py::object config, py::object collector_type, py::object missing, py::object eligible) {
-    g_col = {slot_offset(collector_type.ptr(), "device"), slot_offset(collector_type.ptr(), "has_f64"),
-             slot_offset(collector_type.ptr(), "inputs"), slot_offset(collector_type.ptr(), "skeys"),
-             slot_offset(collector_type.ptr(), "storage_index"), slot_offset(collector_type.ptr(), "storages")};
-    py::object info_type = deferred.attr("_OpInfo");
-    g_info = {slot_offset(info_type.ptr(), "emitted"), slot_offset(info_type.ptr(), "layouts")};
-    g_info_type = info_type.release().ptr();
+  m.def("_defer_setup", [](py::object deferred, py::object config, py::object missing, py::object eligible) {
+    // (the collector's and op info's slots and types come from _record_setup, called before)
+    TORCH_CHECK(g_collector_type != nullptr && g_op_info_type != nullptr, "call torchtpu._C._record_setup first");
     PyObject** config_dict = _PyObject_GetDictPtr(config.ptr());
     TORCH_CHECK(config_dict != nullptr && *config_dict != nullptr && PyDict_Check(*config_dict),
                 "the config object must keep its settings in an instance dict");
@@ -424,7 +414,6 @@ void register_defer(py::module& m) {
     g_deferred_dict = PyModule_GetDict(deferred.ptr());
     g_deferred = deferred.release().ptr();
     g_config = config.release().ptr();
-    g_collector_type = collector_type.release().ptr();
     g_missing = missing.release().ptr();
     g_eligible = eligible.release().ptr();
     intern_all({{&s_defer_and_fuse, "defer_and_fuse"}, {&s_launch_blocking, "launch_blocking"},

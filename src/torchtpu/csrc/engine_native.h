@@ -43,6 +43,22 @@ Py_hash_t key_words_hash(const std::vector<uint64_t>& words);
 // op_key.cpp: an OpKey's words, or nullptr when it is not one or holds Python-equality values.
 const std::vector<uint64_t>* op_key_words(PyObject* key);
 
+// record.cpp, set by _record_setup: the slot offsets of executor._Collector and deferred._OpInfo
+// (record.cpp and defer.cpp both make or read them), and the two types.
+struct CollectorSlots {
+  Py_ssize_t device, has_f64, inputs, skeys, storage_index, storages;
+};
+struct OpInfoSlots {
+  Py_ssize_t emitted, layouts, written, key_id;
+};
+extern CollectorSlots g_collector_slots;
+extern OpInfoSlots g_op_info_slots;
+extern PyObject* g_collector_type;
+extern PyObject* g_op_info_type;
+// record.cpp: TypeError unless obj's type is exactly `type`: slot reads at another type's offsets
+// would read foreign memory.
+void check_type(py::handle obj, PyObject* type, const char* what);
+
 // record.cpp: the fields of deferred._Graph (a slotted dataclass) read by their slots (a new
 // reference); both raise TypeError for anything but a _Graph.
 enum class GraphField { kNodes, kKeys, kOccurrences, kArgs, kArgOf, kWiring, kTouched, kHasLater, kOnPeriod, kInFlight,

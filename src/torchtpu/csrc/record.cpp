@@ -46,29 +46,16 @@ struct NodeSlots {
 // op reads: a generic attribute read looks the name up in the type's MRO and then in the
 // instance dict, and a recorded op made ~25 of them.
 Py_ssize_t g_graph_slots[static_cast<int>(GraphField::kCount)];
-struct InfoSlots {
-  Py_ssize_t written, key_id;
-} g_info_slots;
-struct CollectorSlots {
-  Py_ssize_t inputs, storages, has_f64;
-} g_col_slots;
-PyObject *g_graph_type, *g_info_type, *g_collector_type;
+PyObject* g_graph_type;
 
-// Slot reads of objects whose type the caller does not choose (the Python twins pass them in).
-void check_type(py::handle obj, PyObject* type, const char* what) {
-  if (Py_TYPE(obj.ptr()) != reinterpret_cast<PyTypeObject*>(type)) {
-    throw py::type_error(std::string("expected a ") + what + ", got " + Py_TYPE(obj.ptr())->tp_name);
-  }
-}
-
-// A new reference: any allocation may run the cyclic GC, whose finalizers may record (or flush)
-// on this thread and so replace the graph's lists while a caller still uses them.
-py::object graph_slot(py::handle g, GraphField field) {
-  return py::reinterpret_borrow<py::object>(get_slot(g.ptr(), g_graph_slots[static_cast<int>(field)]));
-}
-
-py::object slot_object(py::handle obj, Py_ssize_t offset) {  // a new reference, as graph_slot
+// A slot's value as a new reference: any allocation may run the cyclic GC, whose finalizers may
+// record (or flush) on this thread and so replace a graph's lists while a caller still uses them.
+py::object slot_object(py::handle obj, Py_ssize_t offset) {
   return py::reinterpret_borrow<py::object>(get_slot(obj.ptr(), offset));
+}
+
+py::object graph_slot(py::handle g, GraphField field) {
+  return slot_object(g, g_graph_slots[static_cast<int>(field)]);
 }
 
 // The same object as Pending(g, node, index, shape, dtype, np_dtype) (see deferred.Pending).
@@ -100,7 +87,7 @@ std::optional<NodeIO> record_io(py::handle g, py::handle col, py::handle layouts
   TORCH_CHECK(g_pending_type != nullptr, "torchtpu._C._record_setup was not called");
   check_type(g, g_graph_type, "deferred._Graph");
   check_type(col, g_collector_type, "executor._Collector");
-  py::object col_inputs = slot_object(col, g_col_slots.inputs);
+  py::object col_inputs = slot_object(col, g_collector_slots.inputs);
   TORCH_CHECK(PyList_Check(col_inputs.ptr()), "_Collector.inputs must be a list");
   const Py_ssize_t n_in = PyList_GET_SIZE(col_inputs.ptr());
   for (Py_ssize_t i = 0; i < n_in; ++i) {
@@ -109,8 +96,8 @@ std::optional<NodeIO> record_io(py::handle g, py::handle col, py::handle layouts
       return std::nullopt;
     }
   }
-  py::object storages = slot_object(col, g_col_slots.storages);
-  const bool has_f64 = PyObject_IsTrue(get_slot(col.ptr(), g_col_slots.has_f64)) == 1;
+  py::object storages = slot_object(col, g_collector_slots.storages);
+  const bool has_f64 = PyObject_IsTrue(get_slot(col.ptr(), g_collector_slots.has_f64)) == 1;
   py::object args = graph_slot(g, GraphField::kArgs);
   py::object arg_of = graph_slot(g, GraphField::kArgOf);
   py::object touched = graph_slot(g, GraphField::kTouched);
@@ -163,7 +150,7 @@ std::optional<NodeIO> record_io(py::handle g, py::handle col, py::handle layouts
       }
       // a result of a cut graph still compiling: an argument, bound when it launches
       a = tuple_of({k_later, buf, weakref(s)});
-      replace_slot(g.ptr(), g_graph_slots[static_cast<int>(GraphField::kHasLater)], Py_True);
+      set_graph_field(g, GraphField::kHasLater, Py_True);
     } else {
       a = tuple_of({k_buf, buf, weakref(s)});
     }
@@ -323,6 +310,17 @@ py::tuple dead_arguments(py::handle g, py::handle args, py::handle live) {
 
 }  // namespace
 
+CollectorSlots g_collector_slots;
+OpInfoSlots g_op_info_slots;
+PyObject* g_collector_type = nullptr;
+PyObject* g_op_info_type = nullptr;
+
+void check_type(py::handle obj, PyObject* type, const char* what) {
+  if (Py_TYPE(obj.ptr()) != reinterpret_cast<PyTypeObject*>(type)) {
+    throw py::type_error(std::string("expected a ") + what + ", got " + Py_TYPE(obj.ptr())->tp_name);
+  }
+}
+
 void check_graph(py::handle g) {
   check_type(g, g_graph_type, "deferred._Graph");
 }
@@ -333,7 +331,7 @@ py::object graph_field(py::handle g, GraphField field) {
 }
 
 void set_graph_field(py::handle g, GraphField field, PyObject* value) {
-  check_type(g, g_graph_type, "deferred._Graph");
+  check_graph(g);
   replace_slot(g.ptr(), g_graph_slots[static_cast<int>(field)], value);
 }
 
@@ -341,10 +339,11 @@ py::object record_node(py::handle g, py::handle info, py::handle col, py::handle
                        int device) {
   // record_io, then the node itself: its wiring, a _Node (without a source line: only an op
   // key emitted before comes here) and its key id. None where record_io declines.
-  check_type(info, g_info_type, "deferred._OpInfo");
-  std::optional<NodeIO> io = record_io(g, col, layouts, slot_object(info, g_info_slots.written), node_index, device);
+  check_type(info, g_op_info_type, "deferred._OpInfo");
+  std::optional<NodeIO> io =
+      record_io(g, col, layouts, slot_object(info, g_op_info_slots.written), node_index, device);
   if (!io) return py::none();
-  py::object key_id = slot_object(info, g_info_slots.key_id);
+  py::object key_id = slot_object(info, g_op_info_slots.key_id);
   py::object wiring = graph_slot(g, GraphField::kWiring);
   py::object nodes = graph_slot(g, GraphField::kNodes);
   py::object keys = graph_slot(g, GraphField::kKeys);
@@ -376,11 +375,13 @@ void register_record(py::module& m) {
     for (const auto& [field, name] : graph_fields) {
       g_graph_slots[static_cast<int>(field)] = slot_offset(graph_type.ptr(), name);
     }
-    g_info_slots = {slot_offset(info_type.ptr(), "written"), slot_offset(info_type.ptr(), "key_id")};
-    g_col_slots = {slot_offset(collector_type.ptr(), "inputs"), slot_offset(collector_type.ptr(), "storages"),
-                   slot_offset(collector_type.ptr(), "has_f64")};
+    g_op_info_slots = {slot_offset(info_type.ptr(), "emitted"), slot_offset(info_type.ptr(), "layouts"),
+                       slot_offset(info_type.ptr(), "written"), slot_offset(info_type.ptr(), "key_id")};
+    const auto col_slot = [&](const char* name) { return slot_offset(collector_type.ptr(), name); };
+    g_collector_slots = {col_slot("device"), col_slot("has_f64"), col_slot("inputs"), col_slot("skeys"),
+                         col_slot("storage_index"), col_slot("storages")};
     g_graph_type = graph_type.release().ptr();
-    g_info_type = info_type.release().ptr();
+    g_op_info_type = info_type.release().ptr();
     g_collector_type = collector_type.release().ptr();
     g_node_slots = {slot_offset(node_type.ptr(), "info"), slot_offset(node_type.ptr(), "inputs"),
                     slot_offset(node_type.ptr(), "device"), slot_offset(node_type.ptr(), "where")};

@@ -504,8 +504,7 @@ _live_outputs = _C._live_outputs
 _dead_arguments = _C._dead_arguments
 # The per-op fast path of kernels in DeferAndFuse (csrc/defer.cpp): record() and the parts of
 # executor.run_plan before it, for op keys recorded before.
-_C._defer_setup(sys.modules[__name__], config, executor._Collector, _MISSING,
-                executor.defer_fast_eligible)
+_C._defer_setup(sys.modules[__name__], config, _MISSING, executor.defer_fast_eligible)
 _bind_outputs = _C._bind_outputs
 _native_record = True
 

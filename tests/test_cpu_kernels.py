@@ -61,6 +61,28 @@ def test_weight_gradient_transposes_through_the_kernel(module_texts):
 
 
 @needs_kernels
+def test_weight_gradient_kernel_shares_the_rounded_operand(module_texts):
+    """A gradient feeding its weight gradient (through the kernel) and its input gradient
+    (`g @ w`) enters both in one form, bf16-rounded and widened to f32, so that XLA (whose CSE
+    merges the two equal converts) computes it once rather than once per form."""
+    torch.manual_seed(0)
+    x, g, w = torch.randn(64, 48), torch.randn(64, 32), torch.randn(32, 48)
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        xt, gt, wt = x.to("tpu"), g.to("tpu"), w.to("tpu")
+        dw, dx = gt.t() @ xt, gt @ wt
+        dw, dx = dw.cpu(), dx.cpu()
+    text = next(t for t in module_texts if cpu_kernels.TRANSPOSE_TARGET in t)
+    call = next(line for line in text.splitlines() if cpu_kernels.TRANSPOSE_TARGET in line)
+    operand = call.split('"stablehlo.custom_call"(')[1].split(")")[0]
+    assert "(tensor<64x32xf32>) -> tensor<32x64xf32>" in call, call
+    made = next(line for line in text.splitlines() if line.strip().startswith(f"{operand} ="))
+    assert '"stablehlo.convert"' in made and "(tensor<64x32xbf16>) -> tensor<64x32xf32>" in made, made
+    gb, xb, wb = (t.bfloat16().double() for t in (g, x, w))
+    torch.testing.assert_close(dw.double(), gb.t() @ xb, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(dx.double(), gb @ wb, rtol=1e-5, atol=1e-4)
+
+
+@needs_kernels
 def test_batched_transposed_product_through_the_kernel(module_texts):
     torch.manual_seed(0)
     a, b = torch.randn(6, 40, 24), torch.randn(6, 40, 8)

@@ -85,6 +85,12 @@ def _row_major_lhs(b: Builder, x: Value, batch: Sequence[int], contract: Sequenc
     if (kernel is not None and list(batch) == list(range(nb)) and order[nb:] == [nb + 1, nb]
             and x.dtype in (torch.float32, torch.bfloat16)):
         shape = [*x.shape[:nb], x.shape[nb + 1], x.shape[nb]]
+        if x.dtype == torch.bfloat16 and dtype == torch.float32:
+            # The kernel reads the rounded part widened, the very value the operand's other
+            # products (a gradient's `g @ w`) take: XLA then materializes it once for all of
+            # them. Given the bf16 part, it fused the part's producer (a GELU or LayerNorm
+            # backward) twice, once per form: ~2.5% of a DeferAndFuse GPT step on AVX2.
+            x = b.convert(x, torch.float32)
         return b.custom_call(kernel, [x], shape, dtype), new_batch, new_contract
     x = b.convert(x, dtype)
     split = next((d for d in range(x.rank) if x.shape[d] >= 2 and x.shape[d] % 2 == 0), None)

@@ -61,10 +61,9 @@ def _fold_transpose(b: Builder, x: Value, batch: Sequence[int], contract: Sequen
     return operand, new_batch, new_contract
 
 
-def _row_major_lhs(b: Builder, x: Value, batch: Sequence[int], contract: Sequence[int], dtype: torch.dtype
+def _row_major_lhs(b: Builder, x: Value, batch: Sequence[int], contract: Sequence[int]
                    ) -> tuple[Value, list[int], list[int]]:
-    """The left operand laid out (batch, free, contracting), transposed in a way XLA keeps,
-    and converted to ``dtype`` (by the host transpose kernel itself where it runs).
+    """The left operand laid out (batch, free, contracting), transposed in a way XLA keeps.
 
     XLA's CPU backend runs a bf16 dot whose left operand is contracted over a leading dim
     (``x.t() @ g``: every weight gradient) as an f32 dot on a transposed read, about 1.5x
@@ -77,7 +76,7 @@ def _row_major_lhs(b: Builder, x: Value, batch: Sequence[int], contract: Sequenc
     free = [d for d in range(x.rank) if d not in batch and d not in contract]
     order = [*batch, *free, *contract]
     if order == list(range(x.rank)) or not target.xla_cpu():
-        return b.convert(x, dtype), list(batch), list(contract)
+        return x, list(batch), list(contract)
     new_batch = list(range(len(batch)))
     new_contract = list(range(len(batch) + len(free), x.rank))
     kernel = cpu_kernels.transpose_target()
@@ -85,14 +84,7 @@ def _row_major_lhs(b: Builder, x: Value, batch: Sequence[int], contract: Sequenc
     if (kernel is not None and list(batch) == list(range(nb)) and order[nb:] == [nb + 1, nb]
             and x.dtype in (torch.float32, torch.bfloat16)):
         shape = [*x.shape[:nb], x.shape[nb + 1], x.shape[nb]]
-        if x.dtype == torch.bfloat16 and dtype == torch.float32:
-            # The kernel reads the rounded part widened, the very value the operand's other
-            # products (a gradient's `g @ w`) take: XLA then materializes it once for all of
-            # them. Given the bf16 part, it fused the part's producer (a GELU or LayerNorm
-            # backward) twice, once per form: ~2.5% of a DeferAndFuse GPT step on AVX2.
-            x = b.convert(x, torch.float32)
-        return b.custom_call(kernel, [x], shape, dtype), new_batch, new_contract
-    x = b.convert(x, dtype)
+        return b.custom_call(kernel, [x], shape, x.dtype), new_batch, new_contract
     split = next((d for d in range(x.rank) if x.shape[d] >= 2 and x.shape[d] % 2 == 0), None)
     if split is None:
         return b.transpose(x, order), new_batch, new_contract
@@ -116,12 +108,17 @@ def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Se
         passes = _PASSES[ctx.precision]
         nparts = max(max(i, j) for i, j in passes) + 1
         pa, pc = _split(b, b.convert(a, torch.float32), nparts), _split(b, b.convert(c, torch.float32), nparts)
-        # the bf16 parts enter the dot as bf16, or widened to f32 where that is faster (same numbers)
+        # The bf16 parts enter the dot as bf16, or widened to f32 where that is faster (same
+        # numbers). Both operands' parts are widened before any layout, so that a gradient
+        # feeding a weight gradient (through the transpose kernel) and its input gradient
+        # (`g @ w`) is one value in both: XLA then computes it once. Widened by the kernel
+        # instead, it fused the gradient's producer (a GELU or LayerNorm backward) twice, once
+        # per form: ~2.5% of a DeferAndFuse GPT step on AVX2.
         part_dtype = torch.bfloat16 if target.bf16_dots() else torch.float32
+        pa, pc = [b.convert(part, part_dtype) for part in pa], [b.convert(part, part_dtype) for part in pc]
         lhs_batch, lhs_contract = batch[0], contract[0]
         for k, part in enumerate(pa):
-            pa[k], lhs_batch, lhs_contract = _row_major_lhs(b, part, batch[0], contract[0], part_dtype)
-        pc = [b.convert(part, part_dtype) for part in pc]
+            pa[k], lhs_batch, lhs_contract = _row_major_lhs(b, part, batch[0], contract[0])
         batch, contract = (lhs_batch, batch[1]), (lhs_contract, contract[1])
         acc = None
         for i, j in passes:

@@ -85,8 +85,9 @@ def _current_slow() -> str:
     if p != "medium" and p not in _warned and not quiet:
         _warned.add(p)
         cost = {"high": "about 3x", "highest": "about 6x"}[p]
-        warnings.warn(f"torchtpu: float32 matmul precision '{p}' emulates TPU multi-pass bf16 products and "
-                      f"costs {cost} the default 'medium'.", stacklevel=4)
+        passes = {"high": 3, "highest": 6}[p]
+        warnings.warn(f"torchtpu: float32 matmul precision '{p}' takes {passes} bf16 passes per product (the "
+                      f"TPU matrix unit's multi-pass mode) and costs {cost} the default 'medium'.", stacklevel=4)
     return p
 
 

@@ -14,6 +14,7 @@ float32 convolutions make the same bf16 passes as matrix products (see
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -21,9 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .builder import Builder, Value, _i64_array
+from . import target
+from .builder import Builder, Value, _i64_array, precision_config
 from .elementwise import opmath
-from .matmul import _PASSES, _split
+from .matmul import _PASSES, NATIVE_PRECISION, _split, elementwise_dot
 from .registry import LoweringContext, register, register_output_layout
 
 aten = torch.ops.aten
@@ -44,8 +46,10 @@ def _spec_attr(spec: str) -> str:
 
 def conv_general(b: Builder, lhs: Value, rhs: Value, lhs_spec: str, rhs_spec: str, out_spec: str,
                  strides: Sequence[int], padding: Sequence[tuple[int, int]], lhs_dil: Sequence[int],
-                 rhs_dil: Sequence[int], feature_groups: int = 1, batch_groups: int = 1) -> Value:
-    """One stablehlo.convolution; specs name each tensor dimension (b, f, o, i or a spatial index)."""
+                 rhs_dil: Sequence[int], feature_groups: int = 1, batch_groups: int = 1,
+                 precision: str | None = None) -> Value:
+    """One stablehlo.convolution; specs name each tensor dimension (b, f, o, i or a spatial index).
+    ``precision`` as in :meth:`Builder.dot_general`."""
     nsp = len(strides)
     lb, lf = lhs.shape[lhs_spec.index("b")], lhs.shape[lhs_spec.index("f")]
     del lf
@@ -67,6 +71,8 @@ def conv_general(b: Builder, lhs: Value, rhs: Value, lhs_spec: str, rhs_spec: st
              f"window_strides = {_i64_array(strides)}")
     if nsp == 0:
         attrs = attrs.replace("padding = dense<[]> : tensor<0x2xi64>, ", "")
+    if precision is not None:
+        attrs += ", " + precision_config(precision)
     return b.op1("stablehlo.convolution", [lhs, rhs], shape, lhs.dtype, attrs=attrs)
 
 
@@ -74,6 +80,8 @@ def _conv_tpu(ctx: LoweringContext, lhs: Value, rhs: Value, *args: Any, **kw: An
     """conv_general with TPU numerics: f32 in bf16 passes, low-precision floats accumulated in f32."""
     b = ctx.b
     dtype = torch.promote_types(lhs.dtype, rhs.dtype)
+    if target.native_dot_precision():
+        return _conv_native(ctx, lhs, rhs, dtype, *args, **kw)
     if dtype == torch.float32:
         passes = _PASSES[ctx.precision]
         nparts = max(max(i, j) for i, j in passes) + 1
@@ -89,6 +97,62 @@ def _conv_tpu(ctx: LoweringContext, lhs: Value, rhs: Value, *args: Any, **kw: An
     if dtype == torch.bool:
         dtype = torch.int64
     return conv_general(b, b.convert(lhs, dtype), b.convert(rhs, dtype), *args, **kw)
+
+
+def _conv_native(ctx: LoweringContext, lhs: Value, rhs: Value, dtype: torch.dtype, *args: Any, **kw: Any) -> Value:
+    """The convolution on a compiler that makes the bf16 passes itself (a TPU), with the
+    numerics of :func:`matmul._native_dot`: f32 at the precision in force, bf16 exact
+    products (in f32 at one pass), f16, f64 and complex exact, integers elementwise."""
+    b = ctx.b
+    if dtype in (torch.float32, torch.bfloat16):
+        precision = NATIVE_PRECISION[ctx.precision] if dtype == torch.float32 else "DEFAULT"
+        return conv_general(b, b.convert(lhs, torch.float32), b.convert(rhs, torch.float32), *args, **kw,
+                            precision=precision)
+    if dtype.is_floating_point or dtype.is_complex:
+        wide = torch.float32 if dtype == torch.float16 else dtype
+        return conv_general(b, b.convert(lhs, wide), b.convert(rhs, wide), *args, **kw, precision="HIGHEST")
+    wide = torch.int64 if dtype == torch.bool else dtype
+    return elementwise_conv(b, b.convert(lhs, wide), b.convert(rhs, wide), *args, **kw)
+
+
+def elementwise_conv(b: Builder, lhs: Value, rhs: Value, lhs_spec: str, rhs_spec: str, out_spec: str,
+                     strides: Sequence[int], padding: Sequence[tuple[int, int]], lhs_dil: Sequence[int],
+                     rhs_dil: Sequence[int], feature_groups: int = 1, batch_groups: int = 1) -> Value:
+    """:func:`conv_general` as a sum over the kernel's taps of elementwise products (exact for
+    integers, which a TPU's compiler cannot convolve at 64 bits): each tap is a strided window
+    of the padded input, multiplied with that tap's weights and summed over input features."""
+    if batch_groups != 1:
+        raise NotImplementedError("torchtpu: integer convolution with batch groups")
+    nsp = len(strides)
+    sp = [str(i) for i in range(nsp)]
+    x = b.transpose(lhs, [lhs_spec.index(c) for c in ["b", "f", *sp]])  # (N, C, *S)
+    w = b.transpose(rhs, [rhs_spec.index(c) for c in ["o", "i", *sp]])  # (O, C/g, *K)
+    n, c = x.shape[0], x.shape[1]
+    o, cg = w.shape[0], w.shape[1]
+    g = feature_groups
+    zero = b.constant(0, x.dtype)
+    x = b.pad(x, zero, [0, 0, *(lo for lo, _ in padding)], [0, 0, *(hi for _, hi in padding)],
+              [0, 0, *(d - 1 for d in lhs_dil)])
+    kernel = w.shape[2:]
+    out_sp = [max(0, (x.shape[2 + i] - ((kernel[i] - 1) * rhs_dil[i] + 1)) // strides[i] + 1) for i in range(nsp)]
+    # grouped: x (N, g, C/g, *S) and w (g, O/g, C/g, *K); batch g, contract C/g
+    xg = b.reshape(x, [n, g, c // g, *x.shape[2:]])
+    wg = b.reshape(w, [g, o // g, cg, *kernel])
+    acc = None
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        start = [t * d for t, d in zip(tap, rhs_dil)]
+        window = b.slice(xg, [0, 0, 0, *start],
+                         [n, g, c // g, *(s + max(m - 1, 0) * st + 1 for s, m, st in zip(start, out_sp, strides))],
+                         [1, 1, 1, *strides])  # (N, g, C/g, *out)
+        weights = b.slice(wg, [0, 0, 0, *tap], [g, o // g, cg, *(t + 1 for t in tap)])
+        weights = b.reshape(weights, [g, o // g, cg])
+        part = elementwise_dot(b, window, weights, ([1], [0]), ([2], [2]))  # (g, N, *out, O/g)
+        acc = part if acc is None else b.add(acc, part)
+    if acc is None:  # an empty kernel
+        acc = b.constant(0, x.dtype, [g, n, *out_sp, o // g])
+    r = b.transpose(acc, [1, 0, 2 + nsp, *range(2, 2 + nsp)])  # (N, g, O/g, *out)
+    r = b.reshape(r, [n, o, *out_sp])
+    return b.transpose(r, [["b", "f", *sp].index(ch) for ch in out_spec])
 
 
 def _vjp_lhs_padding(in_sp: Sequence[int], k_sp: Sequence[int], strides: Sequence[int], out_sp: Sequence[int],
@@ -448,12 +512,8 @@ def _adaptive_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 def _apply_along(b: Builder, v: Value, m: Value, dim: int) -> Value:
     """Contract ``v``'s dimension ``dim`` with the columns of ``m`` (out, in); the result keeps dim order."""
-    attrs = ("dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [], rhs_batching_dimensions = [], "
-             f"lhs_contracting_dimensions = [{dim}], rhs_contracting_dimensions = [1]>, "
-             # exact f32 weights and sums on every backend (a TPU would otherwise take one bf16 pass)
-             "precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]")
-    shape = [d for i, d in enumerate(v.shape) if i != dim] + [m.shape[0]]
-    r = b.op1("stablehlo.dot_general", [v, m], shape, v.dtype, attrs=attrs)
+    # exact f32 weights and sums on every backend (a TPU would otherwise take one bf16 pass)
+    r = b.dot_general(v, m, ([], []), ([dim], [1]), v.dtype, precision="HIGHEST")
     perm = list(range(v.rank - 1))
     perm.insert(dim, v.rank - 1)
     return b.transpose(r, perm)

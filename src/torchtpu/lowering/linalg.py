@@ -400,7 +400,7 @@ def _apply_perm_rows(b: Builder, x: Value, perm: Value) -> Value:
                               b.iota(shape3, len(batch) + 1, torch.int64), "EQ"), x.dtype)
     # one-hot matrix product, exact: each output row picks one input row
     attrs_b = list(range(len(batch)))
-    return b.dot_general(sel, x, (attrs_b, attrs_b), ([len(batch) + 1], [len(batch)]), x.dtype)
+    return b.dot_general(sel, x, (attrs_b, attrs_b), ([len(batch) + 1], [len(batch)]), x.dtype, precision="HIGHEST")
 
 
 def _lu_solve(b: Builder, lu: Value, perm: Value, rhs: Value) -> Value:
@@ -710,7 +710,7 @@ def _pdist_backward(ctx: LoweringContext, grad: Value, x: Value, p: float, dist:
 def _bmm(b: Builder, x: Value, y: Value) -> Value:
     nb = x.rank - 2
     batch = list(range(nb))
-    return b.dot_general(x, y, (batch, batch), ([nb + 1], [nb]), x.dtype)
+    return b.dot_general(x, y, (batch, batch), ([nb + 1], [nb]), x.dtype, precision="HIGHEST")
 
 
 @register(aten.linalg_matrix_exp.default)

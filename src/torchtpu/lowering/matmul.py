@@ -104,6 +104,8 @@ def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Se
     c, cb, cc = _fold_transpose(b, c, batch[1], contract[1])
     batch, contract = (ab, cb), (ac, cc)
     common = torch.promote_types(a.dtype, c.dtype)
+    if target.native_dot_precision():
+        return b.convert(_native_dot(ctx, a, c, batch, contract, common), out_dtype)
     if common == torch.float32:
         passes = _PASSES[ctx.precision]
         nparts = max(max(i, j) for i, j in passes) + 1
@@ -137,6 +139,53 @@ def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Se
         r = b.dot_general(b.convert(a, torch.int64), b.convert(c, torch.int64), batch, contract, torch.int64)
         return b.convert(r, out_dtype)
     return b.convert(b.dot_general(b.convert(a, common), b.convert(c, common), batch, contract, common), out_dtype)
+
+
+# torch's matmul precision -> the precision_config whose passes a TPU's matrix unit makes.
+NATIVE_PRECISION = {"medium": "DEFAULT", "high": "HIGH", "highest": "HIGHEST"}
+
+
+def _native_dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Sequence[int]],
+                contract: tuple[Sequence[int], Sequence[int]], common: torch.dtype) -> Value:
+    """The product on a compiler that makes the bf16 passes itself (a TPU).
+
+    f32 takes the passes of the precision in force; bf16 operands enter as they are (their
+    products are exact, sums f32); f16, f64 and complex products are exact (HIGHEST), as on
+    the CPU emulator; integers are multiplied and summed elementwise (exact).
+    """
+    b = ctx.b
+    if common == torch.float32:
+        return b.dot_general(b.convert(a, common), b.convert(c, common), batch, contract, common,
+                             precision=NATIVE_PRECISION[ctx.precision])
+    if common == torch.bfloat16:
+        return b.dot_general(b.convert(a, common), b.convert(c, common), batch, contract, torch.float32)
+    if common.is_floating_point or common.is_complex:
+        wide = torch.float32 if common == torch.float16 else common
+        return b.dot_general(b.convert(a, wide), b.convert(c, wide), batch, contract, wide, precision="HIGHEST")
+    wide = torch.int64 if common == torch.bool else common
+    return elementwise_dot(b, b.convert(a, wide), b.convert(c, wide), batch, contract)
+
+
+def elementwise_dot(b: Builder, a: Value, c: Value, batch: tuple[Sequence[int], Sequence[int]],
+                    contract: tuple[Sequence[int], Sequence[int]]) -> Value:
+    """dot_general as a broadcast product summed over the contracting dims.
+
+    Exact for integers where the compiler has no integer matrix product (a TPU refuses 64-bit
+    ones); it materializes batch x free x free x contracting products, so it suits the small
+    integer products models make, not large ones.
+    """
+    (ab, cb), (ac, cc) = batch, contract
+    a_free = [d for d in range(a.rank) if d not in ab and d not in ac]
+    c_free = [d for d in range(c.rank) if d not in cb and d not in cc]
+    nb, nfa, nfc, nk = len(ab), len(a_free), len(c_free), len(ac)
+    full = ([a.shape[d] for d in ab] + [a.shape[d] for d in a_free] + [c.shape[d] for d in c_free]
+            + [a.shape[d] for d in ac])
+    k_dims = list(range(nb + nfa + nfc, nb + nfa + nfc + nk))
+    wide_a = b.broadcast_in_dim(b.transpose(a, [*ab, *a_free, *ac]), full,
+                                [*range(nb + nfa), *k_dims])
+    wide_c = b.broadcast_in_dim(b.transpose(c, [*cb, *c_free, *cc]), full,
+                                [*range(nb), *range(nb + nfa, nb + nfa + nfc), *k_dims])
+    return b.reduce(b.mul(wide_a, wide_c), k_dims, b.constant(0, a.dtype), "stablehlo.add")
 
 
 @register(aten.mm.default)

@@ -11,16 +11,48 @@ import os
 
 from ..runtime import host_cpu
 
-_XLA_CPU: list[bool] = []
+# Lowering for another platform than the plugin's: the programs a TPU would be sent, built
+# (and run, where the plugin can) on the CPU emulator, for tests and inspection.
+LOWER_FOR_ENV = "TORCH_TPU_LOWER_FOR"
+_KIND: list[str] = []
+
+
+def _kind() -> str:
+    if not _KIND:
+        from .. import _device_state
+
+        _KIND.append(os.environ.get(LOWER_FOR_ENV, "").strip().lower() or _device_state.plugin_kind())
+    return _KIND[0]
 
 
 def xla_cpu() -> bool:
     """Whether programs run on XLA's CPU backend."""
-    if not _XLA_CPU:
-        from .. import _device_state
+    return _kind() == "cpu"
 
-        _XLA_CPU.append(_device_state.plugin_kind() == "cpu")
-    return _XLA_CPU[0]
+
+def tpu() -> bool:
+    """Whether programs run on a real TPU (libtpu)."""
+    return _kind() == "tpu"
+
+
+def native_dot_precision() -> bool:
+    """Whether the compiler makes an f32 matrix product's bf16 passes itself.
+
+    A TPU's matrix unit does, from the dot's or convolution's ``precision_config``
+    (DEFAULT 1 pass, HIGH 3, HIGHEST 6), faster than passes written into the program,
+    which its compiler may also merge back (a bf16 round trip is free to drop under
+    excess precision). XLA's CPU backend ignores ``precision_config`` and multiplies in
+    f32, so for the emulator the lowering writes the passes out (``matmul.py``).
+    """
+    return tpu()
+
+
+def elementwise_integer_products() -> bool:
+    """Whether integer matrix products and convolutions must be written as multiplies and
+    sums: a TPU's compiler rewrites 64-bit integers into 32-bit pairs for elementwise ops and
+    reductions, but not for ``dot_general`` or ``convolution`` (it refuses to compile them),
+    and its matrix unit has no exact wide-integer path."""
+    return tpu()
 
 
 BF16_DOTS_ENV = "TORCH_TPU_BF16_DOTS"
@@ -56,3 +88,16 @@ def _host_multiplies_bf16() -> bool:
     if not flags:
         return True  # unknown: keep the TPU's operand type
     return any(flag in flags for flag in _NATIVE_BF16_FLAGS)
+
+
+def accurate_transcendentals() -> bool:
+    """Whether elementwise functions (exp, log, tanh, logistic...) ask the compiler for their
+    accurate forms (``result_accuracy`` HIGHEST). A TPU's compiler otherwise emits fast
+    approximations; XLA's CPU backend is accurate anyway."""
+    return tpu()
+
+
+def wide_float_power() -> bool:
+    """Whether an f32 ``power`` is computed in f64 and rounded (a TPU's f32 power is not
+    accurate, and takes no result accuracy); XLA's CPU backend calls an accurate ``powf``."""
+    return tpu()

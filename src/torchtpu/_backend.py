@@ -29,6 +29,10 @@ def install() -> None:
         torch._register_device_module("tpu", device_module)
         sys.modules["torch.tpu"] = device_module
         sys.modules["torch.tpu.amp"] = device_module.amp
+        from .backend_config import backend
+
+        torch.backends.tpu = backend
+        sys.modules["torch.backends.tpu"] = backend
         from .runtime.errors import RESOURCE_EXHAUSTED, register_error_type
 
         register_error_type(RESOURCE_EXHAUSTED, device_module.DeviceOutOfMemoryError)

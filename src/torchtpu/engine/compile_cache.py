@@ -61,6 +61,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from .. import _device_state, runtime
+from ..backend_config import backend
 from ..runtime import host_cpu
 
 __all__ = [
@@ -230,14 +231,15 @@ def cpu_features() -> str:
 
 
 def _default_options(client: runtime.Client, device_index: int) -> bytes:
-    # Exactly what Client.compile uses when options=None.
+    # What Client.compile uses when options=None, and the backend's compiler switches.
     ordinal = client.devices[device_index].local_hardware_id
-    return _options_for(device_index if ordinal is None else ordinal)
+    return _options_for(device_index if ordinal is None else ordinal, backend.allow_excess_precision)
 
 
 @functools.lru_cache(maxsize=64)
-def _options_for(ordinal: int) -> bytes:
-    return runtime.compile_options(device_ordinal=ordinal)
+def _options_for(ordinal: int, allow_excess_precision: bool) -> bytes:
+    return runtime.compile_options(device_ordinal=ordinal,
+                                   env_overrides={"xla_allow_excess_precision": allow_excess_precision})
 
 
 def cache_key(
@@ -623,6 +625,7 @@ def compile(
         _add("tier1_hits")
         return fut.result()
     _add("tier1_misses")
+    client.note_program(code)
     try:
         exe = _resolve(text, text_digest, client, options)
     except BaseException as e:

@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import sys
 import threading
+import warnings
 import weakref
 from typing import Any
 
@@ -55,6 +56,35 @@ def _close_clients_at_exit() -> None:
             client.close()
 
 
+_F64 = np.dtype(np.float64)
+_C128 = np.dtype(np.complex128)
+_warned_float64: list[bool] = []
+
+FLOAT64_ON_TPU = (
+    "torchtpu: float64 on a TPU is XLA's emulation with pairs of float32 (the chip has no float64 "
+    "units): about 48 significant bits (a transfer keeps ~1.8e-15 relative, arithmetic ~2e-14, log and "
+    "other functions ~5e-11 to 2e-9), and float32's exponent range (magnitudes above ~3.4e38 become inf, "
+    "below ~1.2e-38 flush to zero). Use float32 on the TPU, or keep float64 work on the CPU where it must "
+    "be exact (docs/tpu.md)."
+)
+
+
+def _warn_float64_emulated() -> None:
+    if not _warned_float64:
+        _warned_float64.append(True)
+        warnings.warn(FLOAT64_ON_TPU, stacklevel=3)
+
+
+def _signature_has_float64(code: bytes) -> bool:
+    """Whether a module's entry takes or returns 64-bit floats (its body may use them
+    internally, as a TPU's f32 power does, without the user's data being float64)."""
+    start = code.find(b"@main(")
+    if start < 0:
+        return False
+    end = code.find(b"{\n", start)
+    return b"f64>" in code[start:end if end >= 0 else len(code)]
+
+
 def _ptr_key(ptr: Any) -> int:
     return int(ffi.cast("uintptr_t", ptr))
 
@@ -90,6 +120,8 @@ class Client:
         self.platform_version: str = ffi.string(r.platform_version, r.platform_version_size).decode()
         if self.platform_name == "cpu":  # XLA:CPU programs may call the host kernels
             cpu_kernels.register(plugin)
+        # A TPU emulates 64-bit floats with float32 pairs: said once, where such data arrives.
+        self.emulates_float64 = self.platform_name == "tpu"
         r = plugin.call("PJRT_Client_AddressableDevices", client=self._handle)
         self.devices: list[Device] = [
             Device(plugin, r.addressable_devices[i], i) for i in range(r.num_addressable_devices)
@@ -139,6 +171,8 @@ class Client:
             # np.array (not ascontiguousarray) keeps 0-d arrays 0-d.
             a = np.array(a, dtype=a.dtype.newbyteorder("="), order="C")
         dtype = a.dtype
+        if self.emulates_float64 and (dtype == _F64 or dtype == _C128):
+            _warn_float64_emulated()
         try:
             pjrt_type = HOST_PJRT_TYPES[dtype]
         except KeyError:
@@ -188,6 +222,7 @@ class Client:
         ``options`` overrides with raw CompileOptionsProto bytes (never empty).
         """
         code = mlir.encode() if isinstance(mlir, str) else bytes(mlir)
+        self.note_program(code)
         if options is None:
             # StreamExecutor-style ordinal = the device's local hardware id.
             device = self.devices[device_index]
@@ -213,6 +248,12 @@ class Client:
             compile_options_size=len(options),
         )
         return Executable(self, r.executable)
+
+    def note_program(self, code: bytes) -> None:
+        """Say once, on a plugin that emulates float64, that a program takes or makes float64 data
+        (called for every new program, cached or compiled)."""
+        if self.emulates_float64 and _signature_has_float64(code):
+            _warn_float64_emulated()
 
     def deserialize(self, blob: bytes) -> Executable:
         """Load bytes from Executable.serialize() (same plugin build only:

@@ -6,6 +6,7 @@ nothing here runs at import: the plugin is loaded by ``torch.tpu._lazy_init``.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -15,6 +16,7 @@ from . import runtime
 from ._config import config
 from .runtime import cpu_kernels, host_memory, host_threads
 
+_log = logging.getLogger("torchtpu")
 _lock = threading.Lock()
 _client: runtime.Client | None = None
 _plugin_path: str | None = None
@@ -41,7 +43,24 @@ def client() -> runtime.Client:
                 if config.host_memory_pool:  # device memory is malloc memory
                     host_memory.pool_freed_memory()
                 host_threads.lower_pool_priority(config.xla_thread_nice)  # 0: left as they are
+            _log.info("torchtpu: the tpu device is %s (PJRT plugin %s, %s %s)", _device_name(kind, _client),
+                      _plugin_path, _client.platform_name, _client.platform_version)
         return _client
+
+
+def _device_name(kind: str, c: runtime.Client) -> str:
+    if kind == "cpu":
+        return "TPU (emulated on XLA CPU: bf16 matrix units with f32 accumulation)"
+    if kind == "cuda":
+        return "TPU (emulated on an NVIDIA GPU through the XLA CUDA plugin)"
+    return c.devices[0].kind
+
+
+def device_name(index: int = 0) -> str:
+    """What the tpu device is: a TPU's own kind ("TPU v5 lite"), or which emulator."""
+    c = client()
+    kind = plugin_kind()
+    return _device_name(kind, c) if kind != "tpu" else c.devices[index].kind
 
 
 def _torch_lapack_library() -> str:

@@ -103,13 +103,7 @@ def synchronize(device: int | str | torch.device | None = None) -> None:
 
 
 def get_device_name(device: int | str | torch.device | None = None) -> str:
-    kind = _device_state.plugin_kind()
-    if kind == "cpu":
-        return "TPU (emulated on XLA CPU: bf16 matrix units with f32 accumulation)"
-    if kind == "cuda":
-        return "TPU (emulated on an NVIDIA GPU through the XLA CUDA plugin)"
-    client = _device_state.client()
-    return client.devices[_index(device)].kind
+    return _device_state.device_name(_index(device))
 
 
 def get_device_properties(device: int | str | torch.device | None = None) -> Any:

@@ -1,7 +1,8 @@
 """Choosing which PJRT plugin .so to load (pure functions, nothing is loaded).
 
-Selection: an explicit ``choice``, else env ``TORCH_TPU_PJRT_PLUGIN``, else
-"cpu". A choice is a path to any plugin .so or one of the names below.
+Selection: an explicit ``choice``, else env ``TORCH_TPU_PJRT_PLUGIN``, else the TPU where
+the machine has one and libtpu is installed, else "cpu". A choice is a path to any plugin
+.so or one of the names below.
 """
 
 from __future__ import annotations
@@ -75,10 +76,22 @@ def cuda_plugin_path() -> str:
     raise RuntimeError("PJRT CUDA plugin not found: pip install jax-cuda12-pjrt")
 
 
+def libtpu_installed() -> bool:
+    """Whether the ``libtpu`` package's .so is importable (found without loading it)."""
+    return any(os.path.isfile(os.path.join(d, "libtpu.so")) for d in _package_dirs("libtpu"))
+
+
+def default_choice() -> str:
+    """The plugin when none is named: a machine with a TPU and libtpu gets the TPU; any other
+    the CPU emulator (libtpu is never loaded where no TPU device node exists)."""
+    return "tpu" if tpu_present() and libtpu_installed() else "cpu"
+
+
 def resolve_plugin_path(choice: str | None = None) -> str:
-    """Path of the plugin .so for a name ("cpu", "tpu", "cuda") or a path."""
+    """Path of the plugin .so for a name ("cpu", "tpu", "cuda") or a path; by default
+    ``TORCH_TPU_PJRT_PLUGIN``, else :func:`default_choice`."""
     if choice is None:
-        choice = os.environ.get(ENV_VAR) or "cpu"
+        choice = os.environ.get(ENV_VAR) or default_choice()
     name = choice.strip().lower()
     if name == "cpu":
         return cpu_plugin_path()

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchtpu-installed
 
-.PHONY: demo test bench lint
+.PHONY: demo test test-tpu bench lint
 
 $(STAMP): pyproject.toml setup.py $(wildcard src/torchtpu/csrc/*.cpp src/torchtpu/csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +22,13 @@ demo: $(STAMP)
 # run in their written order.
 test: $(STAMP)
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+
+# On a TPU host where torch and torchtpu are installed (README "On a TPU VM", or
+# ../shared/tpu/README.md): the default suite in one process, as one process at a time may hold
+# the chip; tests about the CPU emulator itself are skipped there with their reason.
+TPU_PYTHON ?= python3
+test-tpu:
+	TORCH_TPU_PJRT_PLUGIN=tpu $(TPU_PYTHON) -m pytest -q -rs
 
 bench: $(STAMP)
 	$(PY) bench/eager.py

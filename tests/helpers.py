@@ -31,3 +31,20 @@ def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProces
     e.update(env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True,
                           text=True, env=e, timeout=300)
+
+
+def on_tpu() -> bool:
+    """Whether the suite runs on a real TPU (``make test-tpu``) rather than the CPU emulator."""
+    from torchtpu import _device_state
+
+    return _device_state.plugin_kind() == "tpu"
+
+
+# float64 on a TPU is XLA's emulation with float32 pairs; docs/tpu.md has the measured bounds
+# (transfers 1.8e-15, arithmetic up to 1.3e-14 relative on a v5e). Exact on the emulator.
+TPU_FLOAT64_RTOL = 2e-14
+
+
+def float64_rtol(dtype: torch.dtype) -> float:
+    """The relative tolerance of a result that must equal the CPU's bit for bit on the emulator."""
+    return TPU_FLOAT64_RTOL if on_tpu() and dtype in (torch.float64, torch.complex128) else 0.0

@@ -10,7 +10,8 @@ from helpers import run_python
 from torchtpu.runtime import host_memory
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"))
-pytestmark = pytest.mark.skipif(not hasattr(_libc, "mallinfo2"), reason="needs glibc >= 2.33 (mallinfo2)")
+pytestmark = [pytest.mark.skipif(not hasattr(_libc, "mallinfo2"), reason="needs glibc >= 2.33 (mallinfo2)"),
+              pytest.mark.emulator_only("device memory is malloc memory only on the CPU plugin")]
 
 # Counts the blocks glibc serves with their own mmap (each costs an munmap when freed and
 # zero-filled page faults when first written) while a 24 MB device buffer is computed.

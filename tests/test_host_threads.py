@@ -6,7 +6,8 @@ import sys
 import pytest
 from helpers import run_python
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities: Linux")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities: Linux"),
+              pytest.mark.emulator_only("XLA:CPU's compute threads")]
 
 # Prints the nice value of each XLA pool thread and of the main thread after one op.
 _NICE_OF_THREADS = """

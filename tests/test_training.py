@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import float64_rtol
 from torch import nn
 
 from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
@@ -153,7 +154,7 @@ def test_amp_unscale_matches_cpu(found0, mode):
             got_g, got_found = _unscale_on("tpu", grads, found0, 0.125)
             for w, g in zip(want_g, got_g):
                 assert g.dtype == w.dtype
-                torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+                torch.testing.assert_close(g, w, rtol=float64_rtol(w.dtype), atol=0, equal_nan=True)
             assert torch.equal(got_found, want_found)
 
 

@@ -1,0 +1,245 @@
+"""What a TPU is sent, checked on the CPU emulator.
+
+On a TPU v5e (libtpu 0.0.42.1) these were the causes of wrong values that the emulator did not
+show: result layouts the compiler chose (a transpose came back column-major), bf16 round trips
+dropped under excess precision (``highest`` ran as ``medium``), fast transcendental functions,
+and 64-bit integer products the compiler refuses. ``TORCH_TPU_LOWER_FOR=tpu`` builds the
+programs a TPU would get; XLA's CPU backend runs them (ignoring precision and accuracy
+settings, which it computes exactly anyway), so their values are checked too.
+"""
+
+import re
+
+import pytest
+import torch
+from helpers import run_python
+
+from torchtpu.engine import compile_cache
+from torchtpu.lowering import builder as builder_mod
+from torchtpu.lowering.builder import Builder
+from torchtpu.runtime import buffer as buffer_mod
+from torchtpu.runtime import plugins
+
+
+@pytest.fixture
+def module_texts(monkeypatch):
+    texts = []
+    real = compile_cache.compile
+    monkeypatch.setattr(compile_cache, "compile", lambda text, **kw: (texts.append(text), real(text, **kw))[1])
+    return texts
+
+
+def test_every_parameter_and_result_is_pinned_to_the_default_layout():
+    b = Builder()
+    x = b.arg((4, 6), torch.float32)
+    b.arg_attrs[0] = "tf.aliasing_output = 0 : i32"
+    y = b.arg((3,), torch.int64)
+    text = b.module([b.transpose(x, [1, 0]), y])
+    header = text.splitlines()[1]
+    assert header.count('mhlo.layout_mode = "default"') == 4, header
+    assert '{mhlo.layout_mode = "default", tf.aliasing_output = 0 : i32}' in header
+
+
+def test_an_op_program_pins_its_layouts(module_texts):
+    """Regression (TPU): ``x.t().contiguous()`` and ``topk`` came back scrambled, their results laid out
+    column-major by the compiler and read as row-major."""
+    x = torch.randn(5, 7)
+    got = x.to("tpu").t().contiguous().cpu()
+    assert torch.equal(got, x.t().contiguous())
+    assert module_texts and all(re.search(r'-> \(tensor<[^>]*> \{mhlo.layout_mode = "default"\}', t)
+                                for t in module_texts)
+
+
+def test_host_reads_ask_for_row_major_bytes():
+    """A buffer's device layout may be any dimension order on a TPU: to_host asks PJRT for
+    row-major bytes rather than taking the device's order."""
+    for ndim in (0, 1, 3):
+        layout = buffer_mod._row_major_layout(ndim)
+        assert layout.type == 0  # tiled, no tiles: a dense layout
+        assert layout.tiled.num_tiles == 0
+        assert [layout.tiled.minor_to_major[i] for i in range(ndim)] == list(range(ndim - 1, -1, -1))
+    x = torch.randn(2, 3, 4)
+    assert torch.equal(x.to("tpu").permute(2, 0, 1).contiguous().cpu(), x.permute(2, 0, 1))
+
+
+def test_compile_options_keep_every_cast():
+    """Regression (TPU): under XLA's default excess precision a TPU dropped the f32 -> bf16 -> f32
+    round trips of the multi-pass products (``highest`` gave 2.2e-3, not 1e-7) and of
+    ``x.bfloat16().float()`` in a fused program. torch.backends.tpu.allow_excess_precision
+    (default False) is sent with every compile."""
+    assert torch.backends.tpu.allow_excess_precision is False
+    from torchtpu import _device_state
+
+    client = _device_state.client()
+    strict = compile_cache._default_options(client, 0)
+    assert b"xla_allow_excess_precision" in strict
+    torch.backends.tpu.allow_excess_precision = True
+    try:
+        loose = compile_cache._default_options(client, 0)
+    finally:
+        torch.backends.tpu.allow_excess_precision = False
+    assert loose != strict and b"xla_allow_excess_precision" in loose
+    with pytest.raises(TypeError):
+        torch.backends.tpu.allow_excess_precision = 1
+    x = torch.randn(1000)
+    with torch.tpu.defer_and_fuse():
+        rounded = (x.to("tpu").bfloat16().float() - x.to("tpu")).abs().max().cpu()
+    assert rounded.item() == (x.bfloat16().float() - x).abs().max().item() > 0
+
+
+def test_precision_config_attribute():
+    assert builder_mod.precision_config("HIGH") == (
+        "precision_config = [#stablehlo<precision HIGH>, #stablehlo<precision HIGH>]")
+    with pytest.raises(ValueError):
+        builder_mod.precision_config("FAST")
+
+
+def _run_for_tpu(code: str) -> str:
+    r = run_python("""
+        import re, torch, torch.nn.functional as F
+        from torchtpu.engine import compile_cache
+        texts = []
+        real = compile_cache.compile
+        compile_cache.compile = lambda text, **kw: (texts.append(text), real(text, **kw))[1]
+        def new_texts(fn):
+            n = len(texts)
+            out = fn()
+            return out, texts[n:]
+    """ + code, env={"TORCH_TPU_LOWER_FOR": "tpu", "TORCH_TPU_TIER2_COMPILATION_CACHE": "disabled"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+def test_tpu_products_take_the_matrix_units_own_passes():
+    """On a TPU each precision is one dot with its precision_config (the hardware's 1, 3 or 6 bf16
+    passes), not passes written into the program; bf16 operands enter as bf16; f16, f64 and
+    complex products ask for HIGHEST. XLA:CPU computes all of them in full precision."""
+    out = _run_for_tpu("""
+        a, c = torch.randn(32, 48), torch.randn(48, 16)
+        for p, want in (("medium", "DEFAULT"), ("high", "HIGH"), ("highest", "HIGHEST")):
+            with torch.tpu.precision(p):
+                got, made = new_texts(lambda: (a.to("tpu") @ c.to("tpu")).cpu())
+            dots = [ln for t in made for ln in t.splitlines() if "stablehlo.dot_general" in ln]
+            assert len(dots) == 1 and f"precision {want}>" in dots[0] and "bf16" not in dots[0], dots
+            torch.testing.assert_close(got.double(), a.double() @ c.double(), rtol=1e-5, atol=1e-5)
+            x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+            with torch.tpu.precision(p):
+                got, made = new_texts(lambda: F.conv2d(x.to("tpu"), w.to("tpu")).cpu())
+            convs = [ln for t in made for ln in t.splitlines() if "stablehlo.convolution" in ln]
+            assert len(convs) == 1 and f"precision {want}>" in convs[0], convs
+        ab, cb = a.bfloat16(), c.bfloat16()
+        got, made = new_texts(lambda: (ab.to("tpu") @ cb.to("tpu")).cpu())
+        dot = next(ln for t in made for ln in t.splitlines() if "stablehlo.dot_general" in ln)
+        assert "tensor<32x48xbf16>, tensor<48x16xbf16>) -> tensor<32x16xf32>" in dot, dot
+        assert torch.equal(got, (ab.float() @ cb.float()).bfloat16())
+        for dt in (torch.float16, torch.float64, torch.complex64):
+            got, made = new_texts(lambda: (a.to(dt).to("tpu") @ c.to(dt).to("tpu")).cpu())
+            dot = next(ln for t in made for ln in t.splitlines() if "stablehlo.dot_general" in ln)
+            assert "precision HIGHEST>" in dot, (dt, dot)
+        print("ok")
+    """)
+    assert out.split()[-1] == "ok"
+
+
+def test_tpu_integer_products_are_exact_elementwise():
+    """Regression (TPU): an int64 mm failed to compile ("While rewriting computation to not contain
+    X64 element types ... not implemented" for dot). Integer products and convolutions are
+    multiplies and sums there; they must equal the CPU's, with every layout argument."""
+    out = _run_for_tpu("""
+        big = 2 ** 40
+        a, c = torch.randint(-big, big, (3, 5, 7)), torch.randint(-50, 50, (3, 7, 4))
+        got, made = new_texts(lambda: torch.bmm(a.to("tpu"), c.to("tpu")).cpu())
+        assert torch.equal(got, torch.bmm(a, c))
+        assert not any("dot_general" in t for t in made)
+        assert torch.equal((a[0].to("tpu") @ c[0].to("tpu")).cpu(), a[0] @ c[0])
+        m, v = torch.randint(-9, 9, (4, 6), dtype=torch.int32), torch.randint(-9, 9, (6,), dtype=torch.int32)
+        assert torch.equal((m.to("tpu") @ v.to("tpu")).cpu(), m @ v)
+        x = torch.randint(-9, 9, (2, 4, 9, 8))
+        for kw in (dict(), dict(stride=2), dict(padding=(1, 2), dilation=(2, 1)), dict(groups=2, stride=(1, 2), padding=1)):
+            w = torch.randint(-9, 9, (6, 4 // kw.get("groups", 1), 3, 2))
+            got, made = new_texts(lambda: F.conv2d(x.to("tpu"), w.to("tpu"), **kw).cpu())
+            assert torch.equal(got, F.conv2d(x, w, **kw)), kw
+            assert not any("stablehlo.convolution" in t for t in made)
+        wt = torch.randint(-9, 9, (4, 3, 3, 3))
+        got = F.conv_transpose2d(x.to("tpu"), wt.to("tpu"), stride=2, padding=1, output_padding=1).cpu()
+        assert torch.equal(got, F.conv_transpose2d(x, wt, stride=2, padding=1, output_padding=1))
+        x1, w1 = torch.randint(-9, 9, (2, 4, 9)), torch.randint(-9, 9, (3, 4, 2))
+        assert torch.equal(F.conv1d(x1.to("tpu"), w1.to("tpu")).cpu(), F.conv1d(x1, w1))
+        print("ok")
+    """)
+    assert out.split()[-1] == "ok"
+
+
+def test_tpu_transcendentals_ask_for_their_accurate_forms():
+    """Regression (TPU): its fast exp, log, tanh and logistic were off by up to 1e-4 (tanh, sigmoid,
+    log_softmax, gelu, silu, LSTM/GRU and Adam failed their CPU comparisons); an f32 power,
+    which takes no accuracy setting, is computed in f64 and rounded once."""
+    out = _run_for_tpu("""
+        x = torch.rand(64) + 0.5
+        for fn in (torch.exp, torch.log, torch.tanh, torch.sigmoid, torch.log1p, torch.expm1, torch.sin, torch.rsqrt):
+            got, made = new_texts(lambda: fn(x.to("tpu")).cpu())
+            ops = [ln for t in made for ln in t.splitlines() if "= \\"stablehlo." in ln and "f32" in ln]
+            special = [ln for ln in ops if re.search(r"stablehlo\\.(exponential|log|tanh|logistic|sine|rsqrt)", ln)]
+            assert special and all("result_accuracy_mode<HIGHEST>" in ln for ln in special), (fn, ops)
+            torch.testing.assert_close(got, fn(x))
+        xb = x.bfloat16()
+        got, made = new_texts(lambda: torch.exp(xb.to("tpu")).cpu())
+        assert any("result_accuracy_mode<HIGHEST>" in t for t in made)
+        got, made = new_texts(lambda: torch.pow(x.to("tpu"), 2.7).cpu())
+        power = [ln for t in made for ln in t.splitlines() if "stablehlo.power" in ln]
+        assert power and all("xf64>" in ln for ln in power), power
+        torch.testing.assert_close(got, x.pow(2.7))
+        step = torch.tensor(3.0)
+        got = (1 - torch.pow(torch.tensor(0.999).to("tpu"), step.to("tpu"))).cpu()
+        assert got.item() == (1 - torch.pow(torch.tensor(0.999), step)).item()
+        print("ok")
+    """)
+    assert out.split()[-1] == "ok"
+
+
+def test_the_emulator_keeps_its_own_passes():
+    """Without the TPU target the CPU emulator writes the bf16 passes out (XLA:CPU ignores
+    precision_config) and adds no accuracy attributes."""
+    b = Builder()
+    x = b.arg((4,), torch.float32)
+    text = b.module([b.unary("log", x)])
+    assert "result_accuracy" not in text
+
+
+def test_a_machine_with_a_tpu_and_libtpu_gets_the_tpu(monkeypatch):
+    monkeypatch.delenv(plugins.ENV_VAR, raising=False)
+    monkeypatch.setattr(plugins, "tpu_present", lambda: True)
+    monkeypatch.setattr(plugins, "libtpu_installed", lambda: True)
+    assert plugins.default_choice() == "tpu"
+    monkeypatch.setattr(plugins, "libtpu_installed", lambda: False)
+    assert plugins.default_choice() == "cpu"
+    monkeypatch.setattr(plugins, "tpu_present", lambda: False)
+    monkeypatch.setattr(plugins, "libtpu_installed", lambda: True)
+    assert plugins.default_choice() == "cpu"  # never load libtpu without a TPU: it hangs for minutes
+    assert plugins.resolve_plugin_path() == plugins.cpu_plugin_path()
+
+
+def test_float64_on_a_tpu_is_announced_once(monkeypatch):
+    """A TPU emulates float64 (docs/tpu.md has the measured bounds): the first float64 data to
+    reach it, by transfer or as a program's argument or result, says so once; f32 work that
+    uses f64 inside a program (a TPU's f32 power) does not."""
+    import warnings
+
+    from torchtpu import _device_state
+    from torchtpu.runtime import client as client_mod
+
+    c = _device_state.client()
+    monkeypatch.setattr(c, "emulates_float64", True)
+    monkeypatch.setattr(client_mod, "_warned_float64", [])
+    with pytest.warns(UserWarning, match="float64 on a TPU is XLA's emulation"):
+        torch.randn(3, dtype=torch.float64).to("tpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.randn(3, dtype=torch.float64).to("tpu")
+    monkeypatch.setattr(client_mod, "_warned_float64", [])
+    with pytest.warns(UserWarning, match="float64 on a TPU"):
+        torch.arange(17, dtype=torch.float64, device="tpu").cpu()
+    monkeypatch.setattr(client_mod, "_warned_float64", [])
+    assert not client_mod._signature_has_float64(
+        b'module @m {\n  func.func public @main(%arg0: tensor<4xf32>) -> (tensor<4xf32>) {\n'
+        b'    %v1 = "stablehlo.convert"(%arg0) : (tensor<4xf32>) -> tensor<4xf64>\n')

@@ -399,3 +399,48 @@ def test_python_numbers_reach_the_kernels_exactly(mode):
         assert g.dtype == expected.dtype
         torch.testing.assert_close(g, expected, rtol=0, atol=0)
     assert torch.equal(torch.signbit(got[1]), torch.signbit(x * -0.0))
+
+
+def test_every_pytorch_precision_knob_selects_the_passes():
+    """torch.backends.fp32_precision (which Hugging Face's test setup sets to "ieee") and
+    torch.backends.tpu.fp32_precision select the tpu precision as set_float32_matmul_precision
+    does; the TPU default, which is not PyTorch's, is said once; torch.tpu.get_precision() shows it."""
+    r = run_python("""
+        import warnings, torch
+        a = torch.randn(64, 64)
+        ref = a.double() @ a.double()
+        def err():
+            return ((a.to("tpu") @ a.to("tpu")).cpu().double() - ref).abs().max().item()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert torch.tpu.get_precision() == "medium"
+            medium = err()
+            err()
+        said = [str(w.message) for w in caught if "not PyTorch's 'highest'" in str(w.message)]
+        assert len(said) == 1, said
+        torch.backends.fp32_precision = "ieee"
+        assert torch.tpu.get_precision() == "highest" and torch.backends.tpu.fp32_precision == "ieee"
+        assert err() < medium / 100
+        torch.backends.tpu.fp32_precision = "tf32"
+        assert torch.tpu.get_precision() == "high"
+        torch.backends.tpu.fp32_precision = "bf16"
+        assert torch.tpu.get_precision() == "medium" and err() == medium
+        try:
+            torch.backends.tpu.fp32_precision = "fp8"
+        except ValueError:
+            print("ok")
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "ok"
+
+
+def test_fp32_precision_set_before_the_backend_loads_is_honoured():
+    r = run_python("""
+        import torch
+        torch.backends.fp32_precision = "ieee"
+        import torchtpu
+        torchtpu.install()
+        print(torch.tpu.get_precision())
+    """, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "highest"

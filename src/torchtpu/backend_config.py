@@ -28,5 +28,22 @@ class TpuBackendModule(types.ModuleType):
             raise TypeError(f"allow_excess_precision must be a bool, got {type(value).__name__}")
         self._allow_excess_precision = value
 
+    @property
+    def fp32_precision(self) -> str:
+        """The precision of float32 matrix products and convolutions on tpu, in PyTorch's
+        per-backend terms: "ieee" (``highest``, 6 bf16 passes), "tf32" (``high``, 3 passes,
+        the TPU's analogue of TF32), "bf16" (``medium``, 1 pass, the default)."""
+        from .engine import precision
+
+        return {v: k for k, v in precision.FP32_PRECISION.items()}[precision.get_global()]
+
+    @fp32_precision.setter
+    def fp32_precision(self, value: str) -> None:
+        from .engine import precision
+
+        if value not in (*precision.FP32_PRECISION, "none"):
+            raise ValueError(f"fp32_precision must be one of {(*precision.FP32_PRECISION, 'none')}, got {value!r}")
+        precision.set_fp32_precision(value)
+
 
 backend = TpuBackendModule()

@@ -11,6 +11,7 @@ import torch
 from . import _C, _device_state, amp  # noqa: F401  (amp: torch.tpu.amp)
 from ._config import config
 from .engine import deferred, executor
+from .engine import precision as _precision
 from .engine.precision import precision  # noqa: F401  (public: torch.tpu.precision)
 from .runtime import PjrtError, host_memory
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
@@ -100,6 +101,14 @@ class device_of(device):
 def synchronize(device: int | str | torch.device | None = None) -> None:
     """Wait for all launched work (device errors surface here)."""
     executor.synchronize(None if device is None else _index(device))
+
+
+def get_precision() -> str:
+    """The precision of float32 matrix products and convolutions in force on this thread:
+    "medium" (1 bf16 pass, the TPU default), "high" (3) or "highest" (6, float32-accurate),
+    from ``torch.tpu.precision``, ``torch.set_float32_matmul_precision``,
+    ``torch.backends.fp32_precision`` or ``torch.backends.tpu.fp32_precision``."""
+    return _precision.current()
 
 
 def get_device_name(device: int | str | torch.device | None = None) -> str:

@@ -31,13 +31,21 @@ _warned: set[str] = set()
 # TPU default. PyTorch's own default reads "highest", so the global value
 # follows torch.set_float32_matmul_precision only once the user calls it.
 _global = "medium"
+# Whether the user chose the global precision (through any of PyTorch's knobs); until then
+# products run at the TPU default, which differs from PyTorch's, and the first one says so.
+_chosen = False
+_said_default = False
+
+# PyTorch's fp32_precision values -> the tpu precision ("none": no choice made there).
+FP32_PRECISION = {"ieee": "highest", "tf32": "high", "bf16": "medium"}
 
 
-def set_global(value: str) -> None:
-    global _global
+def set_global(value: str, chosen: bool = True) -> None:
+    global _global, _chosen
     if value not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {value!r}")
     _global = value
+    _chosen = _chosen or chosen
     _C._precision_set_global(value)
 
 
@@ -45,8 +53,29 @@ def get_global() -> str:
     return _global
 
 
+def set_fp32_precision(value: str) -> None:
+    """Select the tpu precision from one of PyTorch's fp32_precision values ("none" keeps it)."""
+    if value in FP32_PRECISION:
+        set_global(FP32_PRECISION[value])
+
+
+def note_float32_product(p: str) -> None:
+    """Called by the lowering of each new float32 matrix product: at the TPU default, say once
+    that it is not PyTorch's, and how to choose."""
+    global _said_default
+    if _chosen or _said_default or p != "medium":
+        return
+    _said_default = True
+    warnings.warn("torchtpu: float32 matrix products on tpu run at precision 'medium' (one bf16 pass, the TPU "
+                  "default), not PyTorch's 'highest'. torch.set_float32_matmul_precision('highest') or "
+                  "torch.backends.fp32_precision = 'ieee' makes them float32-accurate (6 passes); "
+                  "torch.tpu.get_precision() shows the precision in force.", stacklevel=2)
+
+
 def track_torch_setting() -> None:
-    """Make torch.set_float32_matmul_precision also select the tpu precision."""
+    """Make PyTorch's precision knobs also select the tpu precision: torch.set_float32_matmul_precision,
+    torch.backends.fp32_precision (read now, and on every later assignment) and
+    torch.backends.tpu.fp32_precision."""
     original = torch.set_float32_matmul_precision
     if getattr(original, "_torchtpu", False):
         return
@@ -58,6 +87,16 @@ def track_torch_setting() -> None:
     set_float32_matmul_precision._torchtpu = True  # type: ignore[attr-defined]
     set_float32_matmul_precision.__doc__ = original.__doc__
     torch.set_float32_matmul_precision = set_float32_matmul_precision
+
+    generic = type(torch.backends)
+    prop = generic.__dict__.get("fp32_precision")
+    if prop is not None and hasattr(prop, "setter") and hasattr(prop, "getter"):
+        def set_generic(value: str) -> None:
+            prop.setter(value)
+            set_fp32_precision(value)
+
+        generic.fp32_precision = type(prop)(prop.getter, set_generic)
+        set_fp32_precision(prop.getter())
 
 
 # Whether any thread ever entered an override: until then, no thread can run under a propagated

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..engine import precision
 from . import target
 from .builder import Builder, Value, _i64_array, precision_config
 from .elementwise import opmath
@@ -80,6 +81,8 @@ def _conv_tpu(ctx: LoweringContext, lhs: Value, rhs: Value, *args: Any, **kw: An
     """conv_general with TPU numerics: f32 in bf16 passes, low-precision floats accumulated in f32."""
     b = ctx.b
     dtype = torch.promote_types(lhs.dtype, rhs.dtype)
+    if dtype == torch.float32:
+        precision.note_float32_product(ctx.precision)
     if target.native_dot_precision():
         return _conv_native(ctx, lhs, rhs, dtype, *args, **kw)
     if dtype == torch.float32:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..engine import precision
 from ..runtime import cpu_kernels
 from . import target
 from .builder import Builder, Value
@@ -104,6 +105,8 @@ def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Se
     c, cb, cc = _fold_transpose(b, c, batch[1], contract[1])
     batch, contract = (ab, cb), (ac, cc)
     common = torch.promote_types(a.dtype, c.dtype)
+    if common == torch.float32:
+        precision.note_float32_product(ctx.precision)
     if target.native_dot_precision():
         return b.convert(_native_dot(ctx, a, c, batch, contract, common), out_dtype)
     if common == torch.float32:

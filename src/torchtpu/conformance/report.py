@@ -30,7 +30,9 @@ def _cause(detail: str) -> str:
     return text[:160]
 
 
-def build(results: list[dict], config: dict, seconds: float, models: list[dict] | None = None) -> dict[str, Any]:
+def build(results: list[dict], config: dict, seconds: float, models: list[dict] | None = None,
+          device: dict | None = None) -> dict[str, Any]:
+    """The report; ``device`` names what ran it ({"device": ..., "platform": ...})."""
     import torch
 
     fwd = [r for r in results if r["kind"] == "forward" and r["dtype"] in HEADLINE]
@@ -53,6 +55,7 @@ def build(results: list[dict], config: dict, seconds: float, models: list[dict] 
         "generated_by": "python -m torchtpu.conformance",
         "generated_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "torch": torch.__version__,
+        "device": device or {},
         "config": config,
         "sweep_seconds": round(seconds, 1),
         "summary": summary,
@@ -66,6 +69,12 @@ def _fmt(s: dict) -> str:
     return f"{s['passed']} / {s['total']} | {s['rate']:.1%}"
 
 
+def _device_note(doc: dict) -> str:
+    dev = doc.get("device") or {}
+    parts = [dev[k] for k in ("device", "platform") if dev.get(k)]
+    return (", on " + ", ".join(parts)) if parts else ""
+
+
 def markdown(doc: dict) -> str:
     s = doc["summary"]
     cfg = doc["config"]
@@ -73,7 +82,7 @@ def markdown(doc: dict) -> str:
         "# Op coverage: PyTorch OpInfo conformance on `tpu`",
         "",
         ("> **Generated** by `python -m torchtpu.conformance` "
-         f"({doc['generated_at']}, torch {doc['torch']}); do not edit by hand."),
+         f"({doc['generated_at']}, torch {doc['torch']}{_device_note(doc)}); do not edit by hand."),
         "",
         ("Every OpInfo entry of `torch.testing._internal.common_methods_invocations.op_db` runs on CPU and on "
         "`tpu` (under `torch.tpu.precision(\"highest\")`) with the same sample inputs "

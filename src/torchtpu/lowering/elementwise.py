@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from . import accurate_math, target
 from .builder import Builder, Value
 from .registry import LoweringContext, register, register_argument_check
 
@@ -59,6 +60,9 @@ def _float_unary(name: str):
         if name in _INTEGER_IDENTITY and not out.is_floating_point:
             return x  # rounding an integer (or bool) tensor is the identity, as on CPU
         v = ctx.b.convert(x, opmath(out))
+        accurate = accurate_math.FORMS.get(name)
+        if accurate is not None and v.dtype == torch.float32 and target.accurate_transcendentals():
+            return ctx.b.convert(accurate(ctx.b, v), out)
         return ctx.b.convert(ctx.b.op1(name, [v], v.shape, v.dtype), out)
 
     return lower

@@ -48,19 +48,17 @@ def client() -> runtime.Client:
         return _client
 
 
-def _device_name(kind: str, c: runtime.Client) -> str:
+def _device_name(kind: str, c: runtime.Client, index: int = 0) -> str:
     if kind == "cpu":
         return "TPU (emulated on XLA CPU: bf16 matrix units with f32 accumulation)"
     if kind == "cuda":
         return "TPU (emulated on an NVIDIA GPU through the XLA CUDA plugin)"
-    return c.devices[0].kind
+    return c.devices[index].kind
 
 
 def device_name(index: int = 0) -> str:
     """What the tpu device is: a TPU's own kind ("TPU v5 lite"), or which emulator."""
-    c = client()
-    kind = plugin_kind()
-    return _device_name(kind, c) if kind != "tpu" else c.devices[index].kind
+    return _device_name(plugin_kind(), client(), index)
 
 
 def _torch_lapack_library() -> str:

@@ -21,17 +21,9 @@ _EMULATOR_ONLY_DIRS = {
 }
 
 
-def _suite_plugin_kind() -> str:
-    """The plugin the suite runs on, found without loading it (loading libtpu holds the chip)."""
-    try:
-        return plugins.plugin_kind(plugins.resolve_plugin_path())
-    except RuntimeError:
-        return "cpu"
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    kind = _suite_plugin_kind()
+    kind = plugins.selected_kind()  # without loading it: loading libtpu holds the chip
     for item in items:
         parts = item.path.parts
         for name, reason in _EMULATOR_ONLY_DIRS.items():

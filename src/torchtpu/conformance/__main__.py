@@ -164,10 +164,7 @@ def _report_stem() -> str:
     """op_coverage, or op_coverage_tpu where the suite's plugin is a TPU (found without loading it)."""
     from ..runtime import plugins
 
-    try:
-        kind = plugins.plugin_kind(plugins.resolve_plugin_path())
-    except RuntimeError:
-        kind = "cpu"
+    kind = plugins.selected_kind()
     return "op_coverage" if kind == "cpu" else f"op_coverage_{kind}"
 
 

@@ -40,12 +40,12 @@ _said_default = False
 FP32_PRECISION = {"ieee": "highest", "tf32": "high", "bf16": "medium"}
 
 
-def set_global(value: str, chosen: bool = True) -> None:
+def set_global(value: str) -> None:
     global _global, _chosen
     if value not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {value!r}")
     _global = value
-    _chosen = _chosen or chosen
+    _chosen = True
     _C._precision_set_global(value)
 
 

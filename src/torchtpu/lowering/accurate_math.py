@@ -4,9 +4,9 @@ XLA writes ``chlo.sinh``, ``asinh``, ``erf_inv``... in terms of its own exp and 
 TPU are fast approximations that take no accuracy setting there (measured on a v5e: asinh and
 acosh off by 1.1e-4, atanh by 6.5e-5, erfinv by 2.5e-5). Written here with StableHLO's exp,
 expm1, log, log1p and sqrt, which the builder asks for at their highest accuracy on a TPU
-(``target.accurate_transcendentals``), they keep the CPU's few-ulp accuracy. Each works on
-the op's compute type (f32 for low-precision floats, or f64); signs, zeros, infinities and
-NaNs as PyTorch's CPU kernels give them.
+(``target.accurate_transcendentals``), they keep the CPU's few-ulp accuracy. They serve f32
+(and the low-precision floats, computed in f32; f64 keeps XLA's forms); signs, zeros,
+infinities and NaNs as PyTorch's CPU kernels give them.
 """
 
 from __future__ import annotations

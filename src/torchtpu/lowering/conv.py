@@ -83,6 +83,9 @@ def _conv_tpu(ctx: LoweringContext, lhs: Value, rhs: Value, *args: Any, **kw: An
     dtype = torch.promote_types(lhs.dtype, rhs.dtype)
     if dtype == torch.float32:
         precision.note_float32_product(ctx.precision)
+    if not (dtype.is_floating_point or dtype.is_complex) and target.elementwise_integer_products():
+        wide = torch.int64 if dtype == torch.bool else dtype
+        return elementwise_conv(b, b.convert(lhs, wide), b.convert(rhs, wide), *args, **kw)
     if target.native_dot_precision():
         return _conv_native(ctx, lhs, rhs, dtype, *args, **kw)
     if dtype == torch.float32:
@@ -105,17 +108,14 @@ def _conv_tpu(ctx: LoweringContext, lhs: Value, rhs: Value, *args: Any, **kw: An
 def _conv_native(ctx: LoweringContext, lhs: Value, rhs: Value, dtype: torch.dtype, *args: Any, **kw: Any) -> Value:
     """The convolution on a compiler that makes the bf16 passes itself (a TPU), with the
     numerics of :func:`matmul._native_dot`: f32 at the precision in force, bf16 exact
-    products (in f32 at one pass), f16, f64 and complex exact, integers elementwise."""
+    products (in f32 at one pass), f16, f64 and complex exact."""
     b = ctx.b
     if dtype in (torch.float32, torch.bfloat16):
         precision = NATIVE_PRECISION[ctx.precision] if dtype == torch.float32 else "DEFAULT"
         return conv_general(b, b.convert(lhs, torch.float32), b.convert(rhs, torch.float32), *args, **kw,
                             precision=precision)
-    if dtype.is_floating_point or dtype.is_complex:
-        wide = torch.float32 if dtype == torch.float16 else dtype
-        return conv_general(b, b.convert(lhs, wide), b.convert(rhs, wide), *args, **kw, precision="HIGHEST")
-    wide = torch.int64 if dtype == torch.bool else dtype
-    return elementwise_conv(b, b.convert(lhs, wide), b.convert(rhs, wide), *args, **kw)
+    wide = torch.float32 if dtype == torch.float16 else dtype
+    return conv_general(b, b.convert(lhs, wide), b.convert(rhs, wide), *args, **kw, precision="HIGHEST")
 
 
 def elementwise_conv(b: Builder, lhs: Value, rhs: Value, lhs_spec: str, rhs_spec: str, out_spec: str,

@@ -107,6 +107,9 @@ def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Se
     common = torch.promote_types(a.dtype, c.dtype)
     if common == torch.float32:
         precision.note_float32_product(ctx.precision)
+    if not (common.is_floating_point or common.is_complex) and target.elementwise_integer_products():
+        wide = torch.int64 if common == torch.bool else common
+        return b.convert(elementwise_dot(b, b.convert(a, wide), b.convert(c, wide), batch, contract), out_dtype)
     if target.native_dot_precision():
         return b.convert(_native_dot(ctx, a, c, batch, contract, common), out_dtype)
     if common == torch.float32:
@@ -154,7 +157,7 @@ def _native_dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[
 
     f32 takes the passes of the precision in force; bf16 operands enter as they are (their
     products are exact, sums f32); f16, f64 and complex products are exact (HIGHEST), as on
-    the CPU emulator; integers are multiplied and summed elementwise (exact).
+    the CPU emulator. (Integers are :func:`elementwise_dot`'s.)
     """
     b = ctx.b
     if common == torch.float32:
@@ -162,11 +165,8 @@ def _native_dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[
                              precision=NATIVE_PRECISION[ctx.precision])
     if common == torch.bfloat16:
         return b.dot_general(b.convert(a, common), b.convert(c, common), batch, contract, torch.float32)
-    if common.is_floating_point or common.is_complex:
-        wide = torch.float32 if common == torch.float16 else common
-        return b.dot_general(b.convert(a, wide), b.convert(c, wide), batch, contract, wide, precision="HIGHEST")
-    wide = torch.int64 if common == torch.bool else common
-    return elementwise_dot(b, b.convert(a, wide), b.convert(c, wide), batch, contract)
+    wide = torch.float32 if common == torch.float16 else common
+    return b.dot_general(b.convert(a, wide), b.convert(c, wide), batch, contract, wide, precision="HIGHEST")
 
 
 def elementwise_dot(b: Builder, a: Value, c: Value, batch: tuple[Sequence[int], Sequence[int]],

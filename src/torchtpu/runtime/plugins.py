@@ -105,6 +105,15 @@ def resolve_plugin_path(choice: str | None = None) -> str:
     raise RuntimeError(f"PJRT plugin {choice!r} is neither one of {KINDS} nor an existing file")
 
 
+def selected_kind() -> str:
+    """The kind of plugin this process would load (:func:`resolve_plugin_path`), found without
+    loading it; "cpu" where none can be found."""
+    try:
+        return plugin_kind(resolve_plugin_path())
+    except RuntimeError:
+        return "cpu"
+
+
 def plugin_kind(path: str) -> str:
     """Best guess of the kind of a plugin file ("cpu", "tpu", "cuda" or "other")."""
     base = os.path.basename(path).lower()

@@ -32,8 +32,7 @@ def client() -> runtime.Client:
             # XLA's INFO lines (device counts, ...) are noise for PyTorch users.
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
             _plugin_path = runtime.resolve_plugin_path(config.plugin)
-            plugin = runtime.Plugin(_plugin_path)
-            plugin.initialize()
+            plugin = runtime.load_plugin(_plugin_path)  # shared with runtime-level users
             kind = _plugin_kind(_plugin_path)
             if kind == "cpu":  # the CPU-emulated device's decompositions run PyTorch's own LAPACK
                 cpu_kernels.set_lapack(_torch_lapack_library())

@@ -1,11 +1,19 @@
-"""Shared fixtures: one CPU plugin and one 2-device client for the session."""
+"""Shared fixtures: the selected plugin and one client for the session.
+
+On the CPU emulator the runtime tests get a client of their own with two devices. On any other
+plugin (a TPU) only one client may hold the chip, so they share torchtpu's process client and
+its devices; tests that need a second device ask for ``other_device`` and are skipped where the
+host has one chip.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from torchtpu.runtime import Client, Executable, load_plugin, resolve_plugin_path
+from torchtpu.runtime import Client, Executable, load_plugin, plugins, resolve_plugin_path
+
+ON_CPU_PLUGIN = plugins.selected_kind() == "cpu"
 
 ADD_F32 = """module @m {
   func.func public @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> (tensor<4xf32>) {
@@ -16,13 +24,25 @@ ADD_F32 = """module @m {
 
 
 @pytest.fixture(scope="session")
-def plugin():
-    return load_plugin(resolve_plugin_path("cpu"))
+def client() -> Client:
+    if ON_CPU_PLUGIN:
+        return Client(load_plugin(resolve_plugin_path("cpu")), {"cpu_device_count": 2})
+    from torchtpu import _device_state
+
+    return _device_state.client()
 
 
 @pytest.fixture(scope="session")
-def client(plugin):
-    return Client(plugin, {"cpu_device_count": 2})
+def plugin(client):
+    return client.plugin
+
+
+@pytest.fixture
+def other_device(client) -> int:
+    """The index of a device other than 0."""
+    if len(client.devices) < 2:
+        pytest.skip(f"needs a second device; this {client.platform_name} host has one")
+    return len(client.devices) - 1
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +67,4 @@ def _run(client: Client, exe: Executable, *arrays: np.ndarray, device: int = 0) 
 def run():
     """run(client, exe, *arrays, device=0) -> list of host results."""
     return _run
+

@@ -25,6 +25,7 @@ def test_device_assignment():
     assert device_assignment([[3]]) == b"\x08\x01\x10\x01\x1a\x03\x0a\x01\x03"
 
 
+@pytest.mark.emulator_only("the CPU plugin's own compile option")
 def test_env_overrides_compile(client, add_source):
     opts = compile_options(env_overrides={"xla_cpu_enable_fast_math": False})
     exe = client.compile(add_source, options=opts)

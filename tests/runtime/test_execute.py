@@ -17,9 +17,10 @@ ADD_F32 = """module @m {
 X = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
 Y = np.array([10.0, 20.0, 30.0, 40.0], np.float32)
 
+# HIGHEST: float32-accurate on every plugin (a TPU's default is one bf16 pass).
 DOT_2048 = """module @dot {
   func.func public @main(%a: tensor<2048x2048xf32>, %b: tensor<2048x2048xf32>) -> tensor<2048x2048xf32> {
-    %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<2048x2048xf32>, tensor<2048x2048xf32>) -> tensor<2048x2048xf32>
+    %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0], precision = [HIGHEST, HIGHEST] : (tensor<2048x2048xf32>, tensor<2048x2048xf32>) -> tensor<2048x2048xf32>
     return %0 : tensor<2048x2048xf32>
   }
 }"""
@@ -108,25 +109,26 @@ def test_without_event(client, add_exe):
     event.wait()
 
 
-def test_execute_on_device_1(client, add_exe):
-    a, b = client.buffer_from_host(X, 1), client.buffer_from_host(Y, 1)
-    (out,), event = add_exe.execute([a, b], device_index=1)
+def test_execute_on_device_1(client, add_exe, other_device):
+    a, b = client.buffer_from_host(X, other_device), client.buffer_from_host(Y, other_device)
+    (out,), event = add_exe.execute([a, b], device_index=other_device)
     event.wait()
-    assert out.device_index == 1  # asked from PJRT, not our bookkeeping
+    assert out.device_index == other_device  # asked from PJRT, not our bookkeeping
     np.testing.assert_array_equal(out.to_host(), X + Y)
     (out0,), _ = add_exe.execute([client.buffer_from_host(X), client.buffer_from_host(Y)], 0)
     assert out0.device_index == 0
 
 
-def test_inputs_on_wrong_device(client, add_exe):
+def test_inputs_on_wrong_device(client, add_exe, other_device):
     a, b = client.buffer_from_host(X, 0), client.buffer_from_host(Y, 0)
     with pytest.raises(PjrtError, match="device"):
-        add_exe.execute([a, b], device_index=1)
+        add_exe.execute([a, b], device_index=other_device)
 
 
-def test_fixed_device_assignment(client, run):
-    exe = client.compile(ADD_F32, options=compile_options(portable=False, device_ids=[[1]]))
-    (out,) = run(client, exe, X, Y, device=1)
+def test_fixed_device_assignment(client, run, other_device):
+    device_id = client.devices[other_device].id
+    exe = client.compile(ADD_F32, options=compile_options(portable=False, device_ids=[[device_id]]))
+    (out,) = run(client, exe, X, Y, device=other_device)
     np.testing.assert_array_equal(out, X + Y)
     with pytest.raises(PjrtError):
         run(client, exe, X, Y, device=0)
@@ -193,11 +195,16 @@ def test_on_ready_callback_exception_is_contained(client, add_exe, caplog):
     np.testing.assert_array_equal(out.to_host(), X + Y)
 
 
-def test_deleted_or_foreign_argument(client, add_exe, plugin):
+def test_deleted_argument(client, add_exe):
     a, b = client.buffer_from_host(X), client.buffer_from_host(Y)
     b.delete()
     with pytest.raises(PjrtError, match="deleted"):
         add_exe.execute([a, b])
+
+
+@pytest.mark.emulator_only("a second client or process on the plugin; one process holds a TPU chip, with one client")
+def test_foreign_argument(client, add_exe, plugin):
+    a = client.buffer_from_host(X)
     other = type(client)(plugin, {"cpu_device_count": 1})
     c = other.buffer_from_host(Y)
     with pytest.raises(PjrtError, match="another client"):

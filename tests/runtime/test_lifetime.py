@@ -7,6 +7,7 @@ import textwrap
 import weakref
 
 import numpy as np
+import pytest
 
 EXIT_SCRIPT = textwrap.dedent(
     """
@@ -31,6 +32,7 @@ EXIT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.emulator_only("a second client or process on the plugin; one process holds a TPU chip, with one client")
 def test_interpreter_exit_with_live_objects():
     proc = subprocess.run(
         [sys.executable, "-c", EXIT_SCRIPT], check=False, capture_output=True, text=True, timeout=120
@@ -48,6 +50,7 @@ def test_objects_are_collected(client, add_exe):
     assert all(r() is None for r in refs)
 
 
+@pytest.mark.emulator_only("a second client or process on the plugin; one process holds a TPU chip, with one client")
 def test_executable_and_client_keep_each_other_right(plugin):
     from torchtpu.runtime import Client
 

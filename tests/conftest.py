@@ -21,3 +21,18 @@ def pytest_collection_modifyitems(config, items):
         marker = item.get_closest_marker("emulator_only")
         if marker is not None and kind != "cpu":
             item.add_marker(pytest.mark.skip(reason=f"CPU emulator only: {marker.args[0]}"))
+    if kind != "cpu":
+        # One process at a time may hold a TPU chip: the tests whose child processes use the device
+        # run first, while this process has not opened it (the sort is stable).
+        items.sort(key=lambda item: item.get_closest_marker("fresh_process") is None)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_tests_leave_the_chip_to_their_children(request):
+    yield
+    if request.node.get_closest_marker("fresh_process") and plugins.selected_kind() != "cpu":
+        from torchtpu import _device_state
+
+        assert not _device_state.is_initialized(), (
+            "a fresh_process test opened the device in the test process: the later ones' children "
+            "could not open the chip")

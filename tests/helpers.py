@@ -26,11 +26,32 @@ def assert_matches(tpu_value, cpu_value, rtol=1e-5, atol=1e-6):
 
 
 def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run code in a fresh interpreter (autoload, env-var modes, crash checks)."""
+    """Run code in a fresh interpreter (autoload, env-var modes, crash checks).
+
+    A test that calls this carries ``@pytest.mark.fresh_process``: on a TPU host such tests run
+    before the test process opens the chip, which a child could not open after it."""
+    from torchtpu import _device_state
+    from torchtpu.runtime import plugins
+
+    if plugins.selected_kind() != "cpu" and _device_state.is_initialized():
+        raise RuntimeError("the test process holds the TPU chip, so a child process cannot open it: "
+                           "mark the test fresh_process (those run before the chip is opened)")
     e = dict(os.environ)
     e.update(env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True,
                           text=True, env=e, timeout=300)
+
+
+def device_count_without_opening() -> int:
+    """Devices the suite's plugin offers, counted without opening a TPU (the chip would then be
+    held by the test process); the CPU emulator makes as many as asked."""
+    from torchtpu.runtime import plugins
+
+    return 1 << 16 if plugins.selected_kind() == "cpu" else plugins.tpu_chip_count()
+
+
+def needs_devices(n: int) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(device_count_without_opening() < n, reason=f"needs {n} devices; this host has fewer")
 
 
 def on_tpu() -> bool:

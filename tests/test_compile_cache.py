@@ -435,6 +435,7 @@ def _result(proc: subprocess.Popen, c: float) -> dict:
 
 
 @pytest.mark.parametrize("filled", [2, 3])
+@pytest.mark.fresh_process
 def test_second_process_compiles_nothing(tiers, filled):
     text, c = fresh()
     env = _child_env(tiers)
@@ -449,6 +450,8 @@ def test_second_process_compiles_nothing(tiers, filled):
     assert second[f"tier{filled}_hits"] == 1 and second[f"tier{filled}_misses"] == 0
 
 
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only("two processes use the device at once; a TPU chip admits one")
 def test_two_processes_write_the_same_key(tiers, tmp_path):
     text, c = fresh()
     go = str(tmp_path / "go")

@@ -99,6 +99,7 @@ def test_batched_transposed_product_through_the_kernel(module_texts):
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.fresh_process
 def test_kernels_can_be_turned_off():
     r = run_python("""
         import torch, torchtpu
@@ -134,6 +135,7 @@ def test_column_reductions(shape, dims, module_texts):
 
 
 @needs_kernels
+@pytest.mark.fresh_process
 def test_cached_program_with_the_kernel_runs_in_a_new_process(tmp_path):
     """A tier-3 entry that calls the kernel loads in a second process: the handler is
     registered when the client is created, before any executable is deserialized."""
@@ -157,6 +159,7 @@ def test_cached_program_with_the_kernel_runs_in_a_new_process(tmp_path):
 
 
 @pytest.mark.parametrize("bf16_dots", ["1", "0"])
+@pytest.mark.fresh_process
 def test_dot_operands_as_bf16_or_widened_compute_the_same(bf16_dots):
     """TPU-precision products feed XLA either bf16 operands or the same bf16-rounded values
     widened to f32 (faster on CPUs without bf16 multiplies): both give the numbers of bf16
@@ -374,6 +377,7 @@ def test_lapack_kernels_give_nan_for_nan_input_and_handle_empty():
         assert torch.linalg.svd(e.to("tpu"))[0].shape == torch.linalg.svd(e)[0].shape
 
 
+@pytest.mark.fresh_process
 def test_linalg_without_the_kernels_takes_the_portable_lowerings():
     """TORCH_TPU_CPU_KERNELS=0: the Jacobi, LU, QR and Cholesky lowerings (the ones a TPU runs) still
     match CPU, Cholesky reading the triangle the CPU reads."""

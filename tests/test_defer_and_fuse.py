@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from helpers import run_python
+from helpers import needs_devices, run_python
 
 from torchtpu.engine import deferred, executor
 from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
@@ -84,6 +84,7 @@ def test_gpt_matches_strict_and_stops_compiling():
     assert compiles[-3:] == [0, 0, 0], compiles  # after warm-up: zero compiles per step
 
 
+@pytest.mark.fresh_process
 def test_eager_mode_left_open_until_exit_ends_quietly():
     """Regression: the context's exit ran at interpreter shutdown and imported a module, which
     printed 'Exception ignored ... ImportError: sys.meta_path is None'."""
@@ -104,6 +105,7 @@ def test_eager_mode_left_open_until_exit_ends_quietly():
     assert "Exception ignored" not in r.stderr and "ImportError" not in r.stderr, r.stderr
 
 
+@pytest.mark.fresh_process
 def test_env_var_selects_mode():
     for var in ("TORCH_TPU_DEFER_AND_FUSE", "TPU_DEFER_AND_FUSE"):
         r = run_python("""
@@ -116,6 +118,7 @@ def test_env_var_selects_mode():
         assert "defer_and_fuse True [2.0, 2.0, 2.0]" in r.stdout
 
 
+@pytest.mark.fresh_process
 def test_launch_blocking_wins():
     r = run_python("""
         import torch
@@ -126,6 +129,7 @@ def test_launch_blocking_wins():
     assert "debug False" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.fresh_process
 def test_second_process_with_tier3_filled_compiles_nothing(tmp_path):
     code = """
         import torch
@@ -652,6 +656,8 @@ def test_native_key_words_equal_the_python_op_key():
     check(aten.add.Tensor, x, pending)  # buffers now
 
 
+@needs_devices(2)
+@pytest.mark.fresh_process
 def test_native_fast_path_puts_factory_ops_on_the_device_asked_for():
     """A factory op recorded natively (no tpu tensor among its arguments) lands where run_plan
     puts it: on its device argument's index, or on the current device for a bare "tpu"."""

@@ -5,9 +5,10 @@ import io
 
 import pytest
 import torch
-from helpers import run_python
+from helpers import needs_devices, on_tpu, run_python
 
 
+@pytest.mark.fresh_process
 def test_autoload_without_import_torchtpu():
     r = run_python("""
         import sys, torch
@@ -19,6 +20,7 @@ def test_autoload_without_import_torchtpu():
     assert "tpu:0 (2, 4) True" in r.stdout
 
 
+@pytest.mark.fresh_process
 def test_autoload_can_be_disabled():
     r = run_python("import torch; print(torch._C._get_privateuse1_backend_name())",
                    {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
@@ -30,7 +32,7 @@ def test_device_module_mirrors_cuda():
     assert torch.tpu.is_available()
     assert torch.tpu.device_count() >= 1
     assert torch.tpu.current_device() == 0
-    assert "emulated on XLA CPU" in torch.tpu.get_device_name()
+    assert ("TPU" if on_tpu() else "emulated on XLA CPU") in torch.tpu.get_device_name()
     assert torch.get_device_module("tpu") is torch.tpu
     assert torch.accelerator.current_accelerator() == torch.device("tpu")
     with torch.tpu.device(0):
@@ -225,6 +227,8 @@ def test_pin_memory_and_memory_stats():
     assert torch.tpu.memory_allocated() == before
 
 
+@needs_devices(2)
+@pytest.mark.fresh_process
 def test_second_device():
     r = run_python("""
         import torch
@@ -269,6 +273,7 @@ def test_reading_a_view_cuts_it_on_the_host():
     assert torch.tpu.compile_cache_stats()["misses"] == before
 
 
+@pytest.mark.fresh_process
 def test_synchronize_waits_for_launches_whose_outputs_were_all_dropped():
     """Regression: synchronize() waited only for launches with an output still alive, so the
     timing loop ``f(x)`` (result discarded) then ``synchronize()`` returned while the device
@@ -295,6 +300,7 @@ print(ready.is_ready())
     assert r.stdout.strip() == "True"
 
 
+@pytest.mark.fresh_process
 def test_synchronize_waits_for_a_launch_whose_last_output_was_dropped():
     """Regression: synchronize() waited on each launch's last output only, so keeping just the
     singular values of an svd (U and Vh dropped) returned before the decomposition had run.
@@ -385,14 +391,17 @@ def test_device_generic_events_wait_and_time():
     """torch.Event(device="tpu"), PyTorch's device-generic event, goes through the C++ device
     guard. Regression: its record() marked nothing, query() was always true, synchronize() did
     not wait and elapsed_time() raised "Backend doesn't support elapsedTime"."""
-    x = torch.randn(1024, 1024).to("tpu") / 32
-    torch.tpu.synchronize()
-    start, end = torch.Event(device="tpu", enable_timing=True), torch.Event(device="tpu", enable_timing=True)
-    start.record()
-    y = x
-    for _ in range(8):
-        y = y @ x
-    end.record()
+    # work that outlasts its launches: on a TPU, 6-pass products of 4096 (~30 ms in all)
+    n, passes = (4096, "highest") if on_tpu() else (1024, "medium")
+    x = torch.randn(n, n).to("tpu") / n**0.5
+    with torch.tpu.precision(passes):
+        y = x @ x
+        torch.tpu.synchronize()  # compiled now: the launches below only queue work
+        start, end = torch.Event(device="tpu", enable_timing=True), torch.Event(device="tpu", enable_timing=True)
+        start.record()
+        for _ in range(8):
+            y = y @ x
+        end.record()
     assert not end.query()
     end.synchronize()
     assert end.query()
@@ -431,7 +440,8 @@ _DATA_PARALLEL = """
 """
 
 
-@pytest.mark.parametrize("devices", ["1", "2"])
+@pytest.mark.parametrize("devices", ["1", pytest.param("2", marks=needs_devices(2))])
+@pytest.mark.fresh_process
 def test_data_parallel_trains_like_one_cpu_model(devices):
     """Regression: nn.DataParallel(model) failed even on one tpu device (torch._C._scatter exists
     only in CUDA builds). On one and on two emulated devices it trains as the CPU model does,

@@ -23,6 +23,7 @@ def test_strict_mode_is_asynchronous_and_debug_is_not():
 
 
 @pytest.mark.parametrize("var", ["TORCH_TPU_LAUNCH_BLOCKING", "TPU_LAUNCH_BLOCKING"])
+@pytest.mark.fresh_process
 def test_debug_mode_raises_index_error_like_cpu(var):
     r = run_python("""
         import torch
@@ -176,6 +177,7 @@ def test_integer_division_by_zero_raises_like_cpu_in_every_mode(mode):
     assert torch.div(x, torch.zeros_like(x)).cpu().isinf().all()  # true division is not checked
 
 
+@pytest.mark.fresh_process
 def test_exception_in_backward_does_not_crash():
     r = run_python("""
         import torch
@@ -210,6 +212,7 @@ def test_exception_in_backward_does_not_crash():
     assert "caught boom in backward" in r.stdout and "caught runtime" in r.stdout and "alive" in r.stdout
 
 
+@pytest.mark.fresh_process
 def test_nan_check_option():
     r = run_python("""
         import torch
@@ -234,7 +237,9 @@ def test_precision_bands():
             out = (a.float().to("tpu") @ b.float().to("tpu")).cpu().double()
         errs[p] = ((out - exact).norm() / exact.norm()).item()
     assert 1e-3 < errs["medium"] < 5e-3, errs
-    assert errs["high"] < 1e-5, errs
+    # three bf16 passes leave out lo*lo, about 2**-16 = 1.5e-5 of a product: measured 4.4e-6 on the
+    # emulator, 1.29e-5 with a TPU v5e's own 3-pass mode (docs/tpu.md)
+    assert errs["high"] < 2e-5, errs
     assert errs["highest"] < 1e-6, errs
 
 
@@ -401,6 +406,7 @@ def test_python_numbers_reach_the_kernels_exactly(mode):
     assert torch.equal(torch.signbit(got[1]), torch.signbit(x * -0.0))
 
 
+@pytest.mark.fresh_process
 def test_every_pytorch_precision_knob_selects_the_passes():
     """torch.backends.fp32_precision (which Hugging Face's test setup sets to "ieee") and
     torch.backends.tpu.fp32_precision select the tpu precision as set_float32_matmul_precision
@@ -434,6 +440,7 @@ def test_every_pytorch_precision_knob_selects_the_passes():
     assert r.stdout.split()[-1] == "ok"
 
 
+@pytest.mark.fresh_process
 def test_fp32_precision_set_before_the_backend_loads_is_honoured():
     r = run_python("""
         import torch

@@ -110,6 +110,7 @@ def _run_for_tpu(code: str) -> str:
     return r.stdout
 
 
+@pytest.mark.fresh_process
 def test_tpu_products_take_the_matrix_units_own_passes():
     """On a TPU each precision is one dot with its precision_config (the hardware's 1, 3 or 6 bf16
     passes), not passes written into the program; bf16 operands enter as bf16; f16, f64 and
@@ -141,6 +142,7 @@ def test_tpu_products_take_the_matrix_units_own_passes():
     assert out.split()[-1] == "ok"
 
 
+@pytest.mark.fresh_process
 def test_tpu_integer_products_are_exact_elementwise():
     """Regression (TPU): an int64 mm failed to compile ("While rewriting computation to not contain
     X64 element types ... not implemented" for dot). Integer products and convolutions are
@@ -170,6 +172,7 @@ def test_tpu_integer_products_are_exact_elementwise():
     assert out.split()[-1] == "ok"
 
 
+@pytest.mark.fresh_process
 def test_tpu_transcendentals_ask_for_their_accurate_forms():
     """Regression (TPU): its fast exp, log, tanh and logistic were off by up to 1e-4 (tanh, sigmoid,
     log_softmax, gelu, silu, LSTM/GRU and Adam failed their CPU comparisons); an f32 power,
@@ -197,6 +200,7 @@ def test_tpu_transcendentals_ask_for_their_accurate_forms():
     assert out.split()[-1] == "ok"
 
 
+@pytest.mark.emulator_only("the CPU emulator's own written-out passes")
 def test_the_emulator_keeps_its_own_passes():
     """Without the TPU target the CPU emulator writes the bf16 passes out (XLA:CPU ignores
     precision_config) and adds no accuracy attributes."""
@@ -216,7 +220,8 @@ def test_a_machine_with_a_tpu_and_libtpu_gets_the_tpu(monkeypatch):
     monkeypatch.setattr(plugins, "tpu_present", lambda: False)
     monkeypatch.setattr(plugins, "libtpu_installed", lambda: True)
     assert plugins.default_choice() == "cpu"  # never load libtpu without a TPU: it hangs for minutes
-    assert plugins.resolve_plugin_path() == plugins.cpu_plugin_path()
+    monkeypatch.setattr(plugins, "cpu_plugin_path", lambda: "/site/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+    assert plugins.resolve_plugin_path() == "/site/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
 
 
 def test_float64_on_a_tpu_is_announced_once(monkeypatch):
@@ -245,6 +250,7 @@ def test_float64_on_a_tpu_is_announced_once(monkeypatch):
         b'    %v1 = "stablehlo.convert"(%arg0) : (tensor<4xf32>) -> tensor<4xf64>\n')
 
 
+@pytest.mark.fresh_process
 def test_tpu_forms_of_the_functions_xla_expands_itself():
     """On a TPU, sinh, cosh, asinh, acosh, atanh and erfinv are written with exp/expm1/log/log1p/sqrt
     (which take result_accuracy there) instead of CHLO, whose expansion uses the TPU's approximate

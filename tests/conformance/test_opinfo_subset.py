@@ -49,10 +49,10 @@ def test_opinfo_subset(name):
 @pytest.mark.slow
 def test_full_sweep(tmp_path):
     """The whole OpInfo database; writes the report to a temporary directory."""
-    from torchtpu.conformance.__main__ import main
+    from torchtpu.conformance.__main__ import _report_stem, main
 
     assert main(["--out", str(tmp_path), "--quiet"]) == 0
-    assert (tmp_path / "op_coverage.md").exists()
+    assert (tmp_path / f"{_report_stem()}.md").exists()
 
 
 # One or two entries per lowering family added for the OpInfo sweep, float32 only and
@@ -96,22 +96,24 @@ def test_error_inputs_raise_what_cpu_raises(name, mode):
     assert results and not bad, "\n".join(bad)
 
 
+@pytest.mark.fresh_process
 def test_sweep_runs_in_shards_that_merge(tmp_path):
     """A TPU runs the sweep in pieces of a few minutes (one process may hold the chip): each shard
     writes its part, --merge writes the report from all of them, naming the device."""
     import json
 
-    from torchtpu.conformance.__main__ import main
+    from torchtpu.conformance.__main__ import _report_stem, main
 
     for k in (1, 2):
         assert main(["--ops", "sin,add,mul", "--models", "none", "--dtypes", "float32", "--limit", "1",
                      "--shard", f"{k}/2", "--out", str(tmp_path), "--quiet"]) == 0
-    parts = [json.loads((tmp_path / f"op_coverage.shard{k}-of-2.json").read_text()) for k in (1, 2)]
+    stem = _report_stem()  # op_coverage_tpu on a TPU
+    parts = [json.loads((tmp_path / f"{stem}.shard{k}-of-2.json").read_text()) for k in (1, 2)]
     ops = [{r["op"] for r in p["results"]} for p in parts]
     assert ops[0] | ops[1] == {"sin", "add", "mul"} and not ops[0] & ops[1]
     assert main(["--merge", "2", "--out", str(tmp_path)]) == 0
-    doc = json.loads((tmp_path / "op_coverage.json").read_text())
+    doc = json.loads((tmp_path / f"{stem}.json").read_text())
     assert doc["summary"]["forward"]["total"] == 3 and doc["device"]["device"].startswith("TPU")
-    assert "on TPU" in (tmp_path / "op_coverage.md").read_text().splitlines()[2]
+    assert "on TPU" in (tmp_path / f"{stem}.md").read_text().splitlines()[2]
     with pytest.raises(SystemExit):
         main(["--merge", "3", "--out", str(tmp_path)])

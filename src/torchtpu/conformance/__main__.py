@@ -30,6 +30,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -78,11 +79,15 @@ class _Worker:
     def __init__(self, dtypes: list[str], limit: int, kinds: list[str]) -> None:
         cmd = [sys.executable, "-m", "torchtpu.conformance", "--worker", "--dtypes", ",".join(dtypes),
                "--limit", str(limit), "--kinds", ",".join(kinds)]
+        # the worker's stderr: its last lines explain a worker that does not start
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the worker)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
+                                     stderr=self._stderr, text=True, bufsize=1)
         msg = self._read(300)
         if msg is None or not msg.get("ready"):
-            raise RuntimeError("conformance worker did not start")
+            self._stderr.seek(0)
+            tail = self._stderr.read()[-1500:]
+            raise RuntimeError(f"conformance worker did not start:\n{tail}")
         self.device = {"device": msg.get("device", ""), "platform": msg.get("platform", "")}
 
     def _read(self, timeout: float) -> dict | None:
@@ -113,6 +118,7 @@ class _Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        self._stderr.close()
 
 
 def sweep(keys: list[str], dtypes: list[str], limit: int, kinds: list[str], budget: float,

@@ -21,6 +21,14 @@ def tpu_present() -> bool:
     return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/*"))
 
 
+def tpu_chip_count() -> int:
+    """TPU chips on this machine, counted from their device nodes (without opening them)."""
+    accel = glob.glob("/dev/accel*")
+    if accel:
+        return len(accel)
+    return sum(os.path.basename(p).isdigit() for p in glob.glob("/dev/vfio/*"))
+
+
 def _package_dirs(name: str) -> list[str]:
     """Search locations of a top-level package without executing it."""
     try:

@@ -252,7 +252,7 @@ def test_float64_on_a_tpu_is_announced_once(monkeypatch):
 
 @pytest.mark.fresh_process
 def test_tpu_forms_of_the_functions_xla_expands_itself():
-    """On a TPU, sinh, cosh, asinh, acosh, atanh and erfinv are written with exp/expm1/log/log1p/sqrt
+    """On a TPU, sinh, cosh, asinh, acosh, atanh, erfinv and digamma are written with exp/expm1/log/log1p/sqrt/tan
     (which take result_accuracy there) instead of CHLO, whose expansion uses the TPU's approximate
     exp and log (asinh was 1.1e-4 off on a v5e). They must match the CPU within a few ulp, with
     the CPU's zeros, signs, infinities and NaNs."""
@@ -274,6 +274,17 @@ def test_tpu_forms_of_the_functions_xla_expands_itself():
             fin = torch.isfinite(ref)
             err = (got.double() - ref.double()).abs()[fin] / ref.double().abs()[fin].clamp_min(1e-38)
             assert err.max().item() < 4 * torch.finfo(torch.float32).eps, (fn, err.max().item())
+        # digamma (lgamma's gradient) crosses zero at 1.4616...: an absolute error there, relative elsewhere
+        v = torch.cat([x, torch.tensor([-3.0, -1e7 - 0.5, 1.4616321, 1e-40, -11.994, -0.48])])
+        ref = torch.digamma(v)
+        got, made = new_texts(lambda: torch.digamma(v.to("tpu")).cpu())
+        assert not any("chlo." in t for t in made)
+        assert torch.equal(torch.isnan(got), torch.isnan(ref)) and torch.equal(torch.isinf(got), torch.isinf(ref))
+        number = ~torch.isnan(ref)
+        assert torch.equal(torch.signbit(got[number]), torch.signbit(ref[number]))
+        fin = torch.isfinite(ref)
+        err = (got.double() - ref.double()).abs()[fin] / ref.double().abs()[fin].clamp_min(1.0)
+        assert err.max().item() < 8 * torch.finfo(torch.float32).eps, err.max().item()
         print("ok")
     """)
     assert out.split()[-1] == "ok"

@@ -93,6 +93,32 @@ def erfinv(b: Builder, x: Value) -> Value:
     return b.select(edge, b.mul(x, _c(b, math.inf, x)), r)
 
 
+# digamma's asymptotic series past z = 6: -sum B_2k / (2k z^2k), k = 1..5 (the next term is < 1e-11)
+_DIGAMMA_SERIES = (-1.0 / 132, 1.0 / 240, -1.0 / 252, 1.0 / 120, -1.0 / 12)
+_DIGAMMA_SHIFT = 6
+
+
+def digamma(b: Builder, x: Value) -> Value:
+    """psi(x) away from its poles (the caller sets those as PyTorch does): below 0 by reflection,
+    psi(1 - x) - pi / tan(pi * r) with r = x - round(x) in [-1/2, 1/2] (tan's period 1 in r keeps
+    the argument small, so near the poles it keeps its relative accuracy, as PyTorch's double tan
+    does); psi(y + 1) = psi(y) + 1/y up to 6, then log(z) - 1/(2z) and the series there."""
+    zero, one = _c(b, 0.0, x), _c(b, 1.0, x)
+    negative = b.compare(x, zero, "LT")
+    y = b.select(negative, b.sub(one, x), x)
+    z, shift = y, zero
+    for _ in range(_DIGAMMA_SHIFT):
+        below = b.compare(z, _c(b, float(_DIGAMMA_SHIFT), x), "LT")
+        shift = b.select(below, b.add(shift, b.div(one, z)), shift)
+        z = b.select(below, b.add(z, one), z)
+    w = b.div(one, b.mul(z, z))
+    series = b.mul(_horner(b, _DIGAMMA_SERIES, w), w)
+    psi = b.sub(b.add(b.sub(b.unary("log", z), b.div(_c(b, 0.5, x), z)), series), shift)
+    r = b.sub(x, b.unary("round_nearest_even", x))  # exact
+    reflected = b.sub(psi, b.div(_c(b, math.pi, x), b.unary("tan", b.mul(r, _c(b, math.pi, x)))))
+    return b.select(negative, reflected, psi)
+
+
 FORMS: dict[str, Callable[[Builder, Value], Value]] = {
     "chlo.sinh": sinh, "chlo.cosh": cosh, "chlo.asinh": asinh, "chlo.acosh": acosh, "chlo.atanh": atanh,
     "chlo.erf_inv": erfinv,

@@ -210,14 +210,32 @@ def test_damaged_entry_is_discarded_and_rewritten(tiers, monkeypatch, tier, dama
     assert entry_ok(path)
 
 
+def _owned_by_another_user(monkeypatch, path: str) -> None:
+    """chown to uid 12345 where the tests run as root; elsewhere (a TPU host's ordinary user) the
+    cache's stat calls report that owner for this file, found by its inode."""
+    if os.getuid() == 0:
+        os.chown(path, 12345, 12345)
+        return
+    inode = os.stat(path).st_ino
+
+    def foreign(real):
+        def call(target, *args, **kwargs):
+            st = real(target, *args, **kwargs)
+            if st.st_ino != inode:
+                return st
+            return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, 12345, 12345, *st[6:10]))
+        return call
+
+    for name in ("stat", "lstat", "fstat"):
+        monkeypatch.setattr(cc.os, name, foreign(getattr(os, name)))
+
+
 def test_entry_owned_by_another_user_is_refused(tiers, monkeypatch):
-    if os.getuid() != 0:
-        pytest.skip("needs root to chown")
     monkeypatch.setenv(cc.ENV_TIER2, "disabled")
     text, c = fresh()
     cc.compile(text)
     path = os.path.join(tiers["t3"], entries(tiers["t3"])[0])
-    os.chown(path, 12345, 12345)
+    _owned_by_another_user(monkeypatch, path)
     cc.clear(1)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
@@ -231,11 +249,9 @@ def test_entry_owned_by_another_user_is_refused(tiers, monkeypatch):
 
 
 def test_directory_owned_by_another_user_is_refused(tiers, monkeypatch):
-    if os.getuid() != 0:
-        pytest.skip("needs root to chown")
     monkeypatch.setenv(cc.ENV_TIER2, "disabled")
     os.makedirs(tiers["t3"])
-    os.chown(tiers["t3"], 12345, 12345)
+    _owned_by_another_user(monkeypatch, tiers["t3"])
     text, c = fresh()
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")

@@ -227,6 +227,44 @@ def test_pin_memory_and_memory_stats():
     assert torch.tpu.memory_allocated() == before
 
 
+@pytest.mark.fresh_process
+def test_every_accelerator_call_works_after_device_use():
+    """Every public torch.accelerator function, called after tpu work, returns or raises a Python
+    exception (run in a child: a crash fails this test, not the suite). Regression:
+    empty_host_cache() killed the process (no host allocator was registered for tpu),
+    get_memory_info() and get_device_capability() raised."""
+    r = run_python("""
+        import inspect, torch
+        x = (torch.ones(4, device="tpu") * 2).cpu()
+        p = torch.randn(256).pin_memory()
+        assert p.is_pinned()
+        skip = {"set_stream", "set_device_index", "set_device_idx", "device_index"}  # need arguments
+        for name in sorted(dir(torch.accelerator)):
+            fn = getattr(torch.accelerator, name)
+            if (name.startswith("_") or not inspect.isfunction(fn) or name in skip
+                    or not fn.__module__.startswith("torch.accelerator")):
+                continue
+            try:
+                fn()
+                print("ok", name)
+            except Exception as e:  # a clear Python exception is allowed, a crash is not
+                print("raised", name, type(e).__name__, e)
+        torch.accelerator.set_device_index(0)
+        torch.accelerator.set_stream(torch.accelerator.current_stream())
+        with torch.accelerator.device_index(0):
+            pass
+        free, total = torch.accelerator.get_memory_info()
+        assert (free, total) == torch.tpu.mem_get_info() and 0 < free <= total
+        dtypes = torch.accelerator.get_device_capability()["supported_dtypes"]
+        assert torch.float32 in dtypes and torch.bfloat16 in dtypes and torch.qint8 not in dtypes
+        print("alive")
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ok empty_host_cache" in r.stdout and "ok get_memory_info" in r.stdout, r.stdout
+    assert "raised" not in r.stdout, r.stdout
+    assert r.stdout.split()[-1] == "alive"
+
+
 @needs_devices(2)
 @pytest.mark.fresh_process
 def test_second_device():

@@ -49,6 +49,9 @@ def install() -> None:
         from .streams import GuardEvents
 
         _C._set_event_callbacks(GuardEvents())
+        from . import device_module
+
+        _C._set_memory_info_callback(device_module.mem_get_info)
         # Backward of tpu tensors would otherwise run on an autograd device
         # thread, where an exception raised by a Python kernel can abort the
         # process at exit. On the calling thread it propagates normally.

@@ -14,6 +14,7 @@
 #include <torch/extension.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/InferSize.h>
 #include <ATen/NestedTensorImpl.h>
@@ -30,6 +31,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace torchtpu {
@@ -65,6 +67,10 @@ void call_synchronize(c10::DeviceIndex index) {
   py::gil_scoped_acquire gil;
   (*g_synchronize_callback)(static_cast<int>(index));
 }
+
+// (free, total) bytes of a device's memory, from the Python layer (torch.tpu.mem_get_info): the
+// plugin's limit on a TPU, the host's memory on the CPU emulator. Set once.
+py::object* g_memory_info_callback = nullptr;
 
 // Device-generic events (torch.Event, c10::Event) are torchtpu.streams.Event objects kept by
 // the Python layer (streams.GuardEvents): an event handle here is the key of one. Set once.
@@ -141,6 +147,15 @@ class TpuAllocator final : public c10::DeviceAllocator {
   void emptyCache(c10::MempoolId_t) override {}
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
 
+  // torch.accelerator.get_memory_info()
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    check_device_index(device);
+    TORCH_CHECK(g_memory_info_callback != nullptr && Py_IsInitialized(), "the tpu backend is not set up");
+    py::gil_scoped_acquire gil;
+    auto info = (*g_memory_info_callback)(static_cast<int>(device)).cast<std::pair<size_t, size_t>>();
+    return info;
+  }
+
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     check_device_index(device);
     DeviceCounters c;
@@ -204,15 +219,24 @@ REGISTER_ALLOCATOR(kTpu, &g_allocator);
 
 // Pinned host memory: ordinary 64-byte-aligned host memory that we remember,
 // so is_pinned() answers truthfully. 64-byte alignment is what PJRT's
-// zero-copy host buffers need.
-class PinnedAllocator final : public c10::Allocator {
+// zero-copy host buffers need. It is also the tpu device type's host allocator
+// (at::getHostAllocator), which torch.accelerator.empty_host_cache() and the
+// host memory statistics reach: without one registered, those calls used the
+// plain c10::Allocator above as an at::HostAllocator and crashed the process.
+// Nothing is cached: every block goes back to the system when freed.
+class PinnedAllocator final : public at::HostAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     void* data = nullptr;
     if (nbytes > 0) {
       TORCH_CHECK(posix_memalign(&data, 64, nbytes) == 0, "pinned allocation of ", nbytes, " bytes failed");
       std::lock_guard<std::mutex> lock(mutex_);
-      live_.insert(data);
+      live_.emplace(data, nbytes);
+      stats_.active_requests.increase(1);
+      stats_.active_bytes.increase(nbytes);
+      stats_.allocations.increase(1);
+      stats_.allocated_bytes.increase(nbytes);
+      stats_.num_host_alloc += 1;
     }
     return {data, data, &PinnedAllocator::release, c10::Device(c10::DeviceType::CPU)};
   }
@@ -229,12 +253,47 @@ class PinnedAllocator final : public c10::Allocator {
   }
   void forget(void* data) {
     std::lock_guard<std::mutex> lock(mutex_);
-    live_.erase(data);
+    auto it = live_.find(data);
+    if (it == live_.end()) {
+      return;
+    }
+    stats_.active_requests.decrease(1);
+    stats_.active_bytes.decrease(it->second);
+    stats_.allocations.decrease(1);
+    stats_.allocated_bytes.decrease(it->second);
+    stats_.num_host_free += 1;
+    live_.erase(it);
+  }
+
+  // at::HostAllocator. Transfers from host memory complete before their call
+  // returns (PJRT copies at once), so no block waits on a stream.
+  bool record_event(void*, void*, c10::Stream) override {
+    return true;
+  }
+  void empty_cache() override {}  // nothing is cached
+  at::HostStats get_stats() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+  void reset_accumulated_stats() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto* stat : {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes}) {
+      stat->reset_accumulated();
+    }
+    stats_.num_host_alloc = 0;
+    stats_.num_host_free = 0;
+  }
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto* stat : {&stats_.active_requests, &stats_.active_bytes, &stats_.allocations, &stats_.allocated_bytes}) {
+      stat->reset_peak();
+    }
   }
 
  private:
   std::mutex mutex_;
-  std::unordered_set<void*> live_;
+  std::unordered_map<void*, size_t> live_;
+  at::HostStats stats_;
 };
 
 PinnedAllocator g_pinned_allocator;
@@ -246,6 +305,8 @@ void PinnedAllocator::release(void* data) {
   }
 }
 
+REGISTER_HOST_ALLOCATOR(kTpu, &g_pinned_allocator)
+
 // ---------------------------------------------------------------------------
 // Device guard. Streams and events are placeholders: PJRT orders work per
 // device itself, and synchronization goes through the Python callback.
@@ -253,6 +314,14 @@ void PinnedAllocator::release(void* data) {
 struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override {
     return kTpu;
+  }
+  // torch.accelerator.get_device_capability(): the dtypes tpu tensors take (every one but the
+  // quantized types, which torchtpu does not implement).
+  c10::DeviceCapability getDeviceCapability(c10::Device) const override {
+    c10::DeviceCapability cap;
+    auto& t = cap.capability_data.supported_scalar_types;
+    t.has_QInt8 = t.has_QUInt8 = t.has_QInt32 = t.has_QUInt4x2 = t.has_QUInt2x4 = false;
+    return cap;
   }
   c10::Device exchangeDevice(c10::Device d) const override {
     auto old = getDevice();
@@ -661,6 +730,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("_set_event_callbacks", [](py::object registry) {
     g_event_callbacks = new py::object(std::move(registry));  // leaked, as the synchronize callback
+  });
+  m.def("_set_memory_info_callback", [](py::object fn) {
+    g_memory_info_callback = new py::object(std::move(fn));  // leaked, as the synchronize callback
   });
   m.def("_set_synchronize_callback", [](py::object fn) {
     // Leaked on purpose: it must outlive interpreter teardown ordering.

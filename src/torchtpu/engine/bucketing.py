@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import operator
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +34,7 @@ import torch.fx
 
 from ..lowering.builder import Builder, Value
 from ..lowering.views import contiguous_strides, gather_flat
+from ..runtime import env
 
 aten = torch.ops.aten
 
@@ -78,7 +78,16 @@ def bucket_for(size: int, upper: int | None) -> int:
     return max(b, size)
 
 
-set_dynamic_buckets(os.environ.get("TORCH_TPU_DYNAMIC_BUCKETS", "pow2"))
+def _buckets_from_environment() -> None:
+    spec = env.read("TORCH_TPU_DYNAMIC_BUCKETS")
+    try:
+        set_dynamic_buckets(spec)
+    except ValueError:
+        env.warn_invalid("TORCH_TPU_DYNAMIC_BUCKETS", spec, "is not pow2, exact or ascending positive sizes")
+        set_dynamic_buckets("pow2")
+
+
+_buckets_from_environment()
 
 
 # -- layouts ----------------------------------------------------------------------------

@@ -62,7 +62,7 @@ from typing import Any
 
 from .. import _device_state, runtime
 from ..backend_config import backend
-from ..runtime import host_cpu
+from ..runtime import env, host_cpu
 
 __all__ = [
     "ENV_TIER2",
@@ -198,7 +198,7 @@ def plugin_identity(plugin: runtime.Plugin) -> str:
     """
     if _PLUGIN_IDENTITY_OVERRIDE is not None:
         return _PLUGIN_IDENTITY_OVERRIDE
-    mode = (os.environ.get(ENV_PLUGIN_ID) or "stat").strip().lower()
+    mode = env.read(ENV_PLUGIN_ID)
     path = os.path.realpath(plugin.path)
     with _ident_lock:
         cached = _plugin_ids.get((path, mode))
@@ -450,8 +450,7 @@ _tiers: dict[tuple[int, str], _Tier | None] = {}
 
 
 def _tier2() -> _Tier | None:
-    name = os.environ.get(ENV_TIER2)
-    name = (name or "").strip() or f"torchtpu-{os.getuid()}"
+    name = env.read(ENV_TIER2) or f"torchtpu-{os.getuid()}"
     if name.lower() == "disabled":
         return None
     base = TIER2_BASE
@@ -472,7 +471,7 @@ def _tier2() -> _Tier | None:
 
 
 def _tier3() -> _Tier | None:
-    root = (os.environ.get(ENV_TIER3) or "").strip()
+    root = env.read(ENV_TIER3) or ""
     if not root or root.lower() == "disabled":
         return None
     memo_key = (3, root)

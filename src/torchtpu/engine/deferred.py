@@ -42,6 +42,7 @@ from .. import storage as st
 from .._config import config
 from ..lowering.builder import Builder, Value
 from ..lowering.views import dense_buffer_shape
+from ..runtime import env
 from . import compile_cache, executor
 from .opplan import _MISSING
 
@@ -58,7 +59,7 @@ MIN_CUT_NODES = 24  # graphs cut at a shorter period hold this many ops at least
 # read (or period cut), so the device runs one chunk while the host records the
 # next instead of idling until the read. Counting from a read keeps the cut
 # points, hence the cached programs, the same every training step. 0 disables.
-CHUNK_NODES = int(os.environ.get("TORCH_TPU_DEFER_CHUNK_NODES", "40"))
+CHUNK_NODES = int(env.read("TORCH_TPU_DEFER_CHUNK_NODES"))
 
 
 class Pending:

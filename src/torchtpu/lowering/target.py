@@ -7,9 +7,7 @@ others, where a TPU compiler would not care.
 
 from __future__ import annotations
 
-import os
-
-from ..runtime import host_cpu
+from ..runtime import env, host_cpu
 
 # Lowering for another platform than the plugin's: the programs a TPU would be sent, built
 # (and run, where the plugin can) on the CPU emulator, for tests and inspection.
@@ -21,7 +19,7 @@ def _kind() -> str:
     if not _KIND:
         from .. import _device_state
 
-        _KIND.append(os.environ.get(LOWER_FOR_ENV, "").strip().lower() or _device_state.plugin_kind())
+        _KIND.append(env.read(LOWER_FOR_ENV) or _device_state.plugin_kind())
     return _KIND[0]
 
 
@@ -73,13 +71,8 @@ def bf16_dots() -> bool:
     ``TORCH_TPU_BF16_DOTS=1`` or ``0`` overrides the choice.
     """
     if not _BF16_DOTS:
-        forced = os.environ.get(BF16_DOTS_ENV, "").strip().lower()
-        if forced in ("1", "true", "on", "yes"):
-            _BF16_DOTS.append(True)
-        elif forced in ("0", "false", "off", "no"):
-            _BF16_DOTS.append(False)
-        else:
-            _BF16_DOTS.append(not xla_cpu() or _host_multiplies_bf16())
+        forced = env.read(BF16_DOTS_ENV)
+        _BF16_DOTS.append(forced if forced is not None else not xla_cpu() or _host_multiplies_bf16())
     return _BF16_DOTS[0]
 
 

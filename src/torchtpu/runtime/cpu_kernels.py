@@ -26,6 +26,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import env
+
 ENV_VAR = "TORCH_TPU_CPU_KERNELS"
 # The custom-call target. The suffix is the kernel's calling convention: a cached
 # executable that names it only ever meets a handler that speaks it.
@@ -53,7 +55,7 @@ def _library() -> Any:
 
 
 def _load() -> Any:
-    if os.environ.get(ENV_VAR, "1").strip().lower() in ("0", "false", "off", "no"):
+    if not env.read(ENV_VAR):
         return None
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     paths = sorted(glob.glob(os.path.join(here, "_cpu_kernels*.so")))

@@ -11,6 +11,8 @@ import glob
 import importlib.util
 import os
 
+from . import env
+
 ENV_VAR = "TORCH_TPU_PJRT_PLUGIN"
 ENV_CPU_DEVICES = "TORCH_TPU_CPU_DEVICE_COUNT"
 KINDS = ("cpu", "tpu", "cuda")
@@ -99,7 +101,7 @@ def resolve_plugin_path(choice: str | None = None) -> str:
     """Path of the plugin .so for a name ("cpu", "tpu", "cuda") or a path; by default
     ``TORCH_TPU_PJRT_PLUGIN``, else :func:`default_choice`."""
     if choice is None:
-        choice = os.environ.get(ENV_VAR) or default_choice()
+        choice = env.read(ENV_VAR) or default_choice()
     name = choice.strip().lower()
     if name == "cpu":
         return cpu_plugin_path()
@@ -142,7 +144,7 @@ def default_client_options(kind: str, num_devices: int | None = None) -> dict[st
     """
     if kind == "cpu":
         if num_devices is None:
-            num_devices = int(os.environ.get(ENV_CPU_DEVICES) or 1)
+            num_devices = env.read(ENV_CPU_DEVICES) or 1
         if num_devices < 1:
             raise ValueError("num_devices must be >= 1")
         return {"cpu_device_count": num_devices}

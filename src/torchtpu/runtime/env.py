@@ -1,0 +1,154 @@
+"""Every ``TORCH_TPU_*`` environment variable in one table, read one way.
+
+Each variable has a kind (flag, integer, choice, text), a default and a meaning. :func:`read`
+returns its value from the environment at the time of the call; a value that does not parse
+gives one ``RuntimeWarning`` naming the variable, the value and the default used instead, so a
+typo never makes ``import torch`` fail. :func:`markdown_table` writes ``docs/environment.md``'s
+table. This module imports nothing of PyTorch: the runtime reads its variables here too.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    kind: str  # "flag", "int", "choice" or "text"
+    default: bool | int | str | None  # None: unset means "decided elsewhere" (auto)
+    meaning: str
+    aliases: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()
+    minimum: int | None = None
+    maximum: int | None = None
+
+
+_VARIABLES = (
+    Variable("TORCH_TPU_PJRT_PLUGIN", "text", None,
+             "the PJRT plugin: `cpu`, `tpu`, `cuda` or a path to a plugin .so; unset: the TPU where a TPU "
+             "and libtpu exist, else the CPU emulator"),
+    Variable("TORCH_TPU_LAUNCH_BLOCKING", "flag", False,
+             "Debug eager mode: every op completes before it returns, with host-side checks",
+             aliases=("TPU_LAUNCH_BLOCKING",)),
+    Variable("TORCH_TPU_DEFER_AND_FUSE", "flag", False,
+             "DeferAndFuse eager mode: ops are recorded and run fused at materialization points",
+             aliases=("TPU_DEFER_AND_FUSE",)),
+    Variable("TORCH_TPU_CPU_FALLBACK", "flag", False,
+             "run ops that have no lowering on the CPU (with one warning per op) instead of raising"),
+    Variable("TORCH_TPU_CHECK_NAN", "flag", False, "raise when an op's result has a NaN (slow)"),
+    Variable("TORCH_TPU_NUM_DEVICES", "int", 1, "devices the CPU emulator makes (a TPU has its chips)",
+             minimum=1),
+    Variable("TORCH_TPU_CPU_DEVICE_COUNT", "int", None,
+             "devices of a CPU-plugin client made by the runtime alone (`runtime.create_client`); unset: 1",
+             minimum=1),
+    Variable("TORCH_TPU_HOST_MEMORY_POOL", "flag", True,
+             "CPU emulator: keep freed device (host) memory pooled instead of returning it to the OS"),
+    Variable("TORCH_TPU_XLA_THREAD_NICE", "int", 0,
+             "CPU emulator: nice value for XLA's compute threads (0 leaves them as they are)",
+             minimum=0, maximum=19),
+    Variable("TORCH_TPU_DEBUG_CHECKS", "flag", None,
+             "host-side bounds checks of indexing ops; unset: on in Debug mode only"),
+    Variable("TORCH_TPU_INDEX_CHECKS", "flag", True,
+             "outside Debug mode, check indices on the device and raise at the next synchronization"),
+    Variable("TORCH_TPU_CPU_KERNELS", "flag", True,
+             "CPU emulator: let XLA:CPU programs call torchtpu's host kernels (LAPACK, sorting)"),
+    Variable("TORCH_TPU_DEFER_CHUNK_NODES", "int", 40,
+             "DeferAndFuse: recorded ops per fused program before a chunk is cut", minimum=1),
+    Variable("TORCH_TPU_DYNAMIC_BUCKETS", "text", "pow2",
+             "compiled dynamic shapes: `pow2`, `exact` (no padding) or ascending sizes `64,128,512`"),
+    Variable("TORCH_TPU_TIER2_COMPILATION_CACHE", "text", None,
+             "tier-2 (host-shared memory) compile cache: a name under /dev/shm, or `disabled`; "
+             "unset: `torchtpu-<uid>`"),
+    Variable("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", "text", None,
+             "tier-3 (persistent) compile cache: a directory or fsspec URL, or `disabled`; unset: off"),
+    Variable("TORCH_TPU_COMPILE_CACHE_PLUGIN_ID", "choice", "stat",
+             "how cache keys name the plugin: `stat` (size and mtime of its file) or `content` (sha256)",
+             choices=("stat", "content")),
+    Variable("TORCH_TPU_LOWER_FOR", "choice", None,
+             "build programs for this platform instead of the plugin's (`tpu`: a TPU's programs on the CPU "
+             "plugin, for tests)", choices=("cpu", "tpu", "cuda")),
+    Variable("TORCH_TPU_BF16_DOTS", "flag", None,
+             "CPU emulator: bf16 products as bf16 dots (unset: where the CPU has AVX512-BF16)"),
+)
+VARIABLES: dict[str, Variable] = {v.name: v for v in _VARIABLES}
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _bad(name: str, raw: str, why: str, default: object) -> None:
+    if (name, raw) not in _warned:
+        _warned.add((name, raw))
+        used = "unset (automatic)" if default is None else repr(default)
+        warnings.warn(f"torchtpu: {name}={raw!r} {why}; using the default, {used}", RuntimeWarning,
+                      stacklevel=3)
+
+
+def raw(name: str) -> tuple[str, str] | None:
+    """(the name it was found under, its stripped text), or None when unset or empty."""
+    var = VARIABLES[name]
+    for key in (var.name, *var.aliases):
+        value = os.environ.get(key)
+        if value is not None and value.strip():
+            return key, value.strip()
+    return None
+
+
+def read(name: str) -> bool | int | str | None:
+    """The variable's value now: parsed, or its default when unset, empty or malformed."""
+    var = VARIABLES[name]
+    found = raw(name)
+    if found is None:
+        return var.default
+    key, text = found
+    if var.kind == "flag":
+        low = text.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        _bad(key, text, f"is not a flag ({'/'.join(_TRUE)} or {'/'.join(_FALSE)})", var.default)
+        return var.default
+    if var.kind == "int":
+        try:
+            value = int(text)
+        except ValueError:
+            _bad(key, text, "is not an integer", var.default)
+            return var.default
+        if (var.minimum is not None and value < var.minimum) or (var.maximum is not None and value > var.maximum):
+            bounds = f"{var.minimum if var.minimum is not None else ''}..{var.maximum if var.maximum is not None else ''}"
+            _bad(key, text, f"is outside {bounds}", var.default)
+            return var.default
+        return value
+    if var.kind == "choice":
+        if text.lower() in var.choices:
+            return text.lower()
+        _bad(key, text, f"is not one of {', '.join(var.choices)}", var.default)
+        return var.default
+    return text
+
+
+def warn_invalid(name: str, text: str, why: str) -> None:
+    """For a text variable whose user checks it (e.g. bucket sizes): one warning, default used."""
+    _bad(name, text, why, VARIABLES[name].default)
+
+
+def markdown_table() -> str:
+    rows = ["| variable | kind | default | meaning |", "|---|---|---|---|"]
+    for v in _VARIABLES:
+        kind = v.kind if not v.choices else f"one of {', '.join(f'`{c}`' for c in v.choices)}"
+        if v.kind == "int" and (v.minimum is not None or v.maximum is not None):
+            kind += f" ({v.minimum if v.minimum is not None else ''}..{v.maximum if v.maximum is not None else ''})"
+        default = "unset" if v.default is None else f"`{v.default}`"
+        name = f"`{v.name}`" + "".join(f" (also `{a}`)" for a in v.aliases)
+        rows.append(f"| {name} | {kind} | {default} | {v.meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # python -m torchtpu.runtime.env: the table of docs/environment.md
+    print(markdown_table(), end="")

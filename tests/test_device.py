@@ -505,3 +505,43 @@ def test_out_of_device_memory_raises_torch_out_of_memory_error(mode):
         del x
     assert isinstance(info.value, PjrtError) and info.value.code_name == "RESOURCE_EXHAUSTED"
     assert torch.ones(3, device="tpu").sum().item() == 3.0
+
+
+def test_cuda_parity_table_is_current():
+    import pathlib
+
+    from torchtpu import cuda_parity
+
+    doc = (pathlib.Path(__file__).parents[1] / "docs" / "cuda_parity.md").read_text()
+    assert doc == cuda_parity.markdown(), "regenerate: python -m torchtpu.cuda_parity > docs/cuda_parity.md"
+    assert not set(cuda_parity.NOT_APPLICABLE) - set(cuda_parity.cuda_callables())  # no stale reasons
+
+
+def test_torch_cuda_names_training_scripts_call():
+    t = torch.empty(1024, device="tpu")
+    assert torch.tpu.memory_cached() == torch.tpu.memory_reserved()
+    assert torch.tpu.max_memory_cached() == torch.tpu.max_memory_reserved()
+    torch.tpu.reset_max_memory_cached()
+    nested = torch.tpu.memory_stats_as_nested_dict()
+    assert nested["allocated_bytes"]["all"]["current"] == torch.tpu.memory_allocated()
+    torch.tpu.reset_accumulated_memory_stats()
+    assert torch.tpu.memory_stats()["allocation.all.allocated"] == 0
+    assert torch.tpu.device_memory_used() > 0
+    assert torch.tpu.is_tf32_supported()
+    major, minor = torch.tpu.get_device_capability()
+    assert (major, minor) == ((5, 0) if "v5" in torch.tpu.get_device_name() else (0, 0))
+    s = torch.tpu.current_stream()
+    with torch.tpu.StreamContext(s) as inside:
+        assert inside is s
+    del t
+    torch.tpu.reset_peak_host_memory_stats()
+    torch.tpu.reset_accumulated_host_memory_stats()
+    before = torch.tpu.host_memory_stats()
+    p = torch.empty(1000).pin_memory()
+    during = torch.tpu.host_memory_stats()
+    assert during["allocated_bytes.current"] == before["allocated_bytes.current"] + 4000
+    assert during["allocations.allocated"] == before["allocations.allocated"] + 1
+    del p
+    after = torch.tpu.host_memory_stats_as_nested_dict()
+    assert after["allocated_bytes"]["current"] == before["allocated_bytes.current"]
+    assert after["allocated_bytes"]["peak"] >= 4000

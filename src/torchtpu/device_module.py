@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,6 +26,20 @@ class DeviceOutOfMemoryError(torch.OutOfMemoryError, PjrtError):
     def __init__(self, code: int, message: str) -> None:
         PjrtError.__init__(self, code, message)
         self.args = (f"tpu out of memory. {message}",)
+
+
+class StreamContext:
+    """``torch.cuda.StreamContext``: makes ``stream`` current within a ``with`` block. A tpu
+    device has one stream (PJRT orders each device's work), so every stream is that one."""
+
+    def __init__(self, selected: Stream | None) -> None:
+        self.stream = selected
+
+    def __enter__(self) -> Stream | None:
+        return self.stream
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def _lazy_init() -> None:
@@ -124,6 +139,18 @@ def get_device_properties(device: int | str | torch.device | None = None) -> Any
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True  # the matrix units' own format
+
+
+def is_tf32_supported() -> bool:
+    """``torch.backends.fp32_precision = "tf32"`` selects the matrix unit's 3-pass bf16 mode."""
+    return True
+
+
+def get_device_capability(device: int | str | torch.device | None = None) -> tuple[int, int]:
+    """The TPU generation as ``(major, minor)``, in the place of CUDA's compute capability: (5, 0)
+    on a v5e ("TPU v5 lite") or v5p; (0, 0) on the CPU emulator, which is no chip."""
+    match = re.search(r"\bv(\d+)", get_device_name(device))
+    return (int(match.group(1)), 0) if match else (0, 0)
 
 
 def init() -> None:
@@ -229,6 +256,64 @@ def max_memory_reserved(device: int | str | torch.device | None = None) -> int:
 
 def reset_max_memory_allocated(device: int | str | torch.device | None = None) -> None:
     reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device: int | str | torch.device | None = None) -> None:
+    """Zero the allocation and free counts (``allocation.all.allocated`` / ``freed``)."""
+    torch.accelerator.reset_accumulated_memory_stats(_index(device))
+
+
+# torch.cuda's older names for the reserved-memory queries, still called by training scripts
+def memory_cached(device: int | str | torch.device | None = None) -> int:
+    return memory_reserved(device)
+
+
+def max_memory_cached(device: int | str | torch.device | None = None) -> int:
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device: int | str | torch.device | None = None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def memory_stats_as_nested_dict(device: int | str | torch.device | None = None) -> dict[str, Any]:
+    """:func:`memory_stats` with its dotted keys as nested dictionaries."""
+    return _nested(memory_stats(device))
+
+
+def _nested(flat: dict[str, int]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        *path, last = key.split(".")
+        level = nested
+        for part in path:
+            level = level.setdefault(part, {})
+        level[last] = value
+    return nested
+
+
+def host_memory_stats() -> dict[str, int]:
+    """Pinned host memory (``pin_memory()``): allocations and bytes, current/peak/allocated/freed."""
+    return dict(_C._host_memory_stats())
+
+
+def host_memory_stats_as_nested_dict() -> dict[str, Any]:
+    return _nested(host_memory_stats())
+
+
+def reset_peak_host_memory_stats() -> None:
+    _C._reset_host_memory_stats(True)
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    _C._reset_host_memory_stats(False)
+
+
+def device_memory_used(device: int | str | torch.device | None = None) -> int:
+    """Bytes of the device's memory in use, by this process and any other (what the plugin's
+    allocator reports on a TPU; on the CPU emulator the host's memory in use)."""
+    free, total = mem_get_info(device)
+    return total - free
 
 
 def mem_get_info(device: int | str | torch.device | None = None) -> tuple[int, int]:

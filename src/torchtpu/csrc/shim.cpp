@@ -749,6 +749,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["total_frees"] = c.total_frees;
     return d;
   });
+  // pinned host memory (torch.tpu.host_memory_stats), in torch.cuda.host_memory_stats's names
+  m.def("_host_memory_stats", []() {
+    at::HostStats st = g_pinned_allocator.get_stats();
+    py::dict d;
+    auto put = [&d](const std::string& name, const c10::CachingAllocator::Stat& stat) {
+      d[py::str(name + ".current")] = stat.current;
+      d[py::str(name + ".peak")] = stat.peak;
+      d[py::str(name + ".allocated")] = stat.allocated;
+      d[py::str(name + ".freed")] = stat.freed;
+    };
+    put("allocations", st.allocations);
+    put("allocated_bytes", st.allocated_bytes);
+    put("active_requests", st.active_requests);
+    put("active_bytes", st.active_bytes);
+    d["num_host_alloc"] = st.num_host_alloc;
+    d["num_host_free"] = st.num_host_free;
+    return d;
+  });
+  m.def("_reset_host_memory_stats", [](bool peak) {
+    if (peak) {
+      g_pinned_allocator.reset_peak_stats();
+    } else {
+      g_pinned_allocator.reset_accumulated_stats();
+    }
+  });
   m.def("_reset_peak_memory", [](int index) {
     g_allocator.resetPeakStats(static_cast<c10::DeviceIndex>(index));
   });

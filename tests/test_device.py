@@ -1,6 +1,7 @@
 """The tpu device, its module, tensors, storage semantics and serialization."""
 
 import copy
+import gc
 import io
 
 import pytest
@@ -495,16 +496,59 @@ def test_out_of_device_memory_raises_torch_out_of_memory_error(mode):
     """Regression: a failed device allocation raised the runtime's PjrtError, which a CUDA user's
     ``except torch.OutOfMemoryError`` (batch-size finders) does not catch. It is now a subclass of
     both; the device stays usable."""
+    from torchtpu import _C
     from torchtpu.runtime import PjrtError
 
-    with torch.tpu.eager_mode(mode), pytest.raises(torch.OutOfMemoryError, match="tpu out of memory") as info:
-        # 256 TiB: beyond a 47-bit address space, so refused even where memory is overcommitted;
-        # kept alive (DeferAndFuse never materializes a dead result)
-        x = torch.ones(2**46, device="tpu")
-        torch.tpu.synchronize()
-        del x
+    torch.tpu.init()
+    _C._set_memory_limit(0, -1)  # past the allocator's own limit (the test below), to the plugin's
+    x = None
+    try:
+        with torch.tpu.eager_mode(mode), pytest.raises(torch.OutOfMemoryError, match="tpu out of memory") as info:
+            # 256 TiB: beyond a 47-bit address space, so refused even where memory is overcommitted;
+            # kept alive (DeferAndFuse never materializes a dead result)
+            x = torch.ones(2**46, device="tpu")
+            torch.tpu.synchronize()
+    finally:
+        torch.tpu.set_per_process_memory_fraction(1.0)
     assert isinstance(info.value, PjrtError) and info.value.code_name == "RESOURCE_EXHAUSTED"
+    # DeferAndFuse's x, and the traceback's frames, hold the 256 TiB output until they go
+    del info, x
+    gc.collect()
+    assert torch.tpu.memory_allocated() < 1 << 30
     assert torch.ones(3, device="tpu").sum().item() == 3.0
+
+
+def test_device_memory_has_a_size_and_a_per_process_fraction():
+    """Regression: the emulated device had no memory size (torch.empty(2**40) "succeeded", 30 GB
+    passed beyond the host's memory). Now each device has one (the emulator: 16 GiB of HBM like a
+    v5e; a TPU: the chip's), and live tensors beyond it, or beyond set_per_process_memory_fraction,
+    raise torch.OutOfMemoryError at the allocation, as CUDA's allocator does."""
+    total = torch.tpu.mem_get_info()[1]
+    if not on_tpu():
+        assert total == 16 << 30
+    with pytest.raises(torch.OutOfMemoryError, match="tpu out of memory. Tried to allocate 4.00 TiB"):
+        torch.empty(2**40, device="tpu")
+    used = torch.tpu.memory_allocated()
+    try:
+        torch.tpu.set_per_process_memory_fraction((used + (64 << 20)) / total)
+        assert torch.tpu.get_per_process_memory_fraction() < 1.0
+        a = torch.empty(8 << 20, device="tpu")  # 32 MiB: fits
+        with pytest.raises(torch.OutOfMemoryError, match="is held by live tpu tensors"):
+            torch.empty(16 << 20, device="tpu")  # 64 MiB more: does not
+        del a
+        b = torch.empty(8 << 20, device="tpu")  # freed memory counts again
+        del b
+        with pytest.raises(ValueError):
+            torch.tpu.set_per_process_memory_fraction(1.5)
+        with pytest.raises(TypeError):
+            torch.tpu.set_per_process_memory_fraction(1)
+    finally:
+        torch.tpu.set_per_process_memory_fraction(1.0)
+    assert torch.tpu.get_per_process_memory_fraction() == 1.0
+    if not on_tpu():
+        t = torch.empty(1 << 20, device="tpu")
+        assert torch.tpu.mem_get_info() == (total - torch.tpu.memory_allocated(), total)
+        del t
 
 
 def test_cuda_parity_table_is_current():

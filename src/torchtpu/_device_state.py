@@ -12,9 +12,9 @@ import threading
 
 import torch
 
-from . import runtime
+from . import _C, runtime
 from ._config import config
-from .runtime import cpu_kernels, host_memory, host_threads
+from .runtime import cpu_kernels, env, host_memory, host_threads
 
 _log = logging.getLogger("torchtpu")
 _lock = threading.Lock()
@@ -42,9 +42,37 @@ def client() -> runtime.Client:
                 if config.host_memory_pool:  # device memory is malloc memory
                     host_memory.pool_freed_memory()
                 host_threads.lower_pool_priority(config.xla_thread_nice)  # 0: left as they are
+            for index in range(len(_client.devices)):  # before any tpu storage can be made
+                set_memory_fraction(index, 1.0)
             _log.info("torchtpu: the tpu device is %s (PJRT plugin %s, %s %s)", _device_name(kind, _client),
                       _plugin_path, _client.platform_name, _client.platform_version)
         return _client
+
+
+_memory_fractions: dict[int, float] = {}
+
+
+def device_memory_total(index: int) -> int:
+    """A device's memory size: the chip's, as its plugin reports it (a TPU); on the CPU emulator
+    the emulated HBM (TORCH_TPU_EMULATED_HBM_GIB, 16 GiB like a v5e); else the host's memory."""
+    c = client()
+    stats = c.memory_stats(index)
+    if stats is not None and "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    if c.platform_name == "cpu":
+        return int(env.read("TORCH_TPU_EMULATED_HBM_GIB")) << 30
+    return host_memory.available_and_total()[1]
+
+
+def set_memory_fraction(index: int, fraction: float) -> None:
+    """Live tpu storages of device ``index`` may hold ``fraction`` of its memory; more raises
+    torch.OutOfMemoryError at the allocation, as CUDA's allocator does."""
+    _memory_fractions[index] = fraction
+    _C._set_memory_limit(index, int(device_memory_total(index) * fraction))
+
+
+def memory_fraction(index: int) -> float:
+    return _memory_fractions.get(index, 1.0)
 
 
 def _device_name(kind: str, c: runtime.Client, index: int = 0) -> str:

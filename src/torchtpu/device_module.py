@@ -318,11 +318,30 @@ def device_memory_used(device: int | str | torch.device | None = None) -> int:
 
 def mem_get_info(device: int | str | torch.device | None = None) -> tuple[int, int]:
     """(free, total) bytes of the device's memory: from the plugin's allocator where it reports a
-    limit (TPU, GPU), else the host's memory, which is the CPU-emulated device's."""
-    stats = _device_state.client().memory_stats(_index(device))
+    limit (TPU, GPU); on the CPU emulator its emulated HBM (``TORCH_TPU_EMULATED_HBM_GIB``, 16 GiB
+    like a v5e) less what live tpu storages hold."""
+    index = _index(device)
+    stats = _device_state.client().memory_stats(index)
     if stats is not None and "bytes_limit" in stats:
         return stats["bytes_limit"] - stats["bytes_in_use"], stats["bytes_limit"]
-    return host_memory.available_and_total()
+    total = _device_state.device_memory_total(index)
+    return max(0, total - memory_allocated(index)), total
+
+
+def set_per_process_memory_fraction(fraction: float, device: int | str | torch.device | None = None) -> None:
+    """Let live tpu tensors of this process hold at most ``fraction`` of the device's memory;
+    an allocation beyond raises torch.OutOfMemoryError, as on CUDA."""
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _lazy_init()
+    _device_state.set_memory_fraction(_index(device), fraction)
+
+
+def get_per_process_memory_fraction(device: int | str | torch.device | None = None) -> float:
+    _lazy_init()
+    return _device_state.memory_fraction(_index(device))
 
 
 def memory_summary(device: int | str | torch.device | None = None, abbreviated: bool = False) -> str:

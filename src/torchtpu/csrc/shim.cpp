@@ -29,6 +29,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -109,6 +110,19 @@ struct AllocationContext {
   size_t nbytes;
 };
 
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 5) {
+    value /= 1024.0;
+    unit += 1;
+  }
+  char out[32];
+  std::snprintf(out, sizeof(out), unit == 0 ? "%.0f %s" : "%.2f %s", value, units[unit]);
+  return out;
+}
+
 class TpuAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
@@ -117,18 +131,43 @@ class TpuAllocator final : public c10::DeviceAllocator {
     if (nbytes == 0) {
       return {nullptr, nullptr, &c10::detail::deleteNothing, dev};
     }
-    // 64-byte spacing keeps distinct storages at distinct addresses.
-    const uint64_t address = next_address_.fetch_add((nbytes + 63) & ~uint64_t{63});
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto& c = counters_[device];
+      const int64_t limit = limits_[device];
+      if (limit >= 0 && c.allocated_bytes + static_cast<int64_t>(nbytes) > limit) {
+        // As CUDA's caching allocator: at the allocation, as torch.OutOfMemoryError.
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu out of memory. Tried to allocate ", format_bytes(nbytes),
+                         ". tpu ", static_cast<int>(device), " allows this process ", format_bytes(limit),
+                         " (its memory, times torch.tpu.set_per_process_memory_fraction), of which ",
+                         format_bytes(limit - c.allocated_bytes), " is free; ", format_bytes(c.allocated_bytes),
+                         " is held by live tpu tensors.");
+      }
       c.allocated_bytes += static_cast<int64_t>(nbytes);
       c.peak_bytes = std::max(c.peak_bytes, c.allocated_bytes);
       c.allocations += 1;
       c.total_allocations += 1;
     }
+    // 64-byte spacing keeps distinct storages at distinct addresses.
+    const uint64_t address = next_address_.fetch_add((nbytes + 63) & ~uint64_t{63});
     auto* context = new AllocationContext{device, nbytes};
     return {reinterpret_cast<void*>(address), context, &TpuAllocator::release, dev};
+  }
+
+  TpuAllocator() {
+    limits_.fill(-1);
+  }
+
+  // Bytes live tpu storages of a device may hold; -1: no limit.
+  void set_limit(c10::DeviceIndex device, int64_t bytes) {
+    check_device_index(device);
+    std::lock_guard<std::mutex> lock(mutex_);
+    limits_[device] = bytes;
+  }
+  int64_t limit(c10::DeviceIndex device) {
+    check_device_index(device);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return limits_[device];
   }
 
   static void release(void* ptr);
@@ -205,6 +244,7 @@ class TpuAllocator final : public c10::DeviceAllocator {
   std::atomic<uint64_t> next_address_{uint64_t{1} << 44};
   std::mutex mutex_;
   std::array<DeviceCounters, kMaxDevices> counters_{};
+  std::array<int64_t, kMaxDevices> limits_{};
 };
 
 TpuAllocator g_allocator;
@@ -774,6 +814,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       g_pinned_allocator.reset_accumulated_stats();
     }
   });
+  m.def("_set_memory_limit", [](int index, int64_t bytes) {
+    g_allocator.set_limit(static_cast<c10::DeviceIndex>(index), bytes);
+  });
+  m.def("_memory_limit", [](int index) { return g_allocator.limit(static_cast<c10::DeviceIndex>(index)); });
   m.def("_reset_peak_memory", [](int index) {
     g_allocator.resetPeakStats(static_cast<c10::DeviceIndex>(index));
   });

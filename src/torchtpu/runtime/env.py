@@ -47,6 +47,9 @@ _VARIABLES = (
     Variable("TORCH_TPU_CPU_DEVICE_COUNT", "int", None,
              "devices of a CPU-plugin client made by the runtime alone (`runtime.create_client`); unset: 1",
              minimum=1),
+    Variable("TORCH_TPU_EMULATED_HBM_GIB", "int", 16,
+             "CPU emulator: the memory size of each emulated device, in GiB (a v5e chip has 16); live tpu "
+             "tensors beyond it raise torch.OutOfMemoryError", minimum=1),
     Variable("TORCH_TPU_HOST_MEMORY_POOL", "flag", True,
              "CPU emulator: keep freed device (host) memory pooled instead of returning it to the OS"),
     Variable("TORCH_TPU_XLA_THREAD_NICE", "int", 0,

@@ -1026,6 +1026,24 @@ def test_gamma_reparameterized_gradient_matches_cpu(alpha):
     assert conc.grad.isfinite().all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+                                   torch.uint8, torch.int8, torch.bool])
+def test_random_without_an_upper_bound_draws_cpu_range(dtype):
+    """Regression: random_() raised NotImplementedError, and random_(from, None) on a float dtype
+    failed (torch.finfo has no nmant) and left out each dtype's top value. PyTorch's CPU draws
+    integers up to the dtype's max and floats up to 2**digits, both inclusive."""
+    lo = 0 if dtype == torch.bool else 100
+    top = (1 << (1 - round(math.log2(torch.finfo(dtype).eps)))) if dtype.is_floating_point else (
+        1 if dtype == torch.bool else torch.iinfo(dtype).max)
+    for values, start in ((torch.empty(50000, dtype=dtype, device="tpu").random_(), 0),
+                          (torch.empty(50000, dtype=dtype, device="tpu").random_(lo, None), lo)):
+        v = values.cpu().double()
+        assert values.dtype == dtype and torch.equal(v, v.floor())
+        assert v.min().item() >= start and v.max().item() <= top
+        if top - start < 1000:  # small ranges: both ends are drawn
+            assert v.min().item() == start and v.max().item() == top
+
+
 def test_randperm_on_tpu():
     """Regression: torch.randperm(n, device="tpu") raised NotImplementedError."""
     torch.manual_seed(0)

@@ -271,18 +271,31 @@ def _check_random_to(x: Any, hi: int, generator: Any = None) -> None:
     _check_random_range(0, hi)
 
 
+def _unbounded_end(out: torch.dtype) -> int:
+    """One past the largest value ``random_`` draws without an upper bound, as on PyTorch's CPU:
+    an integer dtype's max, 1 for bool, and 2**digits for a float dtype (all exact there)."""
+    if out == torch.bool:
+        return 2
+    if out.is_floating_point:
+        digits = 1 - round(math.log2(torch.finfo(out).eps))  # 24 for float32, 8 for bfloat16
+        return (1 << digits) + 1
+    return torch.iinfo(out).max + 1
+
+
 @register(getattr(aten.random, "from"))
 def _random_from(ctx: LoweringContext, x: Value, lo: int, hi: int | None, generator: Any = None) -> Value:
-    out = ctx.out_dtype()
-    if hi is None:
-        hi = (1 << (torch.finfo(out).nmant + 1)) if out.is_floating_point else (
-            2 if out == torch.bool else torch.iinfo(out).max)
-    return _random_int(ctx, lo, hi, generator)
+    return _random_int(ctx, lo, _unbounded_end(ctx.out_dtype()) if hi is None else hi, generator)
 
 
 @register(aten.random.to)
 def _random_to(ctx: LoweringContext, x: Value, hi: int, generator: Any = None) -> Value:
     return _random_int(ctx, 0, hi, generator)
+
+
+@register(aten.random.default)
+def _random_full_range(ctx: LoweringContext, x: Value, generator: Any = None) -> Value:
+    """``random_()`` without bounds: 0 up to :func:`_unbounded_end`, as on PyTorch's CPU."""
+    return _random_int(ctx, 0, _unbounded_end(ctx.out_dtype()), generator)
 
 
 @register(aten.multinomial.default)

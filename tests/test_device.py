@@ -3,6 +3,9 @@
 import copy
 import gc
 import io
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -589,3 +592,16 @@ def test_torch_cuda_names_training_scripts_call():
     after = torch.tpu.host_memory_stats_as_nested_dict()
     assert after["allocated_bytes"]["current"] == before["allocated_bytes.current"]
     assert after["allocated_bytes"]["peak"] >= 4000
+
+
+@pytest.mark.fresh_process
+def test_python_m_torchtpu_reports_and_checks():
+    """``python -m torchtpu --check``: the device, plugin, PJRT API, cache tiers, mode and precision,
+    then a self-test against the CPU; the TORCH_TPU_* variables set are listed."""
+    r = subprocess.run([sys.executable, "-W", "ignore", "-m", "torchtpu", "--check"], capture_output=True, text=True,
+                       timeout=300, check=False, env={**os.environ, "TORCH_TPU_CHECK_NAN": "0"})
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    for key in ("plugin", "PJRT C API", "platform", "tpu:0", "eager mode", "float32 matmul precision",
+                "compile cache, tier 2", "compile cache, tier 3", "TORCH_TPU_CHECK_NAN=0", "self-test:"):
+        assert key in r.stdout, (key, r.stdout)
+    assert r.stdout.count("  pass  ") == 5 and "FAIL" not in r.stdout, r.stdout

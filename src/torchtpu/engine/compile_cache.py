@@ -76,6 +76,7 @@ __all__ = [
     "plugin_identity",
     "reset_stats",
     "stats",
+    "tier_report",
 ]
 
 ENV_TIER2 = "TORCH_TPU_TIER2_COMPILATION_CACHE"
@@ -500,6 +501,21 @@ def _tier3() -> _Tier | None:
 
 def _active_tiers() -> list[_Tier]:
     return [t for t in (_tier2(), _tier3()) if t is not None and t.usable]
+
+
+def tier_report() -> list[dict[str, Any]]:
+    """Tiers 2 and 3 as configured now: where, whether usable, and for a local directory its
+    entries and bytes (a remote tier's size is not listed: that would read the whole bucket)."""
+    report = []
+    for number, tier in ((2, _tier2()), (3, _tier3())):
+        row: dict[str, Any] = {"tier": number, "location": None, "usable": False, "entries": None, "bytes": None}
+        if tier is not None:
+            row.update(location=tier.location, usable=tier.usable)
+            if tier.local and os.path.isdir(tier.path):
+                sizes = [e.stat().st_size for e in os.scandir(tier.path) if _ENTRY_RE.match(e.name)]
+                row.update(entries=len(sizes), bytes=sum(sizes))
+        report.append(row)
+    return report
 
 
 # -- lookup / store -------------------------------------------------------------

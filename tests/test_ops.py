@@ -1044,6 +1044,33 @@ def test_random_without_an_upper_bound_draws_cpu_range(dtype):
             assert v.min().item() == start and v.max().item() == top
 
 
+def test_abs_and_sign_of_unsigned_integers():
+    """Regression: abs/sign/sgn on uint8 failed to compile (StableHLO's abs and sign take signed
+    integers only); on CPU they are the identity and (x != 0)."""
+    x = torch.tensor([0, 1, 7, 200], dtype=torch.uint8)
+    for fn in (torch.abs, torch.sign, torch.sgn):
+        assert_matches(fn(x.to("tpu")), fn(x), rtol=0, atol=0)
+
+
+def test_indexing_a_zero_size_dim_with_empty_indices():
+    """Regression: an empty index into a zero-size dim failed to compile (a gather of 1-slices
+    from 0 rows); CPU returns an empty tensor."""
+    none = torch.tensor([], dtype=torch.long)
+    for x, take in ((torch.zeros(0, 3), lambda t, i: t[i]), (torch.zeros(4, 0, 2), lambda t, i: t[:, i]),
+                    (torch.zeros(2, 0), lambda t, i: t.index_select(1, i)),
+                    (torch.zeros(0, 3), lambda t, i: t.index_put((i,), torch.ones(3, device=t.device))),
+                    (torch.zeros(0, 3), lambda t, i: t.index_put((i,), torch.ones(3, device=t.device), True))):
+        assert_matches(take(x.to("tpu"), none.to("tpu")), take(x, none))
+
+
+def test_plugin_errors_are_runtime_errors():
+    """A failed compile or launch reaches users as a RuntimeError, as PyTorch's backend errors do."""
+    from torchtpu.runtime import PjrtError
+
+    assert issubclass(PjrtError, RuntimeError)
+    assert issubclass(torch.tpu.DeviceOutOfMemoryError, torch.OutOfMemoryError)
+
+
 def test_randperm_on_tpu():
     """Regression: torch.randperm(n, device="tpu") raised NotImplementedError."""
     torch.manual_seed(0)

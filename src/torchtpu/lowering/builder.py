@@ -125,6 +125,7 @@ _ACCURACY_OPS = frozenset({
     "stablehlo.logistic", "stablehlo.tanh", "stablehlo.sine", "stablehlo.cosine", "stablehlo.tan",
     "stablehlo.sqrt", "stablehlo.rsqrt", "stablehlo.cbrt"})
 _ACCURACY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_UNSIGNED = (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
 _HIGHEST_ACCURACY = ("result_accuracy = #stablehlo.result_accuracy<atol = 0.000000e+00, rtol = 0.000000e+00, "
                      "ulps = 0, mode = #stablehlo.result_accuracy_mode<HIGHEST>>")
 
@@ -196,6 +197,14 @@ class Builder:
             attrs: str = "", region: str = "") -> Value:
         if name == "stablehlo.logistic" and dtype == torch.float32 and target.accurate_transcendentals():
             return self._logistic_from_exp(operands[0])
+        if name in ("stablehlo.abs", "stablehlo.sign") and dtype in _UNSIGNED:
+            # StableHLO's abs and sign take signed integers only; on unsigned ones they are the
+            # identity and (x != 0), as PyTorch's CPU kernels give them
+            x = operands[0]
+            if name == "stablehlo.abs":
+                return x
+            zero = self.constant(0, x.dtype, x.shape)
+            return self.convert(self.compare(x, zero, "NE"), x.dtype)
         return self.op(name, operands, [(shape, dtype)], attrs, region)[0]
 
     def _logistic_from_exp(self, x: Value) -> Value:

@@ -32,6 +32,11 @@ def take_rows(b: Builder, x: Value, idx: Value, dim: int) -> Value:
     slice_sizes = list(x.shape)
     slice_sizes[dim] = 1
     out_shape = list(x.shape[:dim]) + list(idx.shape) + list(x.shape[dim + 1:])
+    if x.shape[dim] == 0:
+        # No row to take: the result is empty when idx is (CPU's answer), and any index is out of
+        # range otherwise, which the index checks report; a gather of 1-slices from 0 rows would
+        # not even compile.
+        return b.constant(0, x.dtype, out_shape)
     attrs = ("dimension_numbers = #stablehlo.gather<offset_dims = [" + ", ".join(map(str, offset_dims)) + "], "
              f"collapsed_slice_dims = [{dim}], start_index_map = [{dim}], index_vector_dim = {rank}>, "
              "slice_sizes = array<i64: " + ", ".join(map(str, slice_sizes)) + ">, indices_are_sorted = false")
@@ -212,6 +217,10 @@ def _index(ctx: LoweringContext, x: Value, indices: list[Value | None]) -> Value
     if any(t.dtype == torch.bool for t in indices if t is not None):
         raise NotImplementedError("torchtpu: boolean mask indexing (data-dependent shape)")
     idx_vals = [indices[i] for i in idx_pos]
+    if any(x.shape[i] == 0 for i in idx_pos):
+        # an indexed dim without rows: empty result for empty indices (CPU's answer), and any index
+        # out of range otherwise (the index checks report it); its gather would not compile
+        return b.constant(0, x.dtype, out_shape)
     bshape = torch.broadcast_shapes(*[tuple(t.shape) for t in idx_vals])
     coords = []
     for i, t in zip(idx_pos, idx_vals):
@@ -243,6 +252,10 @@ def _index_put(ctx: LoweringContext, x: Value, indices: list[Value | None], valu
     if any(t.dtype in (torch.bool, torch.uint8) for t in indices if t is not None):
         return _masked_put(b, x, indices, values, accumulate)
     idx_vals = [indices[i] for i in idx_pos]
+    if any(x.shape[i] == 0 for i in idx_pos):
+        # an indexed dim without rows: nothing to put for empty indices (CPU's answer), and any
+        # index out of range otherwise (the index checks report it); its scatter would not compile
+        return x
     bshape = torch.broadcast_shapes(*[tuple(t.shape) for t in idx_vals])
     coords = []
     for i, t in zip(idx_pos, idx_vals):

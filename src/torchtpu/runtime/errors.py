@@ -27,11 +27,13 @@ UNIMPLEMENTED = 12
 RESOURCE_EXHAUSTED = 8
 
 
-class PjrtError(Exception):
+class PjrtError(RuntimeError):
     """An error returned by a PJRT plugin.
 
     ``code`` is the PJRT_Error_Code (an absl status code) and ``message`` the
     plugin's own text, e.g. the MLIR parser diagnostic for a malformed module.
+    A RuntimeError, as PyTorch's own backend errors are: code that catches those
+    (``except RuntimeError``) catches a failed compile or launch too.
     """
 
     def __init__(self, code: int, message: str) -> None:

@@ -451,3 +451,32 @@ def test_fp32_precision_set_before_the_backend_loads_is_honoured():
     """, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split()[-1] == "highest"
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+def test_a_refused_compile_names_the_op_and_the_engine_goes_on(mode, monkeypatch):
+    """A program XLA refuses reaches the user as a RuntimeError (compile_cache.CompileError) naming
+    what it computes, with the plugin's diagnostic as its cause, not as raw MLIR text; the next op
+    runs."""
+    from torchtpu.engine import compile_cache
+    from torchtpu.runtime import PjrtError
+
+    real = compile_cache.compile
+    refused = []
+
+    def refuse_once(text, **kw):
+        if not refused:
+            refused.append(text)
+            raise PjrtError(2, "-:3:11: error: 'stablehlo.add' op simulated refusal\n-:3:11: note: see op")
+        return real(text, **kw)
+
+    x = torch.randn(3, 1, 7, 5, 2).to("tpu")  # a shape no other test uses: its add is compiled here
+    monkeypatch.setattr(compile_cache, "compile", refuse_once)
+    with torch.tpu.eager_mode(mode), pytest.raises(RuntimeError) as info:
+        (x + x).cpu()
+    assert isinstance(info.value, compile_cache.CompileError) and isinstance(info.value.__cause__, PjrtError)
+    what = "aten::add.Tensor(float32[3, 1, 7, 5, 2]" if mode != "defer_and_fuse" else "a fused DeferAndFuse graph"
+    assert what in str(info.value) and "simulated refusal" in str(info.value), str(info.value)
+    assert "note: see op" not in str(info.value)
+    y = torch.ones(2, device="tpu") * 2
+    assert y.cpu().tolist() == [2.0, 2.0]

@@ -63,15 +63,18 @@ from typing import Any
 from .. import _device_state, runtime
 from ..backend_config import backend
 from ..runtime import env, host_cpu
+from ..runtime.errors import RESOURCE_EXHAUSTED
 
 __all__ = [
     "ENV_TIER2",
     "ENV_TIER3",
     "FORMAT_VERSION",
     "CompileCacheWarning",
+    "CompileError",
     "cache_key",
     "clear",
     "compile",
+    "compile_program",
     "cpu_features",
     "plugin_identity",
     "reset_stats",
@@ -668,3 +671,20 @@ def clear(tier: int | None = None) -> None:
         t3 = _tier3()
         if t3 is not None and t3.usable:
             t3.clear()
+
+
+class CompileError(RuntimeError):
+    """XLA refused a program torchtpu built: the message names what the program computes (the
+    op and its inputs, or the fused or compiled graph); the plugin's diagnostic is its cause."""
+
+
+def compile_program(text: str | bytes, what: str) -> runtime.Executable:
+    """:func:`compile`, with a refusal re-raised as :class:`CompileError` naming ``what``."""
+    try:
+        return compile(text)
+    except runtime.PjrtError as e:
+        if e.code == RESOURCE_EXHAUSTED:
+            raise  # out of device memory while compiling: the OutOfMemoryError path takes it
+        lines = [ln.strip() for ln in e.message.splitlines() if "error" in ln] or e.message.splitlines()[:1]
+        raise CompileError(f"torchtpu: XLA could not compile the program of {what}: "
+                           f"{lines[0] if lines else e.code_name}") from e

@@ -540,7 +540,7 @@ def _background() -> ThreadPoolExecutor:
 def _compile_fused(text: str, live: list[tuple[int, int]], layout: _ParamLayout,
                    aliases: list[tuple[int, int]]) -> _Fused:
     start = time.perf_counter()
-    exe = compile_cache.compile(text)
+    exe = compile_cache.compile_program(text, "a fused DeferAndFuse graph")
     stats["compiles"] += 1
     executor.stats.misses += 1
     executor.stats.compile_seconds += time.perf_counter() - start

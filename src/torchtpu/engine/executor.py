@@ -640,12 +640,23 @@ def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _C
                                   key[1])
     donate = alias_stores(b, col, skeys, outputs)
     text = b.module(out_values)
-    exe = compile_cache.compile(text)
+    exe = compile_cache.compile_program(text, f"aten::{plan.op.__name__}({describe_arguments(values)})")
     entry = Entry(exe, outputs, [_to_out_meta(m) for m in metas], donate)
     with _cache_lock:
         _cache[key] = entry
     stats.compile_seconds += time.perf_counter() - start
     return entry
+
+
+def describe_arguments(values: Sequence[Any]) -> str:
+    """An op's arguments for a message: tensors as dtype[shape], the rest as written."""
+    def one(v: Any) -> str:
+        if isinstance(v, torch.Tensor):
+            return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(one(x) for x in v) + "]"
+        return repr(v)
+    return ", ".join(one(v) for v in values)
 
 
 def alias_stores(b: Builder, col: _Collector, skeys: tuple, outputs: list[tuple]) -> tuple[int, ...]:

@@ -298,7 +298,7 @@ class GraphProgram:
             out_values.append(b.reshape(current[k], executor.store_shape(skeys[k], views)))
         donate = executor.alias_stores(b, col, skeys, outputs)
         text = b.module(out_values, name=self.name)
-        exe = compile_cache.compile(text)
+        exe = compile_cache.compile_program(text, f"the compiled graph {self.name}")
         entry = executor.Entry(exe, outputs, result_specs, donate)
         entry.host_writes = host_writes  # type: ignore[attr-defined]
         entry.flag_output = flag_output  # type: ignore[attr-defined]

@@ -457,7 +457,8 @@ def test_fp32_precision_set_before_the_backend_loads_is_honoured():
 def test_a_refused_compile_names_the_op_and_the_engine_goes_on(mode, monkeypatch):
     """A program XLA refuses reaches the user as a RuntimeError (compile_cache.CompileError) naming
     what it computes, with the plugin's diagnostic as its cause, not as raw MLIR text; the next op
-    runs."""
+    runs. Regression (DeferAndFuse): reading a tensor of the failed graph again raised
+    AttributeError ("'Pending' object has no attribute 'size'")."""
     from torchtpu.engine import compile_cache
     from torchtpu.runtime import PjrtError
 
@@ -472,9 +473,14 @@ def test_a_refused_compile_names_the_op_and_the_engine_goes_on(mode, monkeypatch
 
     x = torch.randn(3, 1, 7, 5, 2).to("tpu")  # a shape no other test uses: its add is compiled here
     monkeypatch.setattr(compile_cache, "compile", refuse_once)
+    z = None
     with torch.tpu.eager_mode(mode), pytest.raises(RuntimeError) as info:
-        (x + x).cpu()
+        z = x + x
+        z.cpu()
     assert isinstance(info.value, compile_cache.CompileError) and isinstance(info.value.__cause__, PjrtError)
+    if z is not None:  # DeferAndFuse: the recorded tensor stays; reading it again says why it has no value
+        with pytest.raises(RuntimeError, match="never computed.*could not compile"):
+            z.cpu()
     what = "aten::add.Tensor(float32[3, 1, 7, 5, 2]" if mode != "defer_and_fuse" else "a fused DeferAndFuse graph"
     assert what in str(info.value) and "simulated refusal" in str(info.value), str(info.value)
     assert "note: see op" not in str(info.value)

@@ -71,6 +71,10 @@ def device_to_host(t: torch.Tensor) -> torch.Tensor:
         # for that under the engine's lock.)
         deferred.flush()
         buf = st.storage_buffer(src.untyped_storage())
+        failure = deferred.failure_of(buf) if isinstance(buf, deferred.Pending) else None
+        if failure is not None:
+            raise RuntimeError(f"torchtpu: this tensor's value was never computed: the DeferAndFuse graph "
+                               f"that makes it failed ({failure})") from failure
     if not (_covers_storage(src) and buf is not None and st.buffer_dtype(buf) == src.dtype
             and buf.size == src.numel()):
         host_view = _strided_from_whole_buffer(t, buf)

@@ -439,16 +439,34 @@ def flush(cut: bool = False) -> None:
             stats["background_compiles"] += 1
             _release(g)
             return
-        if fused is None:
-            text, layout, aliases = _emit(g, args, live, key)
-            fused = _compile_fused(text, live, layout, aliases)
-            _cache[key] = fused
-        else:
-            stats["hits"] += 1
-            executor.stats.hits += 1
-        _launch(fused, args, g.nodes[0].device, holders)
+        try:
+            if fused is None:
+                text, layout, aliases = _emit(g, args, live, key)
+                fused = _compile_fused(text, live, layout, aliases)
+                _cache[key] = fused
+            else:
+                stats["hits"] += 1
+                executor.stats.hits += 1
+            _launch(fused, args, g.nodes[0].device, holders)
+        except Exception as e:
+            # The graph's values will never exist: a later read of one says why (see failure_of).
+            for pairs in holders.values():
+                for _, pending in pairs:
+                    _failed[pending] = e
+            _release(g)
+            raise
         del args
         _release(g)
+
+
+# Pendings whose graph failed to emit, compile or launch, with the error (weakly: they go with
+# their storages).
+_failed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def failure_of(pending: Pending) -> BaseException | None:
+    """The error that stopped the graph producing ``pending``, if one did."""
+    return _failed.get(pending)
 
 
 def _release(g: _Graph) -> None:

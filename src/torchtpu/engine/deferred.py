@@ -450,21 +450,25 @@ def flush(cut: bool = False) -> None:
             _launch(fused, args, g.nodes[0].device, holders)
         except Exception as e:
             # The graph's values will never exist: a later read of one says why (see failure_of).
+            # Only the text is kept: the exception's traceback holds this frame, whose storages
+            # hold the Pendings, which would then never be freed.
+            why = f"{type(e).__name__}: {e}"
             for pairs in holders.values():
                 for _, pending in pairs:
-                    _failed[pending] = e
+                    _failed[pending] = why
+            del holders
             _release(g)
             raise
         del args
         _release(g)
 
 
-# Pendings whose graph failed to emit, compile or launch, with the error (weakly: they go with
-# their storages).
+# Pendings whose graph failed to emit, compile or launch, with the error's text (weakly: they go
+# with their storages).
 _failed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def failure_of(pending: Pending) -> BaseException | None:
+def failure_of(pending: Pending) -> str | None:
     """The error that stopped the graph producing ``pending``, if one did."""
     return _failed.get(pending)
 

@@ -310,8 +310,8 @@ def reset_accumulated_host_memory_stats() -> None:
 
 
 def device_memory_used(device: int | str | torch.device | None = None) -> int:
-    """Bytes of the device's memory in use, by this process and any other (what the plugin's
-    allocator reports on a TPU; on the CPU emulator the host's memory in use)."""
+    """Bytes of the device's memory in use: what the plugin's allocator reports on a TPU (every
+    process's); on the CPU emulator what this process's live tpu storages hold of its HBM."""
     free, total = mem_get_info(device)
     return total - free
 

@@ -125,8 +125,7 @@ def read(name: str) -> bool | int | str | None:
             _bad(key, text, "is not an integer", var.default)
             return var.default
         if (var.minimum is not None and value < var.minimum) or (var.maximum is not None and value > var.maximum):
-            bounds = f"{var.minimum if var.minimum is not None else ''}..{var.maximum if var.maximum is not None else ''}"
-            _bad(key, text, f"is outside {bounds}", var.default)
+            _bad(key, text, f"is outside {_bounds(var)}", var.default)
             return var.default
         return value
     if var.kind == "choice":
@@ -142,12 +141,19 @@ def warn_invalid(name: str, text: str, why: str) -> None:
     _bad(name, text, why, VARIABLES[name].default)
 
 
+def _bounds(var: Variable) -> str:
+    """An integer variable's range as ``lo..hi`` (an open end left empty)."""
+    lo = "" if var.minimum is None else var.minimum
+    hi = "" if var.maximum is None else var.maximum
+    return f"{lo}..{hi}"
+
+
 def markdown_table() -> str:
     rows = ["| variable | kind | default | meaning |", "|---|---|---|---|"]
     for v in _VARIABLES:
         kind = v.kind if not v.choices else f"one of {', '.join(f'`{c}`' for c in v.choices)}"
         if v.kind == "int" and (v.minimum is not None or v.maximum is not None):
-            kind += f" ({v.minimum if v.minimum is not None else ''}..{v.maximum if v.maximum is not None else ''})"
+            kind += f" ({_bounds(v)})"
         default = "unset" if v.default is None else f"`{v.default}`"
         name = f"`{v.name}`" + "".join(f" (also `{a}`)" for a in v.aliases)
         rows.append(f"| {name} | {kind} | {default} | {v.meaning} |")

@@ -119,6 +119,29 @@ def digamma(b: Builder, x: Value) -> Value:
     return b.select(negative, reflected, psi)
 
 
+# lgamma's Stirling series: 1/(12z) - 1/(360z^3) + 1/(1260z^5) - 1/(1680z^7) in powers of w = 1/z^2
+_STIRLING_SERIES = (-1.0 / 1680, 1.0 / 1260, -1.0 / 360, 1.0 / 12)
+_HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def lgamma_stirling(b: Builder, z: Value) -> Value:
+    """lgamma(z) for z >= 16 (finite): (z - 1/2) log z - z + log(2 pi)/2 and Stirling's series,
+    whose next term is below 1e-12 there; z (log z - 1) overflows to inf where lgamma does."""
+    log_z = b.unary("log", z)
+    w = b.div(_c(b, 1.0, z), b.mul(z, z))
+    series = b.div(_horner(b, _STIRLING_SERIES, w), z)
+    head = b.sub(b.mul(z, b.sub(log_z, _c(b, 1.0, z))), b.mul(_c(b, 0.5, z), log_z))
+    return b.add(head, b.add(_c(b, _HALF_LOG_TWO_PI, z), series))
+
+
+def lgamma_reflected(b: Builder, x: Value, lgamma_of_one_minus_x: Value) -> Value:
+    """lgamma(x) for a negative non-integer x from lgamma(1 - x):
+    log(pi) - log|sin(pi r)| - lgamma(1 - x), r = x - round(x) (exact, so sin keeps its accuracy)."""
+    r = b.sub(x, b.unary("round_nearest_even", x))
+    sine = b.unary("abs", b.unary("sine", b.mul(r, _c(b, math.pi, x))))
+    return b.sub(b.sub(_c(b, math.log(math.pi), x), b.unary("log", sine)), lgamma_of_one_minus_x)
+
+
 FORMS: dict[str, Callable[[Builder, Value], Value]] = {
     "chlo.sinh": sinh, "chlo.cosh": cosh, "chlo.asinh": asinh, "chlo.acosh": acosh, "chlo.atanh": atanh,
     "chlo.erf_inv": erfinv,

@@ -336,8 +336,12 @@ class Builder:
         if name == "power" and a.dtype == b.dtype == torch.float32 and dtype is None and target.wide_float_power():
             # exp(y * log(x)) in f64, rounded once: a TPU's f32 power composes its fast exp and
             # log (6e-6 relative off; Adam's 1 - beta2 ** step then loses three digits)
-            wide = self.binary("power", self.convert(a, torch.float64), self.convert(b, torch.float64))
-            return self.convert(wide, torch.float32)
+            wide = self.convert(self.binary("power", self.convert(a, torch.float64), self.convert(b, torch.float64)),
+                                torch.float32)
+            # where that is not finite, f32's own power: it keeps IEEE's infinities (pow(inf, 1.5)),
+            # which the TPU's emulated f64 turned into NaN, and overflows past f32's range as it should
+            finite = self.op1("stablehlo.is_finite", [wide], wide.shape, torch.bool)
+            return self.select(finite, wide, self.op1("stablehlo.power", [a, b], a.shape, a.dtype))
         return self.op1(f"stablehlo.{name}", [a, b], a.shape, dtype or a.dtype)
 
     def add(self, a: Value, b: Value) -> Value:

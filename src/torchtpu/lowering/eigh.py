@@ -44,7 +44,7 @@ def _diagonalize(b: Builder, a: Value) -> tuple[Value, Value]:
                                        bb.broadcast_in_dim(q, (batch, h, m), [1]), "EQ"), dt)
         apq = bb.reduce(bb.mul(take_rows(bb, x, p, 1), q_mask), [2], bb.constant(0.0, dt), "stablehlo.add")
         t, c, s = jacobi.rotation(bb, app, aqq, apq)
-        step_max = jacobi.relative_max(bb, apq, bb.unary("sqrt", bb.unary("abs", bb.mul(app, aqq))))
+        step_max = jacobi.relative_max(bb, apq, jacobi.geometric_mean(bb, bb.unary("abs", app), bb.unary("abs", aqq)))
         x = jacobi.rotate(bb, jacobi.rotate(bb, x, 1, p, q, inv, c, s), 2, p, q, inv, c, s)
         shift = bb.mul(t, apq)
         new_diag = jacobi.in_index_order(bb, bb.sub(app, shift), bb.add(aqq, shift), inv, 1)  # (B, m)

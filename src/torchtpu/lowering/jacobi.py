@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from . import target
 from .builder import Builder, Value
 from .indexing import take_rows
 
@@ -23,7 +24,7 @@ MAX_SWEEPS = 30
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
-    return torch.finfo(dtype).eps / 2
+    return target.unit_roundoff(dtype)
 
 
 def _tournament(m: int) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
@@ -60,17 +61,37 @@ def rotate(b: Builder, x: Value, dim: int, p: Value, q: Value, inv: Value, c: Va
 
 def rotation(b: Builder, app: Value, aqq: Value, apq: Value) -> tuple[Value, Value, Value]:
     """(t, c, s) of the Jacobi rotation zeroing the symmetric 2x2 block [[app, apq], [apq, aqq]]:
-    t = tan(theta), the smaller root of t^2 + 2 tau t - 1 = 0 with tau = (aqq - app) / (2 apq)."""
+    t = tan(theta), the smaller root of t^2 + 2 tau t - 1 = 0 with tau = (aqq - app) / (2 apq).
+
+    Computed as sign(tau) |q| / (|d| + hypot(d, q)) with d = aqq - app and q = 2 apq both divided
+    by max(|d|, |q|), never through tau itself: once apq is a rounding residue, tau^2 overflows
+    (near 1e19 in a float32 exponent range), which gave t = 0 in float32 and NaN in a TPU's
+    emulated float64, where an overflow does not stay inf.
+    """
     def c_(v: float) -> Value:
         return b.constant(v, app.dtype, app.shape)
 
-    nonzero = b.compare(apq, c_(0.0), "NE")
-    tau = b.div(b.sub(aqq, app), b.mul(c_(2.0), b.select(nonzero, apq, c_(1.0))))
-    sign = b.select(b.compare(tau, c_(0.0), "LT"), c_(-1.0), c_(1.0))
-    t = b.div(sign, b.add(b.unary("abs", tau), b.unary("sqrt", b.add(c_(1.0), b.mul(tau, tau)))))
-    t = b.select(nonzero, t, c_(0.0))
+    zero = c_(0.0)
+    d, q = b.sub(aqq, app), b.mul(c_(2.0), apq)
+    scale = b.maximum(b.unary("abs", d), b.unary("abs", q))
+    nonzero = b.compare(apq, zero, "NE")
+    scale = b.select(nonzero, scale, c_(1.0))
+    dn, qn = b.div(d, scale), b.div(q, scale)
+    # tau < 0 exactly where d and apq have strictly opposite signs (tau = +-0 counts as positive)
+    negative_tau = b.binary("or", b.binary("and", b.compare(d, zero, "LT"), b.compare(apq, zero, "GT")),
+                            b.binary("and", b.compare(d, zero, "GT"), b.compare(apq, zero, "LT")))
+    sign = b.select(negative_tau, c_(-1.0), c_(1.0))
+    hyp = b.unary("sqrt", b.add(b.mul(dn, dn), b.mul(qn, qn)))
+    t = b.div(b.mul(sign, b.unary("abs", qn)), b.add(b.unary("abs", dn), hyp))
+    t = b.select(nonzero, t, zero)
     c = b.unary("rsqrt", b.add(c_(1.0), b.mul(t, t)))
     return t, c, b.mul(t, c)
+
+
+def geometric_mean(b: Builder, x: Value, y: Value) -> Value:
+    """sqrt(x) sqrt(y) of non-negative x, y: their product would underflow (a rank-deficient
+    column's squared norm times another) or overflow where the means do not."""
+    return b.mul(b.unary("sqrt", x), b.unary("sqrt", y))
 
 
 def relative_max(b: Builder, off: Value, scale: Value) -> Value:

@@ -183,8 +183,10 @@ def _airy_ai(b: Builder, v: Value) -> Value:
     zeta = b.div(b.mul(b.mul(c(2.0), pos), b.unary("sqrt", pos)), c(3.0))
     inv = b.div(c(1.0), zeta)
     ratio = b.div(_horner(b, inv, _AIRY_AN), _horner(b, inv, _AIRY_AD))
-    positive = b.div(b.mul(c(5.64189583547756286948e-01), ratio),
-                     b.mul(b.mul(c(2.0), b.unary("sqrt", b.unary("sqrt", pos))), b.unary("exponential", zeta)))
+    # times e^-zeta, not over e^zeta: e^zeta leaves float32's exponent range from x = 26.3, where
+    # a TPU's emulated float64 came out NaN (Ai itself only leaves float64's at 103.9)
+    positive = b.div(b.mul(b.mul(c(5.64189583547756286948e-01), ratio), b.unary("exponential", b.neg(zeta))),
+                     b.mul(c(2.0), b.unary("sqrt", b.unary("sqrt", pos))))
 
     mid = b.select(b.binary("and", b.compare(v, c(-2.09), "GE"), b.compare(v, c(2.09), "LT")), v, c(0.0))
     cube = b.mul(b.mul(mid, mid), mid)
@@ -432,14 +434,50 @@ def _lgamma(ctx: LoweringContext, x: Value) -> Value:
 
 def lgamma_value(b: Builder, v: Value) -> Value:
     """lgamma of an f32 or f64 value (see _lgamma)."""
+    if v.dtype == torch.float32 and target.accurate_transcendentals():
+        # a TPU: chlo's expansion uses the approximate log there (3e-5 relative off past 16.5 on
+        # a v5e), so every finite argument away from the poles takes a written-out form
+        return _lgamma_f32_written_out(b, v)
     r = b.op1("chlo.lgamma", [v], v.shape, v.dtype)
-    if v.dtype == torch.float32:  # chlo's f64 is within 4e-15 there
-        zero, top = b.constant(0.0, v.dtype, v.shape), b.constant(_LGAMMA_SHIFTED_BELOW, v.dtype, v.shape)
-        inside = b.binary("and", b.compare(v, zero, "GT"), b.compare(v, top, "LT"))
-        # outside, the shifted series reads 1 (any finite value would do): no inf/nan work
-        one = b.constant(1.0, v.dtype, v.shape)
-        r = b.select(inside, _lgamma_shifted(b, b.select(inside, v, one)), r)
-    return r
+    if v.dtype != torch.float32:  # chlo's f64 is within 4e-15 there
+        return r
+    inside = _lgamma_shifted_range(b, v)
+    return b.select(inside, _lgamma_shifted(b, _in_or_one(b, inside, v)), r)
+
+
+def _lgamma_shifted_range(b: Builder, v: Value) -> Value:
+    zero, top = b.constant(0.0, v.dtype, v.shape), b.constant(_LGAMMA_SHIFTED_BELOW, v.dtype, v.shape)
+    return b.binary("and", b.compare(v, zero, "GT"), b.compare(v, top, "LT"))
+
+
+def _in_or_one(b: Builder, inside: Value, v: Value) -> Value:
+    # outside its range a form reads 1 (any finite value would do): no inf/nan work
+    return b.select(inside, v, b.constant(1.0, v.dtype, v.shape))
+
+
+def _lgamma_positive(b: Builder, v: Value) -> Value:
+    """lgamma of a finite v > 0: the shifted series below 16.5, Stirling's above."""
+    shifted = _lgamma_shifted_range(b, v)
+    big = b.select(shifted, b.constant(_LGAMMA_SHIFTED_BELOW, v.dtype, v.shape), v)
+    return b.select(shifted, _lgamma_shifted(b, _in_or_one(b, shifted, v)), accurate_math.lgamma_stirling(b, big))
+
+
+def _lgamma_f32_written_out(b: Builder, v: Value) -> Value:
+    """lgamma from accurate exp/log/sin for finite v that is positive or a negative non-integer
+    above -2^23 (below, every float32 is an integer); elsewhere a pole or an infinity (+inf, as
+    on CPU) or NaN."""
+    s = v.shape
+    zero = b.constant(0.0, v.dtype, s)
+    finite = b.op1("stablehlo.is_finite", [v], s, torch.bool)
+    positive = b.binary("and", finite, b.compare(v, zero, "GT"))
+    negative = b.binary("and", b.compare(v, zero, "LT"), b.compare(v, b.constant(-(2.0 ** 23), v.dtype, s), "GT"))
+    negative = b.binary("and", negative, b.compare(v, b.unary("floor", v), "NE"))
+    # one evaluation serves both: lgamma(v) for positive v, lgamma(1 - v) for negative v
+    arg = b.select(positive, v, b.select(negative, b.sub(b.constant(1.0, v.dtype, s), v), b.constant(1.0, v.dtype, s)))
+    value = _lgamma_positive(b, arg)
+    reflected = accurate_math.lgamma_reflected(b, b.select(negative, v, b.constant(-0.5, v.dtype, s)), value)
+    poles = b.select(b.compare(v, v, "NE"), v, b.constant(math.inf, v.dtype, s))
+    return b.select(positive, value, b.select(negative, reflected, poles))
 
 
 @register(aten.digamma.default, aten.special_digamma.default)

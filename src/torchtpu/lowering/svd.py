@@ -39,7 +39,7 @@ def _orthogonalize(b: Builder, x: Value) -> tuple[Value, Value]:
         cp, cq = take_rows(bb, xv, p, 2), take_rows(bb, xv, q, 2)  # (B, rows, h)
         alpha, beta, gamma = _sum_rows(bb, bb.mul(cp, cp)), _sum_rows(bb, bb.mul(cq, cq)), _sum_rows(bb, bb.mul(cp, cq))
         _, c, s = jacobi.rotation(bb, alpha, beta, gamma)
-        cosine = jacobi.relative_max(bb, gamma, bb.unary("sqrt", bb.mul(alpha, beta)))
+        cosine = jacobi.relative_max(bb, gamma, jacobi.geometric_mean(bb, alpha, beta))
         return [jacobi.rotate(bb, xv, 2, p, q, inv, c, s), jacobi.rotate(bb, v, 2, p, q, inv, c, s)], cosine
 
     tolerance = max(rows, cols) * jacobi.unit_roundoff(x.dtype)

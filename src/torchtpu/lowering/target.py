@@ -7,6 +7,8 @@ others, where a TPU compiler would not care.
 
 from __future__ import annotations
 
+import torch
+
 from ..runtime import env, host_cpu
 
 # Lowering for another platform than the plugin's: the programs a TPU would be sent, built
@@ -94,3 +96,22 @@ def wide_float_power() -> bool:
     """Whether an f32 ``power`` is computed in f64 and rounded (a TPU's f32 power is not
     accurate, and takes no result accuracy); XLA's CPU backend calls an accurate ``powf``."""
     return tpu()
+
+
+# A TPU computes float64 as pairs of float32 (XLA's emulation): about 2^-45 relative per
+# operation measured on a v5e (docs/tpu.md), float32's exponent range, and an overflow that can
+# come out NaN instead of inf (the pair's correction term is inf - inf).
+_EMULATED_FLOAT64_UNIT_ROUNDOFF = 2.0 ** -45
+
+
+def emulated_float64() -> bool:
+    """Whether float64 is XLA's pair-of-float32 emulation (a TPU) rather than IEEE float64."""
+    return tpu()
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """The relative rounding error of one operation in ``dtype`` as the programs compute it:
+    what an iteration converging to working precision can reach."""
+    if dtype == torch.float64 and emulated_float64():
+        return _EMULATED_FLOAT64_UNIT_ROUNDOFF
+    return torch.finfo(dtype).eps / 2

@@ -81,6 +81,17 @@ def wide_types() -> None:
     for v in (1e38, 1e39, 1e300, 1e-38, 1e-39, 1e-300):
         t = torch.tensor([v], dtype=torch.float64)
         print(f"f64 value {v!r}: transfer -> {t.to('tpu').cpu().item()!r}, *1 -> {(t.to('tpu') * 1).cpu().item()!r}")
+    # what an overflow and IEEE's specials become in the emulated float64 (inf, or NaN from the
+    # pair's correction term), and f32 pow at infinities (computed through float64 on a TPU)
+    inf = float("inf")
+    for name, fn, v in (("1e30 * 1e10", lambda t: t * 1e10, 1e30), ("exp(100)", torch.exp, 100.0),
+                        ("exp(89)", torch.exp, 89.0), ("inf * 2", lambda t: t * 2, inf), ("inf + 1", lambda t: t + 1, inf),
+                        ("1 / 0", lambda t: 1 / t, 0.0), ("sqrt(inf)", torch.sqrt, inf), ("-inf * 3", lambda t: t * 3, -inf),
+                        ("(3e38)^2", lambda t: t * t, 3e38), ("inf - inf", lambda t: t - t, inf)):
+        t = torch.tensor([v], dtype=torch.float64)
+        print(f"f64 special {name:12s} cpu={fn(t).item()!r} tpu={fn(t.to('tpu')).cpu().item()!r}", flush=True)
+    x = torch.tensor([inf, -inf, 0.0, -0.0, 3e38, 1e-30])
+    print(f"f32 pow(x, 1.5) x={x.tolist()} cpu={x.pow(1.5).tolist()} tpu={x.to('tpu').pow(1.5).cpu().tolist()}")
     i = torch.tensor([2**62 + 12345, -(2**63), 2**63 - 1, -7])
     t = i.to("tpu")
     exact = (torch.equal(t.cpu(), i) and torch.equal((t + 0).cpu(), i) and torch.equal((t // 3).cpu(), i // 3)

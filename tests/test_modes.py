@@ -458,7 +458,8 @@ def test_a_refused_compile_names_the_op_and_the_engine_goes_on(mode, monkeypatch
     """A program XLA refuses reaches the user as a RuntimeError (compile_cache.CompileError) naming
     what it computes, with the plugin's diagnostic as its cause, not as raw MLIR text; the next op
     runs. Regression (DeferAndFuse): reading a tensor of the failed graph again raised
-    AttributeError ("'Pending' object has no attribute 'size'")."""
+    AttributeError ("'Pending' object has no attribute 'size'"), and using it as an input raised
+    AssertionError."""
     from torchtpu.engine import compile_cache
     from torchtpu.runtime import PjrtError
 
@@ -481,6 +482,11 @@ def test_a_refused_compile_names_the_op_and_the_engine_goes_on(mode, monkeypatch
     if z is not None:  # DeferAndFuse: the recorded tensor stays; reading it again says why it has no value
         with pytest.raises(RuntimeError, match="never computed.*could not compile"):
             z.cpu()
+        # nor can an op take it as an input (regression: AssertionError "stale pending storage")
+        with torch.tpu.eager_mode(mode), pytest.raises(RuntimeError, match="never computed.*could not compile"):
+            (z * 2).cpu()
+        with torch.tpu.eager_mode(mode):
+            torch.testing.assert_close((x * 3 + 1).cpu(), x.cpu() * 3 + 1)
     what = "aten::add.Tensor(float32[3, 1, 7, 5, 2]" if mode != "defer_and_fuse" else "a fused DeferAndFuse graph"
     assert what in str(info.value) and "simulated refusal" in str(info.value), str(info.value)
     assert "note: see op" not in str(info.value)

@@ -73,8 +73,7 @@ def device_to_host(t: torch.Tensor) -> torch.Tensor:
         buf = st.storage_buffer(src.untyped_storage())
         failure = deferred.failure_of(buf) if isinstance(buf, deferred.Pending) else None
         if failure is not None:
-            raise RuntimeError(f"torchtpu: this tensor's value was never computed: the DeferAndFuse graph "
-                               f"that makes it failed ({failure})")
+            raise deferred.never_computed(failure)
     if not (_covers_storage(src) and buf is not None and st.buffer_dtype(buf) == src.dtype
             and buf.size == src.numel()):
         host_view = _strided_from_whole_buffer(t, buf)

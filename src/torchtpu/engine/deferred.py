@@ -263,18 +263,24 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
         device = col.device or 0
         layouts = None if plan.mutated else info.layouts
         new_tensors = None
-        if _native_record and info.emitted:
-            # recorded natively, node included (it needs no source line); None: an RNG seed
-            new_tensors = _record_node(g, info, col, layouts, node_index, device)
-        if new_tensors is None:
-            io = _record_io(g, col, layouts, info.written, node_index, device) \
-                if _native_record and not info.emitted else None
-            if io is None:  # an RNG seed among the inputs (or the native path switched off)
-                io = _record_io_python(g, col, layouts, info.written, node_index, device)
-            inputs, wires, new_tensors = io
-            g.wiring.append((info.key_id, wires))
-            g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
-            g.keys.append(info.key_id)
+        try:
+            if _native_record and info.emitted:
+                # recorded natively, node included (it needs no source line); None: an RNG seed
+                new_tensors = _record_node(g, info, col, layouts, node_index, device)
+            if new_tensors is None:
+                io = _record_io(g, col, layouts, info.written, node_index, device) \
+                    if _native_record and not info.emitted else None
+                if io is None:  # an RNG seed among the inputs (or the native path switched off)
+                    io = _record_io_python(g, col, layouts, info.written, node_index, device)
+                inputs, wires, new_tensors = io
+                g.wiring.append((info.key_id, wires))
+                g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
+                g.keys.append(info.key_id)
+        except AssertionError:
+            # the recorders refuse a Pending of an older graph; one whose graph failed is the
+            # user's to hear about (the failure's text), not an internal error
+            _raise_if_an_input_failed(col)
+            raise
         # the repeated-ops heuristic and chunk cuts (csrc/defer.cpp)
         _C._after_record(g, node_index)
     return executor.op_result(plan, values, new_tensors)
@@ -471,6 +477,21 @@ _failed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def failure_of(pending: Pending) -> str | None:
     """The error that stopped the graph producing ``pending``, if one did."""
     return _failed.get(pending)
+
+
+def never_computed(failure: str) -> RuntimeError:
+    """The error for using a tensor whose graph failed (``failure``: that graph's error)."""
+    return RuntimeError(f"torchtpu: this tensor's value was never computed: the DeferAndFuse graph that makes "
+                        f"it failed ({failure})")
+
+
+def _raise_if_an_input_failed(col: Any) -> None:
+    for inp in col.inputs:
+        if inp[0] == "storage":
+            buf = getattr(col.storages[inp[1]], _ATTR, None)
+            failure = _failed.get(buf) if buf.__class__ is Pending else None
+            if failure is not None:
+                raise never_computed(failure)
 
 
 def _release(g: _Graph) -> None:

@@ -486,3 +486,96 @@ def test_two_processes_write_the_same_key(tiers, tmp_path):
         (name,) = entries(d)
         assert entry_ok(os.path.join(d, name))
         assert [n for n in os.listdir(d) if n.endswith(".tmp")] == []
+
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only("two processes use the device at once; a TPU chip admits one")
+def test_a_process_waits_for_another_compiling_the_same_program(tiers):
+    """Processes of one machine compile a program once between them (issue 43: two processes
+    compiling the same program both compiled it): while one holds the program's lock, another
+    waits, then loads the entry the first stored."""
+    from torchtpu.engine import cache_dir
+
+    text, c = fresh()
+    cc.compile(fresh()[0])  # makes the tier directories
+    key = cc.cache_key(text)
+    env = _child_env(tiers)
+    env[cc.ENV_TIER3] = "disabled"
+    with cache_dir.program_lock(tiers["t2"], key):
+        child = _spawn(text, env)
+        lock = os.path.join(tiers["t2"], f".{key}.lock")
+        deadline = time.monotonic() + 120
+        while not _has_open(child.pid, lock):  # the child starts, misses tier 2 and waits on the lock
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.02)
+        client = _device_state.client()
+        exe = client.compile(text)  # what the first process compiles, stored under the lock
+        cc._store(cc._tier2(), key, cc._pack(key, exe.serialize()))
+    stats = _result(child, c)["stats"]
+    assert stats["compiles"] == 0 and stats["tier2_hits_after_wait"] == 1, stats
+    assert not os.path.exists(lock)
+
+
+def _has_open(pid: int, path: str) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def test_tier_size_bound_evicts_least_recently_used(tiers, monkeypatch):
+    """A local tier keeps its entries within TORCH_TPU_TIER{2,3}_CACHE_MAX_MB, dropping those no
+    process loaded for longest (issue 43: tier 2 grew to 216 MB with no bound)."""
+    monkeypatch.setenv(cc.ENV_TIER3, "disabled")
+    monkeypatch.setenv(cc.ENV_TIER2_MAX_MB, "5")
+    first, c_first = fresh()
+    check(cc.compile(first), c_first)
+    t2 = cc._tier2()
+    assert t2.bound.max_bytes == 5 * 2**20
+    size = os.path.getsize(os.path.join(tiers["t2"], entries(tiers["t2"])[0]))
+    t2.bound.max_bytes = int(3.5 * size)  # room for three entries
+    t2.bound._written = None  # scan at the next write
+    old = time.time() - 100
+    for name in entries(tiers["t2"]):
+        os.utime(os.path.join(tiers["t2"], name), (old, old))
+    texts = [fresh() for _ in range(2)]
+    for i, (text, c) in enumerate(texts):
+        check(cc.compile(text), c)
+        for name in entries(tiers["t2"]):
+            if name != cc.cache_key(first) + cc.ENTRY_SUFFIX:
+                os.utime(os.path.join(tiers["t2"], name), (old + 10 + i, old + 10 + i))
+    cc.clear(1)
+    check(cc.compile(first), c_first)  # a tier-2 hit: now the most recently used
+    assert cc.stats()["tier2_hits"] == 1
+    t2.bound._written = None
+    last, c_last = fresh()
+    check(cc.compile(last), c_last)
+    kept = set(entries(tiers["t2"]))
+    assert cc.cache_key(first) + cc.ENTRY_SUFFIX in kept and cc.cache_key(last) + cc.ENTRY_SUFFIX in kept
+    assert cc.cache_key(texts[0][0]) + cc.ENTRY_SUFFIX not in kept  # the least recently used
+    assert sum(os.path.getsize(os.path.join(tiers["t2"], n)) for n in kept) <= t2.bound.max_bytes
+    assert cc.stats()["tier2_evictions"] >= 1
+    assert next(r for r in cc.tier_report() if r["tier"] == 2)["max_bytes"] == t2.bound.max_bytes
+
+
+def test_python_m_torchtpu_cache_lists_and_clears(tiers, capsys):
+    """``python -m torchtpu --cache`` / ``--clear-cache``: the tiers' entries, sizes and bounds,
+    without opening a device (the TPU may be held by another process)."""
+    from torchtpu.__main__ import main
+
+    cc.compile(fresh()[0])
+    assert main(["--cache"]) == 0
+    out = capsys.readouterr().out
+    assert f"{tiers['t2']}: 1 entries" in out and f"{tiers['t3']}: 1 entries" in out and "bound 1.00 GiB" in out, out
+    assert main(["--clear-cache", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"{tiers['t2']}: 0 entries" in out and f"{tiers['t3']}: 1 entries" in out, out
+    assert main(["--clear-cache", "all"]) == 0
+    assert f"{tiers['t3']}: 0 entries" in capsys.readouterr().out

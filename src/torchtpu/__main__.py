@@ -2,6 +2,7 @@
 
     python -m torchtpu            # devices, plugin, PJRT API, cache tiers, mode, precision, versions
     python -m torchtpu --check    # also a ~10-second self-test against the CPU (exit status 1 on a failure)
+    python -m torchtpu --cache    # the compile cache's tiers 2 and 3 (--clear-cache 2|3|all empties them)
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ def _size(nbytes: int | None) -> str:
 def report() -> list[tuple[str, str]]:
     """(what, value) rows describing the device, its plugin and torchtpu's settings."""
     from . import _device_state
-    from .engine import compile_cache
     from .runtime import env
 
     client = _device_state.client()
@@ -58,14 +58,30 @@ def report() -> list[tuple[str, str]]:
         ("eager mode", torch.tpu.get_eager_mode()),
         ("float32 matmul precision", torch.tpu.get_precision()),
     ]
+    rows += cache_rows()
+    set_vars = [f"{name}={os.environ[name]}" for name in env.VARIABLES if os.environ.get(name)]
+    rows.append(("TORCH_TPU_* set", ", ".join(set_vars) or "none"))
+    return rows
+
+
+def cache_rows() -> list[tuple[str, str]]:
+    """(what, value) rows of the compile cache's tiers 2 and 3: where, entries, size, bound."""
+    from .engine import compile_cache
+
+    rows = []
     for tier in compile_cache.tier_report():
         where = tier["location"] or "disabled"
         state = "" if tier["usable"] or tier["location"] is None else " (unusable)"
         count = "" if tier["entries"] is None else f": {tier['entries']} entries, {_size(tier['bytes'])}"
-        rows.append((f"compile cache, tier {tier['tier']}", f"{where}{state}{count}"))
-    set_vars = [f"{name}={os.environ[name]}" for name in env.VARIABLES if os.environ.get(name)]
-    rows.append(("TORCH_TPU_* set", ", ".join(set_vars) or "none"))
+        bound = f" (bound {_size(tier['max_bytes'])})" if tier["max_bytes"] else ""
+        rows.append((f"compile cache, tier {tier['tier']}", f"{where}{state}{count}{bound}"))
     return rows
+
+
+def _print_rows(rows: list[tuple[str, str]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
 
 
 def _checks() -> list[tuple[str, Callable[[], None]]]:
@@ -132,11 +148,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchtpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="run a ~10-second self-test against the CPU")
+    parser.add_argument("--cache", action="store_true",
+                        help="only the compile cache's tiers 2 and 3 (opens no device: safe while another "
+                             "process holds the TPU)")
+    parser.add_argument("--clear-cache", choices=("2", "3", "all"),
+                        help="delete the entries of compile-cache tier 2, 3 or both (opens no device)")
     args = parser.parse_args(argv)
-    rows = report()
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
+    if args.cache or args.clear_cache:
+        if args.clear_cache:
+            from .engine import compile_cache
+
+            for tier in (2, 3) if args.clear_cache == "all" else (int(args.clear_cache),):
+                compile_cache.clear(tier)
+        _print_rows(cache_rows())
+        return 0
+    _print_rows(report())
     if args.check:
         print("self-test:")
         return 0 if check() else 1

@@ -64,6 +64,7 @@ from .. import _device_state, runtime
 from ..backend_config import backend
 from ..runtime import env, host_cpu
 from ..runtime.errors import RESOURCE_EXHAUSTED
+from . import cache_dir
 
 __all__ = [
     "ENV_TIER2",
@@ -84,6 +85,8 @@ __all__ = [
 
 ENV_TIER2 = "TORCH_TPU_TIER2_COMPILATION_CACHE"
 ENV_TIER3 = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+ENV_TIER2_MAX_MB = "TORCH_TPU_TIER2_CACHE_MAX_MB"
+ENV_TIER3_MAX_MB = "TORCH_TPU_TIER3_CACHE_MAX_MB"
 # "stat" (default): size + mtime of the plugin file; "content": its full sha256.
 ENV_PLUGIN_ID = "TORCH_TPU_COMPILE_CACHE_PLUGIN_ID"
 
@@ -130,12 +133,16 @@ _STAT_NAMES = (
     "tier2_writes",
     "tier2_write_seconds",
     "tier2_errors",
+    "tier2_evictions",
+    "tier2_hits_after_wait",
     "tier3_hits",
     "tier3_misses",
     "tier3_load_seconds",
     "tier3_writes",
     "tier3_write_seconds",
     "tier3_errors",
+    "tier3_evictions",
+    "tier3_hits_after_wait",
 )
 _stats_lock = threading.Lock()
 _stats: dict[str, float] = dict.fromkeys(_STAT_NAMES, 0)
@@ -317,7 +324,11 @@ class _Tier:
         self.local = local
         self.usable = False
         self.writable = True
+        self.bound: cache_dir.SizeBound | None = None
         self._setup()
+        if local:
+            max_mb = env.read(ENV_TIER2_MAX_MB if number == 2 else ENV_TIER3_MAX_MB)
+            self.bound = cache_dir.SizeBound(path, _ENTRY_RE, max_mb * 2**20)
 
     def _setup(self) -> None:
         try:
@@ -511,9 +522,11 @@ def tier_report() -> list[dict[str, Any]]:
     entries and bytes (a remote tier's size is not listed: that would read the whole bucket)."""
     report = []
     for number, tier in ((2, _tier2()), (3, _tier3())):
-        row: dict[str, Any] = {"tier": number, "location": None, "usable": False, "entries": None, "bytes": None}
+        row: dict[str, Any] = {"tier": number, "location": None, "usable": False, "entries": None, "bytes": None,
+                               "max_bytes": None}
         if tier is not None:
-            row.update(location=tier.location, usable=tier.usable)
+            row.update(location=tier.location, usable=tier.usable,
+                       max_bytes=tier.bound.max_bytes if tier.bound is not None and tier.bound.max_bytes else None)
             if tier.local and os.path.isdir(tier.path):
                 sizes = [e.stat().st_size for e in os.scandir(tier.path) if _ENTRY_RE.match(e.name)]
                 row.update(entries=len(sizes), bytes=sum(sizes))
@@ -547,6 +560,8 @@ def _load(tier: _Tier, key: str, client: runtime.Client) -> tuple[runtime.Execut
             tier.discard(key, ident)
             _warn_once("corrupt", key, f"discarded bad tier-{n} entry {tier.entry(key)!r} ({e}); recompiling")
             return None
+        if tier.local:
+            cache_dir.mark_used(tier.entry(key))
         return exe, payload
     finally:
         _add(f"tier{n}_load_seconds", time.perf_counter() - start)
@@ -560,6 +575,8 @@ def _store(tier: _Tier, key: str, data: bytes) -> None:
     try:
         tier.write(key, data)
         _add(f"tier{n}_writes")
+        if tier.bound is not None:
+            _add(f"tier{n}_evictions", tier.bound.note_write(len(data)))
     except FileNotFoundError:
         pass  # our temporary was removed by a concurrent clear(): skip this write
     except Exception as e:  # noqa: BLE001  (a failed write only costs a later recompile)
@@ -573,7 +590,6 @@ _serialize_supported = True
 
 
 def _resolve(text: str | bytes, text_digest: str, client: runtime.Client, options: bytes) -> Any:
-    global _serialize_supported
     tiers = _active_tiers() if _serialize_supported else []
     key = _persistent_key(text_digest, client, options) if tiers else ""
     missed: list[_Tier] = []
@@ -589,6 +605,29 @@ def _resolve(text: str | bytes, text_digest: str, client: runtime.Client, option
             return exe
         _add(f"tier{tier.number}_misses")
         missed.append(tier)
+    shared = next((t for t in missed if t.local), None)
+    if shared is None:
+        return _compile_and_store(text, key, client, options, missed)
+    # processes of this machine compile a program once between them: the first holds the lock,
+    # the others wait, then load what it stored
+    with cache_dir.program_lock(shared.path, key) as waited:
+        if waited:
+            got = _load(shared, key, client)
+            if got is not None:
+                _add(f"tier{shared.number}_hits_after_wait")
+                exe, payload = got
+                others = [t for t in missed if t is not shared]
+                if others:
+                    data = _pack(key, payload)
+                    for t in others:
+                        _store(t, key, data)
+                return exe
+        return _compile_and_store(text, key, client, options, missed)
+
+
+def _compile_and_store(text: str | bytes, key: str, client: runtime.Client, options: bytes,
+                       missed: list[_Tier]) -> Any:
+    global _serialize_supported
     start = time.perf_counter()
     exe = client.compile(text, options=options)
     _add("compiles")

@@ -566,12 +566,12 @@ def test_tier_size_bound_evicts_least_recently_used(tiers, monkeypatch):
 
 
 def test_python_m_torchtpu_cache_lists_and_clears(tiers, capsys):
-    """``python -m torchtpu --cache`` / ``--clear-cache``: the tiers' entries, sizes and bounds,
+    """``python -m torchtpu cache`` / ``--clear-cache``: the tiers' entries, sizes and bounds,
     without opening a device (the TPU may be held by another process)."""
     from torchtpu.__main__ import main
 
     cc.compile(fresh()[0])
-    assert main(["--cache"]) == 0
+    assert main(["cache"]) == 0
     out = capsys.readouterr().out
     assert f"{tiers['t2']}: 1 entries" in out and f"{tiers['t3']}: 1 entries" in out and "bound 1.00 GiB" in out, out
     assert main(["--clear-cache", "2"]) == 0

@@ -2,7 +2,7 @@
 
     python -m torchtpu            # devices, plugin, PJRT API, cache tiers, mode, precision, versions
     python -m torchtpu --check    # also a ~10-second self-test against the CPU (exit status 1 on a failure)
-    python -m torchtpu --cache    # the compile cache's tiers 2 and 3 (--clear-cache 2|3|all empties them)
+    python -m torchtpu cache      # the compile cache's tiers 2 and 3 (--clear-cache 2|3|all empties them)
 """
 
 from __future__ import annotations
@@ -148,13 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchtpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="run a ~10-second self-test against the CPU")
+    parser.add_argument("command", nargs="?", choices=("cache",),
+                        help="`cache`: the same as --cache")
     parser.add_argument("--cache", action="store_true",
                         help="only the compile cache's tiers 2 and 3 (opens no device: safe while another "
                              "process holds the TPU)")
     parser.add_argument("--clear-cache", choices=("2", "3", "all"),
                         help="delete the entries of compile-cache tier 2, 3 or both (opens no device)")
     args = parser.parse_args(argv)
-    if args.cache or args.clear_cache:
+    if args.cache or args.clear_cache or args.command == "cache":
         if args.clear_cache:
             from .engine import compile_cache
 

@@ -8,6 +8,10 @@ first write of a process and again after each eighth of the bound has been writt
 keeps the scan (about 30 ms per 25,000 entries) rare; concurrent evictions are harmless (a missing
 file is skipped, a reader that loses an entry recompiles).
 
+The lock is ``flock`` on a file per program, removed by its holder: the ``filelock`` package keeps
+its lock files (safe for a few well-known names, but here there is one per program, tens of
+thousands), so it is not used.
+
 Knows nothing of PyTorch or PJRT: paths, sizes and file locks only.
 """
 

@@ -4,6 +4,8 @@ The full sweep is ``python -m torchtpu.conformance`` (report in docs/op_coverage
 or ``pytest -m slow tests/conformance``.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -97,12 +99,19 @@ def test_error_inputs_raise_what_cpu_raises(name, mode):
 
 
 @pytest.mark.fresh_process
-def test_sweep_runs_in_shards_that_merge(tmp_path):
+def test_sweep_runs_in_shards_that_merge(tmp_path, monkeypatch):
     """A TPU runs the sweep in pieces of a few minutes (one process may hold the chip): each shard
-    writes its part, --merge writes the report from all of them, naming the device."""
+    writes its part, --merge writes the report from all of them, naming the device. The worker
+    frees each op's executables from memory only: tier 3 keeps them for the next sweep (regression:
+    it emptied every tier after each op, a user's persistent cache included)."""
     import json
 
     from torchtpu.conformance.__main__ import _report_stem, main
+    from torchtpu.engine import compile_cache
+
+    tier3 = tmp_path / "tier3"
+    monkeypatch.setenv(compile_cache.ENV_TIER3, str(tier3))
+    monkeypatch.setenv(compile_cache.ENV_TIER2, "disabled")  # (a tier-2 hit is not copied to tier 3)
 
     for k in (1, 2):
         assert main(["--ops", "sin,add,mul", "--models", "none", "--dtypes", "float32", "--limit", "1",
@@ -111,6 +120,7 @@ def test_sweep_runs_in_shards_that_merge(tmp_path):
     parts = [json.loads((tmp_path / f"{stem}.shard{k}-of-2.json").read_text()) for k in (1, 2)]
     ops = [{r["op"] for r in p["results"]} for p in parts]
     assert ops[0] | ops[1] == {"sin", "add", "mul"} and not ops[0] & ops[1]
+    assert len([n for n in os.listdir(tier3) if n.endswith(compile_cache.ENTRY_SUFFIX)]) >= 3
     assert main(["--merge", "2", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / f"{stem}.json").read_text())
     assert doc["summary"]["forward"]["total"] == 3 and doc["device"]["device"].startswith("TPU")

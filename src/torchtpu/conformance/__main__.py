@@ -71,7 +71,9 @@ def worker(dtypes: list[str], limit: int, kinds: list[str]) -> None:
             results = [{"op": key, "dtype": "-", "kind": "forward", "status": "fail",
                         "detail": f"conformance runner: {type(e).__name__}: {e}"[:300], "samples": 0,
                         "seconds": 0.0}]
-        torch.tpu.clear_compile_cache()  # executables of one op are never reused by the next
+        # executables of one op are never reused by the next: free them (tier 1 only: tiers 2 and 3
+        # keep them for the next sweep, and tier 3 may be a user's persistent cache)
+        torch.tpu.clear_compile_cache(1)
         proto.write(json.dumps({"op": key, "results": results}) + "\n")
 
 

@@ -1,6 +1,6 @@
 """ResNet training on synthetic images: DataLoader workers with pinned memory, channels-last, bf16 autocast.
 
-    python examples/resnet_amp_channels_last.py                 # a ResNet-18-shaped net, 64x64 images
+    python examples/resnet_amp_channels_last.py                 # a ResNet-18-shaped net (half width), 32x32 images
     python examples/resnet_amp_channels_last.py --tiny --steps 4
 
 The code is what one writes for a GPU, with "tpu" as the device. The images are random but each
@@ -77,14 +77,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--tiny", action="store_true", help="a small net on 16x16 images (a smoke test)")
     args = p.parse_args(argv)
-    size, widths, blocks = (16, (8, 16), 1) if args.tiny else (64, (64, 128, 256, 512), 2)
+    size, widths, blocks = (16, (8, 16), 1) if args.tiny else (32, (32, 64, 128, 256), 2)
     classes = 10
     torch.manual_seed(0)
     data = SyntheticImages(args.steps * args.batch, size, classes)
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, num_workers=args.workers, pin_memory=True,
                         drop_last=True)
     model = ResNet(widths, blocks, classes).to(args.device, memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     losses, start, first_step_s = [], time.perf_counter(), None
     for step, (images, labels) in enumerate(loader):
         images = images.to(args.device, non_blocking=True).to(memory_format=torch.channels_last)

@@ -605,3 +605,32 @@ def test_python_m_torchtpu_reports_and_checks():
                 "compile cache, tier 2", "compile cache, tier 3", "TORCH_TPU_CHECK_NAN=0", "self-test:"):
         assert key in r.stdout, (key, r.stdout)
     assert r.stdout.count("  pass  ") == 5 and "FAIL" not in r.stdout, r.stdout
+
+
+def test_sync_debug_mode_reports_host_waits():
+    """torch.tpu.set_sync_debug_mode as torch.cuda's: "warn" warns and "error" raises at each
+    operation that makes the host wait for the device (reads, .item(), nonzero's size read);
+    launching ops does not."""
+    import warnings
+
+    x = torch.arange(6.0, device="tpu")
+    assert torch.tpu.get_sync_debug_mode() == 0
+    try:
+        torch.tpu.set_sync_debug_mode("warn")
+        assert torch.tpu.get_sync_debug_mode() == 1
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y = x * 2 + 1
+        assert not caught
+        with pytest.warns(UserWarning, match="called a synchronizing TPU operation"):
+            assert y.sum().item() == 36.0
+        with pytest.warns(UserWarning, match="synchronizing"):
+            (x > 2).nonzero()
+        torch.tpu.set_sync_debug_mode(2)
+        with pytest.raises(RuntimeError, match="synchronizing TPU operation"):
+            x.cpu()
+        with pytest.raises(RuntimeError, match="invalid value of debug_mode"):
+            torch.tpu.set_sync_debug_mode("loud")
+    finally:
+        torch.tpu.set_sync_debug_mode("default")
+    assert torch.equal(x.cpu(), torch.arange(6.0))

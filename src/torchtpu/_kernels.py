@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _C, nested
+from . import _C, nested, sync_debug
 from . import storage as st
 from .engine import deferred, executor, index_checks
 from .engine.opplan import plan_for
@@ -62,6 +62,7 @@ def device_to_host(t: torch.Tensor) -> torch.Tensor:
     index_checks.raise_pending()  # a synchronization: earlier ops' index errors surface here
     if t.numel() == 0:
         return torch.empty(t.shape, dtype=t.dtype)
+    sync_debug.note_sync(f"a device-to-host copy of {t.dtype} {list(t.shape)}")
     src = t
     buf = st.storage_buffer(src.untyped_storage())
     if deferred.has_pending() or isinstance(buf, deferred.Pending):

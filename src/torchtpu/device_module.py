@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from . import _C, _device_state, amp  # noqa: F401  (amp: torch.tpu.amp)
+from . import _C, _device_state, amp, sync_debug  # noqa: F401  (amp: torch.tpu.amp)
 from ._config import config
 from .engine import deferred, executor
 from .engine import precision as _precision
@@ -144,6 +144,16 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 def is_tf32_supported() -> bool:
     """``torch.backends.fp32_precision = "tf32"`` selects the matrix unit's 3-pass bf16 mode."""
     return True
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """Warn (1, "warn") or raise (2, "error") at each operation that makes the host wait for the
+    device (a device-to-host read: ``.cpu()``, ``.item()``, ``nonzero``...); 0, "default": neither."""
+    sync_debug.set_sync_debug_mode(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    return sync_debug.get_sync_debug_mode()
 
 
 def get_device_capability(device: int | str | torch.device | None = None) -> tuple[int, int]:

@@ -634,3 +634,22 @@ def test_sync_debug_mode_reports_host_waits():
     finally:
         torch.tpu.set_sync_debug_mode("default")
     assert torch.equal(x.cpu(), torch.arange(6.0))
+
+
+def test_memory_snapshot_lists_the_buffers_held():
+    """torch.tpu.memory_snapshot: torch.cuda's segment layout, one segment per device buffer this
+    process holds, with its shape and dtype; a freed tensor's buffer leaves it."""
+    big = torch.ones(256, 1024, device="tpu") * 3  # 1 MiB, materialized
+    big.cpu()
+    snap = torch.tpu.memory_snapshot()
+    mine = [s for s in snap if s["shape"] == [256, 1024] and s["dtype"] == "float32"]
+    assert mine and mine[0]["total_size"] == 256 * 1024 * 4 and mine[0]["device"] == 0
+    assert mine[0]["blocks"][0]["state"] == "active_allocated"
+    assert [s["total_size"] for s in snap] == sorted((s["total_size"] for s in snap), reverse=True)
+    count = len(mine)
+    del big
+    import gc
+
+    gc.collect()
+    torch.tpu.synchronize()
+    assert len([s for s in torch.tpu.memory_snapshot() if s["shape"] == [256, 1024]]) < count

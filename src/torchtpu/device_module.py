@@ -382,6 +382,24 @@ def device_memory_in_use() -> tuple[int, int]:
     return runtime.live_bytes()
 
 
+def memory_snapshot() -> list[dict[str, Any]]:
+    """The device buffers this process holds, one segment per buffer in ``torch.cuda.memory_snapshot``'s
+    layout (device, sizes, one active block; PJRT does not expose addresses, so they are 0), plus
+    each buffer's ``shape`` and ``dtype``: what is holding device memory, largest first."""
+    from . import runtime
+
+    segments = []
+    for b in sorted(runtime.live_buffers(), key=lambda b: -b["nbytes"]):
+        n = b["nbytes"]
+        block = {"address": 0, "size": n, "requested_size": n, "state": "active_allocated", "frames": []}
+        segments.append({"device": b["device"], "address": 0, "total_size": n, "allocated_size": n,
+                         "active_size": n, "requested_size": n, "stream": 0,
+                         "segment_type": "large" if n > 1 << 20 else "small", "segment_pool_id": (0, 0),
+                         "is_expandable": False, "frames": [], "blocks": [block],
+                         "shape": list(b["shape"]), "dtype": b["dtype"]})
+    return segments
+
+
 def reset_peak_device_memory() -> None:
     from . import runtime
 

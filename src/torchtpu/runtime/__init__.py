@@ -3,7 +3,7 @@
 Only numpy, ml_dtypes and cffi are imported here (never torch).
 """
 
-from .buffer import Buffer, live_bytes, release_donated, reset_peak_bytes
+from .buffer import Buffer, live_buffers, live_bytes, release_donated, reset_peak_bytes
 from .client import Client, create_client
 from .compile_options import compile_options
 from .device import Device
@@ -34,6 +34,7 @@ __all__ = [
     "default_client_options",
     "from_pjrt_type",
     "from_stablehlo",
+    "live_buffers",
     "live_bytes",
     "load_plugin",
     "release_donated",

@@ -653,3 +653,10 @@ def test_memory_snapshot_lists_the_buffers_held():
     gc.collect()
     torch.tpu.synchronize()
     assert len([s for s in torch.tpu.memory_snapshot() if s["shape"] == [256, 1024]]) < count
+
+
+def test_can_device_access_peer():
+    assert torch.tpu.can_device_access_peer(0, 0)
+    assert torch.tpu.can_device_access_peer("tpu:0", torch.device("tpu", 0))
+    with pytest.raises(RuntimeError, match="Invalid peer id"):
+        torch.tpu.can_device_access_peer(0, torch.tpu.device_count())

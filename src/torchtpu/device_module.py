@@ -146,6 +146,19 @@ def is_tf32_supported() -> bool:
     return True
 
 
+def can_device_access_peer(device: int | str | torch.device, peer_device: int | str | torch.device) -> bool:
+    """Whether ``device`` can read ``peer_device``'s memory directly. Only its own: torchtpu copies
+    a tensor between two devices through the host (``_kernels.copy_from``), not device to device."""
+    count = device_count()
+    indices = []
+    for name, d in (("device", device), ("peer", peer_device)):
+        index = _index(d)
+        if not 0 <= index < count:
+            raise RuntimeError(f"Invalid {name} id {index}: this process has {count} tpu device(s)")
+        indices.append(index)
+    return indices[0] == indices[1]
+
+
 def set_sync_debug_mode(debug_mode: int | str) -> None:
     """Warn (1, "warn") or raise (2, "error") at each operation that makes the host wait for the
     device (a device-to-host read: ``.cpu()``, ``.item()``, ``nonzero``...); 0, "default": neither."""

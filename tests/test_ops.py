@@ -1456,3 +1456,33 @@ def test_unique_along_a_dim_matches_cpu(mode):
                     torch.testing.assert_close(got.cpu(), want)
         with pytest.raises(RuntimeError, match="0 sized dimensions"):
             torch.unique(torch.zeros(3, 0, device="tpu"), dim=0)
+
+
+def test_index_reduce_and_index_add_refuse_bad_arguments_as_cpu_does():
+    """Regression (issue 43's fuzzing): index_reduce_ on tpu accepted a wrong-sized source, a float
+    index, another source dtype and reduce="sum", giving a result where CPU raises; index_add_
+    accepted a float index and another source dtype; an index longer than the source was XLA's
+    compile error. Each now raises CPU's exception type and message."""
+    x = torch.zeros(3, 3)
+    i = torch.zeros(2, dtype=torch.long)
+    cases = [
+        lambda d: x.to(d).index_add_(0, i.to(d), torch.zeros(2, 3, dtype=torch.double).to(d)),
+        lambda d: x.to(d).index_add_(0, torch.zeros(2).to(d), torch.zeros(2, 3).to(d)),
+        lambda d: x.to(d).index_reduce_(0, i.to(d), torch.zeros(2, 3, dtype=torch.double).to(d), "amax"),
+        lambda d: x.to(d).index_reduce_(0, torch.zeros(3, dtype=torch.long).to(d), torch.zeros(2, 4).to(d), "amax"),
+        lambda d: x.to(d).index_reduce_(2, i.to(d), torch.zeros(3, 3).to(d), "amax"),
+        lambda d: x.to(d).index_reduce_(0, torch.zeros(2, 2).to(d), torch.zeros(2, 4).to(d), "sum"),
+        lambda d: x.to(d).index_reduce_(0, torch.zeros(1, 1, dtype=torch.long).to(d), torch.zeros(1, 3).to(d), "amax"),
+        lambda d: x.to(d).index_reduce_(0, i.to(d), torch.zeros(2, 4).to(d), "amax"),
+        lambda d: x.to(d).index_reduce_(0, torch.zeros(2).to(d), torch.zeros(2, 3).to(d), "mean"),
+    ]
+    for fn in cases:
+        with pytest.raises(Exception) as cpu:
+            fn("cpu")
+        with pytest.raises(Exception) as tpu:
+            fn("tpu").cpu()
+        assert type(tpu.value) is type(cpu.value) and str(tpu.value) == str(cpu.value), (cpu.value, tpu.value)
+    # valid calls still compute CPU's values
+    src = torch.arange(6.0).reshape(3, 2)
+    for red in ("prod", "mean", "amax", "amin"):
+        both(lambda t, s, r=red: t.clone().index_reduce_(-1, torch.tensor([1, 0]).to(t.device), s, r), torch.ones(3, 3), src)

@@ -91,21 +91,43 @@ def _masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -
                            f"{scalar_type_name(mask.dtype)}")
 
 
-@register_meta_check(aten.index_add.default)
-def _index_add(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, alpha: Any = 1) -> None:
-    # the meta kernel lets these through to XLA, which rejects the program
+def _index_func_checks(func: str, x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> None:
+    """CPU's argument checks of index_add_ and index_reduce_ (index_func_meta_impl), in its order;
+    the meta kernels let these through (to XLA's refusal, or to a silently wrong result)."""
+    rank = max(x.dim(), 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
     if index.dim() > 1:
-        raise IndexError(f"index_add_(): Index is supposed to be a vector, but got dim: {index.dim()} with type: "
+        raise IndexError(f"{func}(): Index is supposed to be a vector, but got dim: {index.dim()} with type: "
                          f"{scalar_type_name(index.dtype)} and size: {list(index.shape)}")
-    d = dim % max(x.dim(), 1)
+    if index.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError(f"{func}(): Expected dtype int32/int64 for index but got: {scalar_type_name(index.dtype)}")
+    if x.dtype != source.dtype:
+        raise RuntimeError(f"{func}(): self ({scalar_type_name(x.dtype)}) and source "
+                           f"({scalar_type_name(source.dtype)}) must have the same scalar type")
+    d = dim % rank
+    n = index.numel()
+    if source.dim() > 0 and n != source.shape[d]:
+        raise RuntimeError(f"{func}(): Number of indices ({n}) should be equal to source.size(dim): "
+                           f"({source.shape[d]}), for dim: {dim}")
     if x.dim() > 0 and source.dim() > 0 and (
             source.dim() != x.dim() or any(a != b for i, (a, b) in enumerate(zip(x.shape, source.shape)) if i != d)):
         raise RuntimeError(f"source tensor shape must match self tensor shape, excluding the specified dimension. "
                            f"Got self.shape = {list(x.shape)} source.shape = {list(source.shape)}")
-    n = index.numel()
-    if source.dim() > 0 and n != source.shape[d]:
-        raise RuntimeError(f"index_add_(): Number of indices ({n}) should be equal to source.size(dim): "
-                           f"({source.shape[d]}), for dim: {dim}")
+
+
+@register_meta_check(aten.index_add.default)
+def _index_add(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, alpha: Any = 1) -> None:
+    _index_func_checks("index_add_", x, dim, index, source)
+
+
+@register_meta_check(aten.index_reduce.default)
+def _index_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, reduce: str,
+                  include_self: bool = True) -> None:
+    # regression: a wrong-sized source, a float index or reduce="sum" gave a result, not CPU's error
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
+    _index_func_checks("index_reduce_", x, dim, index, source)
 
 
 @register_meta_check(aten.complex.out)

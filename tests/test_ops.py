@@ -1462,7 +1462,8 @@ def test_index_reduce_and_index_add_refuse_bad_arguments_as_cpu_does():
     """Regression (issue 43's fuzzing): index_reduce_ on tpu accepted a wrong-sized source, a float
     index, another source dtype and reduce="sum", giving a result where CPU raises; index_add_
     accepted a float index and another source dtype; an index longer than the source was XLA's
-    compile error. Each now raises CPU's exception type and message."""
+    compile error; index_fill_ and put_ took a float index. Each now raises CPU's exception type
+    and message."""
     x = torch.zeros(3, 3)
     i = torch.zeros(2, dtype=torch.long)
     cases = [
@@ -1475,6 +1476,8 @@ def test_index_reduce_and_index_add_refuse_bad_arguments_as_cpu_does():
         lambda d: x.to(d).index_reduce_(0, torch.zeros(1, 1, dtype=torch.long).to(d), torch.zeros(1, 3).to(d), "amax"),
         lambda d: x.to(d).index_reduce_(0, i.to(d), torch.zeros(2, 4).to(d), "amax"),
         lambda d: x.to(d).index_reduce_(0, torch.zeros(2).to(d), torch.zeros(2, 3).to(d), "mean"),
+        lambda d: x.to(d).index_fill_(0, torch.zeros(2).to(d), 1.0),  # filled rows on tpu
+        lambda d: x.to(d).put_(torch.zeros(2).to(d), torch.ones(2).to(d)),  # wrote elements on tpu
     ]
     for fn in cases:
         with pytest.raises(Exception) as cpu:

@@ -130,6 +130,20 @@ def _index_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.
     _index_func_checks("index_reduce_", x, dim, index, source)
 
 
+@register_meta_check(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def _index_fill(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> None:
+    # regression: a float index filled rows on tpu
+    if index.dtype != torch.int64:
+        raise IndexError("index_fill_(): Expected dtype int64 for index.")
+
+
+@register_meta_check(aten.put.default)
+def _put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> None:
+    # regression: a float index wrote elements on tpu
+    if index.dtype != torch.int64:
+        raise RuntimeError(f"put_(): Expected a long tensor for index, but got {scalar_type_name(index.dtype)}")
+
+
 @register_meta_check(aten.complex.out)
 def _complex_out(real: torch.Tensor, imag: torch.Tensor, out: torch.Tensor) -> None:
     _complex(real, imag)

@@ -1489,3 +1489,29 @@ def test_index_reduce_and_index_add_refuse_bad_arguments_as_cpu_does():
     src = torch.arange(6.0).reshape(3, 2)
     for red in ("prod", "mean", "amax", "amin"):
         both(lambda t, s, r=red: t.clone().index_reduce_(-1, torch.tensor([1, 0]).to(t.device), s, r), torch.ones(3, 3), src)
+
+
+def test_reductions_and_integer_ops_refuse_what_cpu_refuses():
+    """Regression (issue 43's fuzzing): zeros(3, 0).max(1) gave -inf, argmax/argmin/relu took bool,
+    std/var of integers and bitwise ops or shifts of floats were XLA's compile errors. Each now
+    raises CPU's exception type (and message, but for the kernel's name)."""
+    b = torch.tensor([True, False, True])
+    e = torch.zeros(3, 0)
+    cases = [lambda d: e.to(d).max(1), lambda d: e.to(d).min(-1), lambda d: e.to(d).amax(1), lambda d: e.to(d).amin(-1),
+             lambda d: e.to(d).amax(()), lambda d: b.to(d).argmax(), lambda d: b.to(d).argmin(),
+             lambda d: F.relu(b.to(d)), lambda d: torch.tensor([1, 2]).to(d).std(),
+             lambda d: torch.var_mean(torch.tensor([1, 2]).to(d)), lambda d: torch.ones(2).to(d) & torch.ones(2).to(d),
+             lambda d: torch.tensor([1, 2]).to(d) | 1.5, lambda d: torch.ones(2).to(d) << 1,
+             lambda d: torch.tensor([1, 2]).to(d) >> 1.5]
+    for fn in cases:
+        with pytest.raises(Exception) as cpu:
+            fn("cpu")
+        with pytest.raises(Exception) as tpu:
+            fn("tpu").cpu()
+        assert type(tpu.value) is type(cpu.value), (cpu.value, tpu.value)
+        assert str(tpu.value) == str(cpu.value).replace("_cpu", "_tpu"), (cpu.value, tpu.value)
+    # what stays valid
+    both(lambda t: t.max(1)[0], torch.zeros(0, 3))  # an empty result, not an empty reduction
+    both(lambda t: t.amax(0), torch.zeros(2, 3))
+    both(lambda t: (t & True, t | t), b)
+    both(lambda t: (t << 2, t >> 1), torch.tensor([1, 8, -4]))

@@ -144,6 +144,87 @@ def _put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate:
         raise RuntimeError(f"put_(): Expected a long tensor for index, but got {scalar_type_name(index.dtype)}")
 
 
+def _nonzero_reduction_dims(func: str, x: torch.Tensor, dims: list[int], shown: list[int]) -> None:
+    for d, name in zip(dims, shown):
+        if x.dim() > 0 and x.shape[d % x.dim()] == 0:
+            raise IndexError(f"{func}(): Expected reduction dim {name} to have non-zero size.")
+
+
+def _max_min_dim(func: str) -> Callable[..., None]:
+    def check(x: torch.Tensor, dim: int, keepdim: bool = False) -> None:
+        # regression: zeros(3, 0).max(1) gave -inf where CPU raises (the dim is shown wrapped)
+        _nonzero_reduction_dims(func, x, [dim], [dim % max(x.dim(), 1)])
+
+    return check
+
+
+register_meta_check(aten.max.dim)(_max_min_dim("max"))
+register_meta_check(aten.min.dim)(_max_min_dim("min"))
+
+
+def _amax_amin(func: str) -> Callable[..., None]:
+    def check(x: torch.Tensor, dim: Any = (), keepdim: bool = False) -> None:
+        dims = [dim] if isinstance(dim, int) else list(dim)
+        if not dims and x.numel() == 0:
+            raise RuntimeError(f"{func}(): Expected reduction dim to be specified for input.numel() == 0. "
+                               f"Specify the reduction dim with the 'dim' argument.")
+        _nonzero_reduction_dims(func, x, dims, dims)  # (shown as given)
+
+    return check
+
+
+register_meta_check(aten.amax.default)(_amax_amin("amax"))
+register_meta_check(aten.amin.default)(_amax_amin("amin"))
+
+
+def _no_bool_arg(func: str) -> Callable[..., None]:
+    def check(x: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        if x.dtype == torch.bool:  # regression: accepted on tpu
+            raise RuntimeError(f"{func}(): does not support bool input")
+
+    return check
+
+
+register_meta_check(aten.argmax.default)(_no_bool_arg("argmax"))
+register_meta_check(aten.argmin.default)(_no_bool_arg("argmin"))
+
+
+@register_meta_check(aten.relu.default, aten.relu_.default)
+def _relu(x: torch.Tensor) -> None:
+    if x.dtype == torch.bool:  # regression: accepted on tpu
+        raise RuntimeError("Boolean inputs not supported for relu")
+
+
+def _floating_only(func: str) -> Callable[..., None]:
+    def check(x: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        if not (x.dtype.is_floating_point or x.dtype.is_complex):  # regression: XLA's compile error on tpu
+            raise RuntimeError(f"{func} only support floating point and complex dtypes")
+
+    return check
+
+
+register_meta_check(aten.std.correction, aten.var.correction)(_floating_only("std and var"))
+register_meta_check(aten.std_mean.correction)(_floating_only("std_mean"))
+register_meta_check(aten.var_mean.correction)(_floating_only("var_mean"))
+
+
+def _integral_only(kernel: str) -> Callable[..., None]:
+    def check(a: Any, b: Any) -> None:
+        dtype = torch.result_type(a, b)
+        if dtype.is_floating_point or dtype.is_complex:  # regression: XLA's compile error on tpu
+            raise NotImplementedError(f'"{kernel}_tpu" not implemented for \'{scalar_type_name(dtype)}\'')
+
+    return check
+
+
+for _kernel, _ops in (("bitwise_and", (aten.bitwise_and.Tensor, aten.bitwise_and.Scalar)),
+                      ("bitwise_or", (aten.bitwise_or.Tensor, aten.bitwise_or.Scalar)),
+                      ("bitwise_xor", (aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar)),
+                      ("lshift", (aten.__lshift__.Tensor, aten.__lshift__.Scalar)),
+                      ("rshift", (aten.__rshift__.Tensor, aten.__rshift__.Scalar))):
+    register_meta_check(*_ops)(_integral_only(_kernel))
+
+
 @register_meta_check(aten.complex.out)
 def _complex_out(real: torch.Tensor, imag: torch.Tensor, out: torch.Tensor) -> None:
     _complex(real, imag)

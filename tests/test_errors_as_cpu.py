@@ -101,6 +101,17 @@ CASES = {
     "gather shape": lambda d: x.to(d).gather(0, torch.zeros(4,3,dtype=torch.long).to(d)),
     "scatter dim": lambda d: x.to(d).scatter_(3, torch.zeros(2,3,dtype=torch.long).to(d), 1.0),
     "index_copy count": lambda d: x.to(d).index_copy_(0, torch.zeros(3,dtype=torch.long).to(d), torch.zeros(2,3).to(d)),
+    # values at the edges (regressions: XLA's v * convert(pred) -> select dropped 0 * inf = NaN; a
+    # 0-dim softmax was a constant 1 where exp(x - x) is NaN at +-inf)
+    "bool * inf": lambda d: torch.tensor([True, False]).to(d) * float("inf"),
+    "inf * bool, broadcast": lambda d: torch.tensor([[float("inf")], [2.0]]).to(d) * torch.tensor([True, False]).to(d),
+    "bool * nan": lambda d: torch.tensor([False]).to(d) * torch.tensor([float("nan")]).to(d),
+    "softmax 0-dim inf": lambda d: torch.tensor(float("inf")).to(d).softmax(0),
+    "softmax 0-dim -inf": lambda d: torch.tensor(float("-inf")).to(d).softmax(0),
+    "log_softmax 0-dim inf": lambda d: torch.tensor(float("inf")).to(d).log_softmax(0),
+    "softmax 0-dim finite": lambda d: torch.tensor(3.0).to(d).softmax(0),
+    "safe_softmax 0-dim": lambda d: torch.stack([torch.ops.aten._safe_softmax(torch.tensor(v).to(d), 0)
+                                                 for v in (float("inf"), float("-inf"), float("nan"), 2.0)]),
 }
 
 

@@ -226,9 +226,19 @@ def _rsub(ctx: LoweringContext, a: Any, c: Any, alpha: Any = 1) -> Value:
 @register(aten.mul.Tensor, aten.mul.Scalar)
 def _mul(ctx: LoweringContext, a: Any, c: Any) -> Value:
     x, y, out = _binary_operands(ctx, a, c)
+    b = ctx.b
     if out == torch.bool:
-        return ctx.b.binary("and", x, y)
-    return ctx.b.convert(ctx.b.mul(x, y), out)
+        return b.binary("and", x, y)
+    r = b.mul(x, y)
+    if out.is_floating_point or out.is_complex:
+        # XLA rewrites v * convert(pred) as select(pred, v, 0), which loses IEEE's 0 * inf = NaN
+        # (CPU: tensor([True, False]) * inf is [inf, nan]); put the NaN back where it belongs
+        for flag, other in ((a, y), (c, x)):
+            if isinstance(flag, Value) and flag.dtype == torch.bool and not out.is_complex:
+                off = b.unary("not", b.broadcast_to(flag, r.shape))
+                lost = b.binary("and", off, b.unary("not", b.op1("stablehlo.is_finite", [other], r.shape, torch.bool)))
+                r = b.select(lost, b.constant(math.nan, r.dtype, r.shape), r)
+    return b.convert(r, out)
 
 
 @register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)

@@ -237,9 +237,10 @@ def softmax(b: Builder, v: Value, dim: int, log: bool) -> Value:
 def _softmax(ctx: LoweringContext, x: Value, dim: int, half_to_float: bool) -> Value:
     b = ctx.b
     out = ctx.out_dtype()
-    if x.rank == 0:
-        return b.constant(0.0 if ctx.op is aten._log_softmax.default else 1.0, out)
     v = b.convert(x, opmath(x.dtype))
+    if x.rank == 0:
+        # as a 1-element row: exp(x - x) is NaN at +-inf and NaN, as on CPU (not a constant 1)
+        return b.convert(b.reshape(softmax(b, b.reshape(v, (1,)), 0, ctx.op is aten._log_softmax.default), ()), out)
     return b.convert(softmax(b, v, dim % x.rank, ctx.op is aten._log_softmax.default), out)
 
 
@@ -253,18 +254,20 @@ def _safe_softmax(ctx: LoweringContext, x: Value, dim: int, dtype: Any = None) -
     b = ctx.b
     out = ctx.out_dtype()
     xd = b.convert(x, out)  # a dtype argument converts the input first, as at::softmax does
-    if x.rank == 0:
-        return b.select(b.compare(xd, b.constant(float("-inf"), out), "EQ"), b.constant(0.0, out),
-                        b.constant(1.0, out))
-    d = dim % x.rank
+    if x.rank == 0:  # as a 1-element row (+inf and NaN give NaN, -inf 0, as on CPU)
+        return b.reshape(_safe_softmax_of(b, b.reshape(xd, (1,)), 0, out), ())
+    return _safe_softmax_of(b, xd, dim % x.rank, out)
+
+
+def _safe_softmax_of(b: Builder, xd: Value, d: int, out: torch.dtype) -> Value:
     v = b.convert(xd, opmath(out))
-    keep = [1 if i == d else s for i, s in enumerate(x.shape)]
+    keep = [1 if i == d else s for i, s in enumerate(xd.shape)]
     # all(x == -inf) along dim, as a NaN-propagating max: a row holding a NaN is not masked
     m = reduce_max(b, v, [d])
     masked = b.broadcast_to(b.reshape(b.compare(m, b.constant(float("-inf"), v.dtype, m.shape), "EQ"), keep),
-                            x.shape)
+                            xd.shape)
     y = b.convert(softmax(b, v, d, log=False), out)
-    return b.select(masked, b.constant(0.0, out, x.shape), y)
+    return b.select(masked, b.constant(0.0, out, xd.shape), y)
 
 
 @register(aten._softmax_backward_data.default)

@@ -110,6 +110,10 @@ CASES = {
     "softmax 0-dim -inf": lambda d: torch.tensor(float("-inf")).to(d).softmax(0),
     "log_softmax 0-dim inf": lambda d: torch.tensor(float("inf")).to(d).log_softmax(0),
     "softmax 0-dim finite": lambda d: torch.tensor(3.0).to(d).softmax(0),
+    "median of empty integers": lambda d: torch.stack([torch.tensor([], dtype=dt).to(d).median().long() for dt in (
+        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)]),  # (was 0 for all)
+    "median of empty floats": lambda d: torch.stack([torch.tensor([], dtype=dt).to(d).nanmedian().float() for dt in (
+        torch.float16, torch.bfloat16, torch.float32)]),
     "safe_softmax 0-dim": lambda d: torch.stack([torch.ops.aten._safe_softmax(torch.tensor(v).to(d), 0)
                                                  for v in (float("inf"), float("-inf"), float("nan"), 2.0)]),
 }

@@ -133,11 +133,17 @@ def _median_along(ctx: LoweringContext, x: Value, d: int, ignore_nan: bool) -> t
     return _pick(b, vals, d, pos), _pick(b, inds, d, pos)
 
 
+# CPU's median of an empty tensor is NaN converted to the dtype, which x86 makes the lowest value
+# of int32/int64, 0 of the narrower integers and True for bool (floats: NaN)
+_EMPTY_MEDIAN = {torch.bool: True, torch.int32: -(2**31), torch.int64: -(2**63), torch.uint8: 0, torch.int8: 0,
+                 torch.int16: 0}
+
+
 @register(aten.median.default, aten.nanmedian.default)
 def _median_all(ctx: LoweringContext, x: Value) -> Value:
     b = ctx.b
     if x.numel == 0:
-        return b.constant(float("nan") if x.dtype.is_floating_point else 0, x.dtype)
+        return b.constant(_EMPTY_MEDIAN.get(x.dtype, float("nan")), x.dtype)
     flat = b.reshape(x, (x.numel,))
     v, _ = _median_along(ctx, flat, 0, ctx.op is aten.nanmedian.default)
     return v

@@ -110,6 +110,14 @@ CASES = {
     "softmax 0-dim -inf": lambda d: torch.tensor(float("-inf")).to(d).softmax(0),
     "log_softmax 0-dim inf": lambda d: torch.tensor(float("inf")).to(d).log_softmax(0),
     "softmax 0-dim finite": lambda d: torch.tensor(3.0).to(d).softmax(0),
+    "median dim of bool": lambda d: torch.zeros(2, 3, dtype=torch.bool).to(d).median(1),
+    "median of bool": lambda d: torch.zeros(3, dtype=torch.bool).to(d).median(),
+    "median over an empty dim": lambda d: torch.zeros(3, 0).to(d).median(-1),
+    "median over an empty dim of bool": lambda d: torch.zeros(3, 0, dtype=torch.bool).to(d).median(1),
+    "mode over an empty dim": lambda d: torch.zeros(3, 0).to(d).mode(1),
+    "kthvalue of bool": lambda d: torch.zeros(2, 3, dtype=torch.bool).to(d).kthvalue(1, 1),
+    "kthvalue over an empty dim": lambda d: torch.zeros(3, 0).to(d).kthvalue(1, -1),
+    "median over a non-empty dim of an empty tensor": lambda d: torch.zeros(0, 3).to(d).median(1),
     "median of empty integers": lambda d: torch.stack([torch.tensor([], dtype=dt).to(d).median().long() for dt in (
         torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)]),  # (was 0 for all)
     "median of empty floats": lambda d: torch.stack([torch.tensor([], dtype=dt).to(d).nanmedian().float() for dt in (

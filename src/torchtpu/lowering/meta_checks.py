@@ -158,6 +158,33 @@ def _max_min_dim(func: str) -> Callable[..., None]:
     return check
 
 
+@register_meta_check(aten.median.dim, aten.nanmedian.dim)
+def _median_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> None:
+    # regression: accepted bool and an empty reduction dim on tpu (CPU checks the dim first)
+    _nonzero_reduction_dims("median", x, [dim], [dim % max(x.dim(), 1)])
+    if x.dtype == torch.bool:
+        raise NotImplementedError('"median_out" not implemented for \'Bool\'')
+
+
+@register_meta_check(aten.median.default, aten.nanmedian.default)
+def _median_all(x: torch.Tensor) -> None:
+    if x.dtype == torch.bool and x.numel() > 0:  # regression: accepted on tpu (CPU returns early when empty)
+        raise NotImplementedError('"median_tpu" not implemented for \'Bool\'')
+
+
+@register_meta_check(aten.mode.default)
+def _mode(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> None:
+    _nonzero_reduction_dims("mode", x, [dim], [dim % max(x.dim(), 1)])  # regression: accepted on tpu
+
+
+@register_meta_check(aten.kthvalue.default)
+def _kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False) -> None:
+    # regression: bool was accepted and an empty dim was another exception type on tpu
+    _nonzero_reduction_dims("kthvalue", x, [dim], [dim % max(x.dim(), 1)])
+    if x.dtype == torch.bool:
+        raise NotImplementedError('"kthvalue_tpu" not implemented for \'Bool\'')
+
+
 register_meta_check(aten.max.dim)(_max_min_dim("max"))
 register_meta_check(aten.min.dim)(_max_min_dim("min"))
 

@@ -528,8 +528,8 @@ def tier_report() -> list[dict[str, Any]]:
             row.update(location=tier.location, usable=tier.usable,
                        max_bytes=tier.bound.max_bytes if tier.bound is not None and tier.bound.max_bytes else None)
             if tier.local and os.path.isdir(tier.path):
-                sizes = [e.stat().st_size for e in os.scandir(tier.path) if _ENTRY_RE.match(e.name)]
-                row.update(entries=len(sizes), bytes=sum(sizes))
+                listed = cache_dir.entries(tier.path, _ENTRY_RE)
+                row.update(entries=len(listed), bytes=sum(size for _, size, _ in listed))
         report.append(row)
     return report
 

@@ -230,11 +230,11 @@ def _mul(ctx: LoweringContext, a: Any, c: Any) -> Value:
     if out == torch.bool:
         return b.binary("and", x, y)
     r = b.mul(x, y)
-    if out.is_floating_point or out.is_complex:
+    if out.is_floating_point:
         # XLA rewrites v * convert(pred) as select(pred, v, 0), which loses IEEE's 0 * inf = NaN
         # (CPU: tensor([True, False]) * inf is [inf, nan]); put the NaN back where it belongs
         for flag, other in ((a, y), (c, x)):
-            if isinstance(flag, Value) and flag.dtype == torch.bool and not out.is_complex:
+            if isinstance(flag, Value) and flag.dtype == torch.bool:
                 off = b.unary("not", b.broadcast_to(flag, r.shape))
                 lost = b.binary("and", off, b.unary("not", b.op1("stablehlo.is_finite", [other], r.shape, torch.bool)))
                 r = b.select(lost, b.constant(math.nan, r.dtype, r.shape), r)

@@ -150,10 +150,15 @@ def _nonzero_reduction_dims(func: str, x: torch.Tensor, dims: list[int], shown: 
             raise IndexError(f"{func}(): Expected reduction dim {name} to have non-zero size.")
 
 
+def _nonzero_reduction_dim(func: str, x: torch.Tensor, dim: int) -> None:
+    """One reduction dim, which CPU's message shows wrapped (max, min, median, mode, kthvalue)."""
+    _nonzero_reduction_dims(func, x, [dim], [dim % max(x.dim(), 1)])
+
+
 def _max_min_dim(func: str) -> Callable[..., None]:
     def check(x: torch.Tensor, dim: int, keepdim: bool = False) -> None:
         # regression: zeros(3, 0).max(1) gave -inf where CPU raises (the dim is shown wrapped)
-        _nonzero_reduction_dims(func, x, [dim], [dim % max(x.dim(), 1)])
+        _nonzero_reduction_dim(func, x, dim)
 
     return check
 
@@ -161,7 +166,7 @@ def _max_min_dim(func: str) -> Callable[..., None]:
 @register_meta_check(aten.median.dim, aten.nanmedian.dim)
 def _median_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> None:
     # regression: accepted bool and an empty reduction dim on tpu (CPU checks the dim first)
-    _nonzero_reduction_dims("median", x, [dim], [dim % max(x.dim(), 1)])
+    _nonzero_reduction_dim("median", x, dim)
     if x.dtype == torch.bool:
         raise NotImplementedError('"median_out" not implemented for \'Bool\'')
 
@@ -174,13 +179,13 @@ def _median_all(x: torch.Tensor) -> None:
 
 @register_meta_check(aten.mode.default)
 def _mode(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> None:
-    _nonzero_reduction_dims("mode", x, [dim], [dim % max(x.dim(), 1)])  # regression: accepted on tpu
+    _nonzero_reduction_dim("mode", x, dim)  # regression: accepted on tpu
 
 
 @register_meta_check(aten.kthvalue.default)
 def _kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False) -> None:
     # regression: bool was accepted and an empty dim was another exception type on tpu
-    _nonzero_reduction_dims("kthvalue", x, [dim], [dim % max(x.dim(), 1)])
+    _nonzero_reduction_dim("kthvalue", x, dim)
     if x.dtype == torch.bool:
         raise NotImplementedError('"kthvalue_tpu" not implemented for \'Bool\'')
 

@@ -268,6 +268,23 @@ def test_float64_on_a_tpu_is_announced_once(monkeypatch):
         b'    %v1 = "stablehlo.convert"(%arg0) : (tensor<4xf32>) -> tensor<4xf64>\n')
 
 
+def test_complex128_is_refused_before_it_reaches_a_tpu(monkeypatch):
+    """Regression: on a v5e, libtpu aborted the whole process compiling a complex128 program
+    (abs of a complex128 tensor; JAX's own complex128 programs too). A TPU's client refuses such
+    data and programs with a TypeError naming the op, as PyTorch refuses a dtype a backend lacks."""
+    from torchtpu import _device_state
+
+    c = _device_state.client()
+    monkeypatch.setattr(c, "supports_complex128", False)
+    with pytest.raises(TypeError, match="complex128 is not supported on a TPU"):
+        torch.randn(3, dtype=torch.complex128).to("tpu")
+    z = torch.randn(7, 13, dtype=torch.complex64)
+    zt = z.to("tpu")
+    with pytest.raises(TypeError, match=r"complex128 is not supported on a TPU.*aten::copy_"):
+        zt.to(torch.complex128)
+    torch.testing.assert_close((zt * zt).cpu(), z * z)  # complex64 keeps working
+
+
 @pytest.mark.fresh_process
 def test_tpu_forms_of_the_functions_xla_expands_itself():
     """On a TPU, sinh, cosh, asinh, acosh, atanh, erfinv, digamma, lgamma and sigmoid are written with exp/expm1/log/log1p/sqrt/tan
@@ -329,6 +346,42 @@ def test_tpu_forms_of_the_functions_xla_expands_itself():
             fin = torch.isfinite(ref) & (ref != 0)
             err = (got.double() - ref.double()).abs()[fin] / ref.double().abs()[fin]
             assert err.max().item() < 4 * torch.finfo(torch.float32).eps, (fn, err.max().item())
+        print("ok")
+    """)
+    assert out.split()[-1] == "ok"
+
+
+@pytest.mark.fresh_process
+def test_complex_exp_and_log_take_the_accurate_real_functions():
+    """Regression (TPU): complex64 logsumexp was 4.5e-5 off the CPU's on a v5e, as XLA expands a
+    complex exp and log with the TPU's fast real ones. On the TPU target they are written with the
+    real exp, cos, sin, log, log1p (which take result_accuracy there) and must match the CPU within
+    a few ulp, with its infinities, zeros and NaNs."""
+    out = _run_for_tpu("""
+        g = torch.Generator().manual_seed(0)
+        parts = torch.cat([torch.randn(3000, generator=g) * 4, torch.tensor([0.0, -0.0, 1.0, -1.0, 1e-30, 1e30,
+                                                                             88.0, -100.0, 1e-3, 0.6, 0.8])])
+        a, b = torch.meshgrid(parts[::37], parts[::41], indexing="ij")
+        z = torch.complex(a.flatten(), b.flatten())
+        for fn, op in ((torch.exp, "stablehlo.exponential"), (torch.log, "stablehlo.log")):
+            ref = fn(z)
+            got, made = new_texts(lambda: fn(z.to("tpu")).cpu())
+            complex_ops = [ln for t in made for ln in t.splitlines() if f'"{op}"' in ln and "complex<f32>" in ln]
+            assert not complex_ops, complex_ops
+            fin = torch.isfinite(ref.real) & torch.isfinite(ref.imag)
+            scale = ref.abs()[fin].double().clamp_min(1.0)
+            err = (got[fin] - ref[fin]).abs().double() / scale
+            assert err.max().item() < 8 * torch.finfo(torch.float32).eps, (fn, err.max().item())
+        inf, nan = float("inf"), float("nan")
+        special = torch.tensor([complex(0, 0), complex(-0.0, 0), complex(inf, 0), complex(-inf, 0), complex(0, inf),
+                                complex(inf, 1.0), complex(-inf, 2.0), complex(nan, 0), complex(1.0, nan)],
+                               dtype=torch.complex64)
+        for fn in (torch.exp, torch.log):
+            got, ref = fn(special.to("tpu")).cpu(), fn(special)
+            for part in (torch.real, torch.imag):
+                torch.testing.assert_close(part(got), part(ref), equal_nan=True, msg=lambda m: f"{fn}: {m}")
+        x = torch.randn(6, 5, dtype=torch.complex64, generator=g)
+        torch.testing.assert_close(torch.logsumexp(x.to("tpu"), 1).cpu(), torch.logsumexp(x, 1), rtol=4e-6, atol=4e-6)
         print("ok")
     """)
     assert out.split()[-1] == "ok"

@@ -721,6 +721,8 @@ def compile_program(text: str | bytes, what: str) -> runtime.Executable:
     """:func:`compile`, with a refusal re-raised as :class:`CompileError` naming ``what``."""
     try:
         return compile(text)
+    except runtime.UnsupportedDtypeError as e:
+        raise TypeError(f"{e} (the program of {what})") from None
     except runtime.PjrtError as e:
         if e.code == RESOURCE_EXHAUSTED:
             raise  # out of device memory while compiling: the OutOfMemoryError path takes it

@@ -142,6 +142,43 @@ def lgamma_reflected(b: Builder, x: Value, lgamma_of_one_minus_x: Value) -> Valu
     return b.sub(b.sub(_c(b, math.log(math.pi), x), b.unary("log", sine)), lgamma_of_one_minus_x)
 
 
+def _complex(b: Builder, re: Value, im: Value, like: Value) -> Value:
+    return b.op1("stablehlo.complex", [re, im], like.shape, like.dtype)
+
+
+def complex_exp(b: Builder, z: Value) -> Value:
+    """e^z = e^a (cos b + i sin b) for z = a + ib, from the real exp, cos and sin (which take
+    result_accuracy on a TPU; XLA's complex exp uses the fast ones there). A zero imaginary part
+    stays exactly zero, so e^(inf + 0i) = inf + 0i (not inf * 0 = NaN), as on CPU."""
+    re, im = b.real(z), b.imag(z)
+    e = b.unary("exponential", re)
+    zero = _c(b, 0.0, im)
+    sin = b.select(b.compare(im, zero, "EQ"), im, b.mul(e, b.unary("sine", im)))
+    return _complex(b, b.mul(e, b.unary("cosine", im)), sin, z)
+
+
+def complex_log(b: Builder, z: Value) -> Value:
+    """log z = log|z| + i atan2(b, a), with log|z| = log m + log1p((n/m)^2)/2 for m = max(|a|, |b|)
+    and n = min(|a|, |b|): no square overflows or underflows, and the real log and log1p take
+    result_accuracy on a TPU (XLA's complex log uses the fast ones there). log 0 = -inf and any
+    infinite part gives +inf, as on CPU."""
+    re, im = b.real(z), b.imag(z)
+    ar, ai = b.unary("abs", re), b.unary("abs", im)
+    m, n = b.maximum(ar, ai), b.minimum(ar, ai)
+    q = b.div(n, m)
+    magnitude = b.add(b.unary("log", m), b.mul(_c(b, 0.5, m), b.unary("log_plus_one", b.mul(q, q))))
+    inf = _c(b, math.inf, m)
+    infinite = b.binary("or", b.compare(ar, inf, "EQ"), b.compare(ai, inf, "EQ"))
+    magnitude = b.select(b.compare(m, _c(b, 0.0, m), "EQ"), b.neg(inf), magnitude)
+    magnitude = b.select(infinite, inf, magnitude)
+    return _complex(b, magnitude, b.binary("atan2", im, re), z)
+
+
+COMPLEX_FORMS: dict[str, Callable[[Builder, Value], Value]] = {
+    "stablehlo.exponential": complex_exp, "stablehlo.log": complex_log,
+}
+
+
 FORMS: dict[str, Callable[[Builder, Value], Value]] = {
     "chlo.sinh": sinh, "chlo.cosh": cosh, "chlo.asinh": asinh, "chlo.acosh": acosh, "chlo.atanh": atanh,
     "chlo.erf_inv": erfinv,

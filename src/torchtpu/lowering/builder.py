@@ -197,6 +197,12 @@ class Builder:
             attrs: str = "", region: str = "") -> Value:
         if name == "stablehlo.logistic" and dtype == torch.float32 and target.accurate_transcendentals():
             return self._logistic_from_exp(operands[0])
+        if dtype == torch.complex64 and target.accurate_transcendentals():
+            from .accurate_math import COMPLEX_FORMS  # it builds on this module
+
+            form = COMPLEX_FORMS.get(name)
+            if form is not None and operands[0].dtype == dtype:
+                return form(self, operands[0])
         if name in ("stablehlo.abs", "stablehlo.sign") and dtype in _UNSIGNED:
             # StableHLO's abs and sign take signed integers only; on unsigned ones they are the
             # identity and (x != 0), as PyTorch's CPU kernels give them

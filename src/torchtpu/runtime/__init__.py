@@ -14,7 +14,7 @@ from .dtypes import (
     to_pjrt_type,
     to_stablehlo,
 )
-from .errors import PjrtError
+from .errors import PjrtError, UnsupportedDtypeError
 from .event import Event
 from .executable import Executable
 from .plugin import Plugin, load_plugin
@@ -29,6 +29,7 @@ __all__ = [
     "Executable",
     "PjrtError",
     "Plugin",
+    "UnsupportedDtypeError",
     "compile_options",
     "create_client",
     "default_client_options",

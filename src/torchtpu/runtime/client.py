@@ -18,7 +18,7 @@ from .buffer import Buffer
 from .compile_options import compile_options
 from .device import Device
 from .dtypes import HOST_PJRT_TYPES
-from .errors import UNIMPLEMENTED, PjrtError
+from .errors import UNIMPLEMENTED, PjrtError, UnsupportedDtypeError
 from .executable import Executable
 from .plugin import NamedValues, Plugin, load_plugin
 from .plugins import default_client_options, plugin_kind, resolve_plugin_path
@@ -66,6 +66,13 @@ FLOAT64_ON_TPU = (
     "other functions ~5e-11 to 2e-9), and float32's exponent range (magnitudes above ~3.4e38 become inf, "
     "below ~1.2e-38 flush to zero). Use float32 on the TPU, or keep float64 work on the CPU where it must "
     "be exact (docs/tpu.md)."
+)
+
+
+COMPLEX128_ON_TPU = (
+    "torchtpu: complex128 is not supported on a TPU: libtpu cannot compile 128-bit complex numbers "
+    "(its float64 emulation has no complex form, and it stops the process instead of refusing the "
+    "program). Use complex64 on the TPU, or keep complex128 work on the CPU (docs/tpu.md)."
 )
 
 
@@ -122,6 +129,9 @@ class Client:
             cpu_kernels.register(plugin)
         # A TPU emulates 64-bit floats with float32 pairs: said once, where such data arrives.
         self.emulates_float64 = self.platform_name == "tpu"
+        # ... but has no complex128 at all: libtpu aborts compiling it (measured on a v5e, JAX's
+        # programs too), so such data and programs are refused before they reach the plugin.
+        self.supports_complex128 = self.platform_name != "tpu"
         r = plugin.call("PJRT_Client_AddressableDevices", client=self._handle)
         self.devices: list[Device] = [
             Device(plugin, r.addressable_devices[i], i) for i in range(r.num_addressable_devices)
@@ -171,7 +181,9 @@ class Client:
             # np.array (not ascontiguousarray) keeps 0-d arrays 0-d.
             a = np.array(a, dtype=a.dtype.newbyteorder("="), order="C")
         dtype = a.dtype
-        if self.emulates_float64 and (dtype == _F64 or dtype == _C128):
+        if dtype == _C128 and not self.supports_complex128:
+            raise UnsupportedDtypeError(COMPLEX128_ON_TPU)
+        if self.emulates_float64 and dtype == _F64:
             _warn_float64_emulated()
         try:
             pjrt_type = HOST_PJRT_TYPES[dtype]
@@ -222,6 +234,8 @@ class Client:
         ``options`` overrides with raw CompileOptionsProto bytes (never empty).
         """
         code = mlir.encode() if isinstance(mlir, str) else bytes(mlir)
+        if not self.supports_complex128 and b"complex<f64>" in code:
+            raise UnsupportedDtypeError(COMPLEX128_ON_TPU)
         self.note_program(code)
         if options is None:
             # StreamExecutor-style ordinal = the device's local hardware id.

@@ -1,4 +1,4 @@
-"""The one exception type the runtime raises for failures reported by PJRT."""
+"""The exception types the runtime raises: failures PJRT reports, and data a platform cannot take."""
 
 from __future__ import annotations
 
@@ -59,3 +59,9 @@ def register_error_type(code: int, cls: type[PjrtError]) -> None:
 def make_error(code: int, message: str) -> PjrtError:
     """The exception for a PJRT error: the registered type for its code, else PjrtError."""
     return _TYPE_FOR_CODE.get(int(code), PjrtError)(code, message)
+
+
+class UnsupportedDtypeError(TypeError):
+    """Data of a type the platform cannot hold or compute (complex128 on a TPU), refused before
+    it reaches the plugin, where it would stop the process. A TypeError, as PyTorch raises for a
+    dtype a device backend lacks (float64 on MPS)."""

@@ -471,6 +471,27 @@ def test_matmul_highest_precision_matches_cpu():
         both(F.linear, torch.randn(4, 6), torch.randn(3, 6))
 
 
+@pytest.mark.parametrize("precision", ["medium", "high", "highest"])
+def test_products_with_infinite_operands_match_cpu(precision):
+    """Regression: at high and highest, an infinite operand gave NaN where the CPU gives inf: its
+    low parts were inf - inf = NaN, and a finite operand's zero low part times its inf made NaN
+    in a cross product. Infinities and NaNs must land where the CPU's do, in matmul and conv."""
+    g = torch.Generator().manual_seed(0)
+    a, c = torch.randn(4, 5, generator=g), torch.randn(5, 3, generator=g)
+    a[0, 1], a[2, 2], c[3, 0] = float("inf"), float("nan"), -float("inf")
+    c[:, 1] = torch.tensor([1.0, 0.5, 2.0, 0.25, 4.0])  # bf16 values: their low parts are 0
+    x, w = torch.randn(1, 2, 6, 6, generator=g), torch.randn(3, 2, 3, 3, generator=g)
+    x[0, 1, 2, 3] = float("inf")
+    w[1] = 1.0
+    with torch.tpu.precision(precision):
+        for fn, args in ((torch.mm, (a, c)), (F.conv2d, (x, w))):
+            got, ref = fn(*(t.to("tpu") for t in args)).cpu(), fn(*args)
+            assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.isinf(), ref.isinf()), (fn, got)
+            assert torch.equal(got[got.isinf()], ref[ref.isinf()])
+            fin = ref.isfinite()
+            torch.testing.assert_close(got[fin], ref[fin], rtol=2e-2, atol=2e-2)
+
+
 def test_matmul_default_is_bf16_pass():
     a, b = torch.randn(64, 256), torch.randn(256, 64)
     ref = (a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float())

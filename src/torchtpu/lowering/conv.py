@@ -26,7 +26,7 @@ from ..engine import precision
 from . import target
 from .builder import Builder, Value, _i64_array, precision_config
 from .elementwise import opmath
-from .matmul import _PASSES, NATIVE_PRECISION, _split, elementwise_dot
+from .matmul import _PASSES, NATIVE_PRECISION, _pass_operands, _split, elementwise_dot
 from .registry import LoweringContext, register, register_output_layout
 
 aten = torch.ops.aten
@@ -95,7 +95,7 @@ def _conv_tpu(ctx: LoweringContext, lhs: Value, rhs: Value, *args: Any, **kw: An
         pr = [b.convert(p, torch.float32) for p in _split(b, b.convert(rhs, torch.float32), nparts)]
         acc = None
         for i, j in passes:
-            p = conv_general(b, pl[i], pr[j], *args, **kw)
+            p = conv_general(b, *_pass_operands(pl, pr, i, j), *args, **kw)
             acc = p if acc is None else b.add(acc, p)
         return acc
     if dtype in (torch.bfloat16, torch.float16):

@@ -25,14 +25,33 @@ aten = torch.ops.aten
 
 
 def _split(b: Builder, x: Value, parts: int) -> list[Value]:
-    out = []
-    rest = x
-    for i in range(parts):
-        hi = b.convert(rest, torch.bfloat16)
-        out.append(hi)
+    """``x`` (f32) as ``parts`` bf16 values that sum to it, largest first; for more than one part,
+    one more entry: the first part with its infinities and NaNs zeroed, which the cross products
+    (:func:`_pass_operands`) take. An infinite x has no finite remainder (inf - inf is NaN), so
+    its low parts are 0, and inf times another operand's zero low part would make the sum NaN
+    where the CPU's product is inf; the first-by-first product alone carries them."""
+    hi = b.convert(x, torch.bfloat16)
+    out = [hi]
+    if parts == 1:
+        return out
+    hi32 = b.convert(hi, torch.float32)
+    finite = b.op1("stablehlo.is_finite", [hi32], hi32.shape, torch.bool)
+    zero = b.constant(0.0, torch.float32, hi32.shape)
+    rest = b.select(finite, b.sub(x, hi32), zero)
+    for i in range(1, parts):
+        part = b.convert(rest, torch.bfloat16)
+        out.append(part)
         if i + 1 < parts:
-            rest = b.sub(rest, b.convert(hi, torch.float32))
+            rest = b.sub(rest, b.convert(part, torch.float32))
+    out.append(b.convert(b.select(finite, hi32, zero), torch.bfloat16))
     return out
+
+
+def _pass_operands(left: list[Value], right: list[Value], i: int, j: int) -> tuple[Value, Value]:
+    """The split parts (:func:`_split`) that the (i, j) pass multiplies: the first parts as they
+    are in the first-by-first product, their finite forms in the cross products."""
+    finite = len(left) - 1
+    return left[finite if i == 0 and j else i], right[finite if j == 0 and i else j]
 
 
 # (i, j) pairs of split parts whose products each pass sums, smallest first.
@@ -130,7 +149,7 @@ def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Se
         batch, contract = (lhs_batch, batch[1]), (lhs_contract, contract[1])
         acc = None
         for i, j in passes:
-            p = b.dot_general(pa[i], pc[j], batch, contract, torch.float32)
+            p = b.dot_general(*_pass_operands(pa, pc, i, j), batch, contract, torch.float32)
             acc = p if acc is None else b.add(acc, p)
         return b.convert(acc, out_dtype)
     if common == torch.bfloat16:

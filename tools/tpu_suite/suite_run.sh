@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# TPU side: run the listed test paths (default: the whole suite) in one pytest process, going on
+# from what earlier calls ran, stopping cleanly SECONDS from now (before the call's time limit).
+#   source .tpu/env.sh; bash .tpu/suite/suite_run.sh TAG SECONDS [pytest args and paths...]
+#   bash .tpu/suite/suite_run.sh restore    # unpack a carried .tpu/t3 (compile cache) into /tmp/t3
+# The list of tests already run travels: .tpu/suite/done.txt in (with .tpu/suite), $OUT/done.txt
+# back (copy it to .tpu/suite/done.txt on the workstation); it is written as tests finish, so a
+# cut call loses nothing. Logs and junit go to $OUT/TAG.log and $OUT/TAG.xml.
+# Compiles dominate a TPU run, so the suite fills a tier-3 cache in /tmp/t3; at the end its largest
+# entries (the slowest compiles, roughly) come back as $OUT/t3.tgz.NN (at most 4 parts of 15 MiB):
+# put them in .tpu/t3/ and carry that folder, alone, with `suite_run.sh restore` on a fresh host.
+set -uo pipefail
+T3=/tmp/t3
+if [ "${1:-}" = restore ]; then
+  ls .tpu/t3/t3.tgz.* >/dev/null 2>&1 || { echo "no .tpu/t3 parts"; exit 1; }
+  mkdir -p "$T3" && cat .tpu/t3/t3.tgz.* | tar xz -C "$T3" && echo "restored $(find "$T3" -type f | wc -l) cache entries"
+  exit 0
+fi
+tag=$1; secs=$2; shift 2
+touch "$OUT/done.txt"; [ -e .tpu/suite/done.txt ] && cp .tpu/suite/done.txt "$OUT/done.txt"
+export TPU_SUITE_DONE="$OUT/done.txt" TPU_SUITE_DEADLINE=$(( $(date +%s) + secs ))
+export PYTHONPATH="$PWD/.tpu/suite:$PYTHONPATH"
+export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="${TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT:-$T3}"
+python3 -m pytest -p suite_resume -p pytest_timeout --timeout 300 -q -rfEs -p no:cacheprovider \
+  --junitxml "$OUT/$tag.xml" "${@:-tests}" 2>&1 | tee "$OUT/$tag.log" | grep -v PASSED | tail -120
+echo "done so far: $(wc -l < "$OUT/done.txt")"
+# the largest cache entries, as many as fit 4 parts of 15 MiB compressed
+if [ -d "$T3" ]; then
+  budget=$((240 * 1024 * 1024))
+  while :; do
+    find "$T3" -type f -printf '%s %P\n' | sort -rn | awk -v b="$budget" '{s += $1; if (s > b) exit; print $2}' > /tmp/t3.list
+    tar czf /tmp/t3.tgz -C "$T3" -T /tmp/t3.list
+    [ "$(stat -c %s /tmp/t3.tgz)" -le $((60 * 1024 * 1024)) ] && break
+    budget=$((budget / 2))
+  done
+  rm -f "$OUT"/t3.tgz.*; split -b 15m -d /tmp/t3.tgz "$OUT/t3.tgz."
+  echo "tier 3: $(find "$T3" -type f | wc -l) entries, $(du -sh "$T3" | cut -f1); $(wc -l < /tmp/t3.list) largest sent back ($(du -h /tmp/t3.tgz | cut -f1))"
+fi

@@ -1,14 +1,17 @@
 """Builds the native parts at install time.
 
 * ``torchtpu._C``: the C++ shim against the installed torch (PyPI's CPU wheel).
+* ``torchtpu._profiler``: torch.profiler's device rows (a Kineto activity profiler for
+  PrivateUse1), built apart from ``_C`` as it needs Kineto's headers and ``USE_KINETO``.
 * ``torchtpu._cpu_kernels``: host-CPU kernels that XLA:CPU programs call as custom
   calls (no torch, no Python API: the runtime loads it with ctypes). x86-64 only.
 """
 
+import os
 import platform
 
 from setuptools import Extension, setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ext_modules = [
     CppExtension(
@@ -17,7 +20,14 @@ ext_modules = [
          "src/torchtpu/csrc/record.cpp", "src/torchtpu/csrc/op_key.cpp", "src/torchtpu/csrc/defer.cpp",
          "src/torchtpu/csrc/precision_tls.cpp", "src/torchtpu/csrc/kernel_front.cpp"],
         extra_compile_args=["-O2", "-std=c++17"],
-    )
+    ),
+    CppExtension(
+        "torchtpu._profiler",
+        ["src/torchtpu/csrc/profiler.cpp"],
+        include_dirs=[os.path.join(p, "kineto") for p in include_paths() if p.endswith("include")],
+        define_macros=[("USE_KINETO", None)],
+        extra_compile_args=["-O2", "-std=c++17"],
+    ),
 ]
 if platform.machine() in ("x86_64", "AMD64"):
     ext_modules.append(

@@ -720,7 +720,7 @@ class CompileError(RuntimeError):
 def compile_program(text: str | bytes, what: str) -> runtime.Executable:
     """:func:`compile`, with a refusal re-raised as :class:`CompileError` naming ``what``."""
     try:
-        return compile(text)
+        exe = compile(text)
     except runtime.UnsupportedDtypeError as e:
         raise TypeError(f"{e} (the program of {what})") from None
     except runtime.PjrtError as e:
@@ -729,3 +729,6 @@ def compile_program(text: str | bytes, what: str) -> runtime.Executable:
         lines = [ln.strip() for ln in e.message.splitlines() if "error" in ln] or e.message.splitlines()[:1]
         raise CompileError(f"torchtpu: XLA could not compile the program of {what}: "
                            f"{lines[0] if lines else e.code_name}") from e
+    # the op without its arguments, or the graph: the program's name in profiler traces
+    exe.label = what.split("(", 1)[0] if what.startswith("aten::") else what
+    return exe

@@ -44,7 +44,7 @@ from ..lowering.views import (
     write_view,
 )
 from ..runtime import Buffer, release_donated
-from . import compile_cache, index_checks
+from . import compile_cache, device_trace, index_checks
 from . import precision as precision_mod
 from .opplan import OpPlan, call_op, normalize_args, plan_for
 
@@ -844,11 +844,17 @@ def launch(executable: Any, buffers: list[Any], device: int, donate: Any = ()) -
     Strict mode asks PJRT for no completion event (it costs ~1.5 us a launch):
     synchronize() waits on the output of the device's latest launch instead.
     """
-    if config.launch_blocking:
+    if device_trace.active():
+        outs, event = device_trace.launch(executable, buffers, device, donate)
+        if config.launch_blocking:
+            event.wait()
+            return outs
+    elif config.launch_blocking:
         outs, event = executable.execute(buffers, device, donate)
         event.wait()
         return outs
-    outs, _ = executable.execute(buffers, device, donate, with_event=False)
+    else:
+        outs, _ = executable.execute(buffers, device, donate, with_event=False)
     if outs:
         _latest[device] = outs[0]  # (an execution's outputs are ready together)
     return outs
@@ -871,6 +877,7 @@ def synchronize(device: int | None = None) -> None:
     """Wait for every launched op (errors raised by the device surface here)."""
     _deferred().flush()
     wait_latest()
+    device_trace.drain()
     release_donated()  # everything has finished: their destroys no longer wait
     index_checks.raise_pending()
 

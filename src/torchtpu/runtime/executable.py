@@ -97,6 +97,8 @@ class Executable:
 
     def __init__(self, client: Client, handle: Any) -> None:
         self._client = client
+        # what the program computes, for traces (set by whoever compiled it)
+        self.label = "program"
         p = self._plugin = client._plugin
         self._handle = handle
         self._exe = p.call("PJRT_LoadedExecutable_GetExecutable", loaded_executable=handle).executable

@@ -42,3 +42,9 @@ def test_finetune_llama_trainer():
     result = _load("finetune_llama_trainer").main(["--tiny", "--steps", "6"])
     assert result["device"].startswith("tpu") and len(result["losses"]) == 6
     assert result["losses"][-1] < result["losses"][0]
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_profile_training_step(mode, tmp_path):
+    result = _load("profile_training_step").main(["--tiny", "--mode", mode, "--trace", str(tmp_path / "t.json")])
+    assert result["device_rows"] == ["tpu:0"] and result["programs"] > 0 and result["device_ms"] > 0

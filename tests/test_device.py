@@ -374,14 +374,34 @@ def test_empty_cache_drops_the_output_held_for_synchronize():
     assert torch.tpu.device_memory_in_use()[0] == before
 
 
+def test_memory_reserved_counts_what_the_device_holds_beyond_tensors():
+    """Regression: memory_reserved() was memory_allocated() (tensor storages) always. It counts
+    every device buffer the process holds, as CUDA's counts its allocator's cached blocks."""
+    import numpy as np
+
+    from torchtpu import _device_state
+
+    if torch.tpu.device_count() != 1 or _device_state.client().memory_stats(0) is not None:
+        pytest.skip("the process's own buffers count per device only on a single-device plugin without a report")
+    before_reserved, before_allocated = torch.tpu.memory_reserved(), torch.tpu.memory_allocated()
+    held = _device_state.client().buffer_from_host(np.zeros(1 << 16, np.float32), 0)  # no tensor owns it
+    assert torch.tpu.memory_allocated() == before_allocated
+    assert torch.tpu.memory_reserved() >= before_reserved + (1 << 18)
+    assert torch.tpu.max_memory_reserved() >= torch.tpu.memory_reserved()
+    del held
+    assert torch.tpu.memory_reserved() < before_reserved + (1 << 18)
+
+
 def test_memory_info_mirrors_cuda():
     """torch.cuda's memory queries that training scripts call (regression: missing on tpu)."""
     free, total = torch.tpu.mem_get_info()
     assert 0 < free <= total
     assert torch.tpu.get_device_properties(0).total_memory == total
     t = torch.empty(1024, device="tpu")
-    assert torch.tpu.memory_reserved() == torch.tpu.memory_allocated() >= 4096
+    assert torch.tpu.memory_reserved() >= torch.tpu.memory_allocated() >= 4096
     assert torch.tpu.max_memory_reserved() >= torch.tpu.memory_reserved()
+    stats = torch.tpu.memory_stats()
+    assert stats["reserved_bytes.all.current"] >= stats["allocated_bytes.all.current"]
     torch.tpu.reset_max_memory_allocated()
     assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()
     assert "tpu storages, current" in torch.tpu.memory_summary()

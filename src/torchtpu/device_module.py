@@ -261,20 +261,40 @@ def reset_peak_memory_stats(device: int | str | torch.device | None = None) -> N
 
 
 def memory_stats(device: int | str | torch.device | None = None) -> dict[str, int]:
-    s = _C._memory_stats(_index(device))
+    index = _index(device)
+    s = _C._memory_stats(index)
+    held, held_peak = _held_bytes(index)
     return {"allocated_bytes.all.current": s["allocated_bytes"], "allocated_bytes.all.peak": s["peak_bytes"],
+            "reserved_bytes.all.current": max(s["allocated_bytes"], held),
+            "reserved_bytes.all.peak": max(s["peak_bytes"], held_peak),
             "allocation.all.current": s["allocations"], "allocation.all.allocated": s["total_allocations"],
             "allocation.all.freed": s["total_frees"]}
 
 
 def memory_reserved(device: int | str | torch.device | None = None) -> int:
-    """Bytes reserved for tpu storages: what they hold, as no caching allocator sits in between
-    (PJRT owns device memory)."""
-    return memory_allocated(device)
+    """Bytes the device holds for this process, at least :func:`memory_allocated`: every live
+    device buffer (tensor storages, and what the engine keeps beside them: scalar operands,
+    outputs awaiting donation, DeferAndFuse holders). PJRT owns device memory, so this is its
+    allocator's view where it reports one (a TPU: bytes in use on the chip), else the buffers this
+    process holds; with several devices on a plugin without a report, the storages alone (the
+    process's buffers are not counted per device)."""
+    index = _index(device)
+    return max(memory_allocated(index), _held_bytes(index)[0])
 
 
 def max_memory_reserved(device: int | str | torch.device | None = None) -> int:
-    return max_memory_allocated(device)
+    index = _index(device)
+    return max(max_memory_allocated(index), _held_bytes(index)[1])
+
+
+def _held_bytes(index: int) -> tuple[int, int]:
+    """(current, peak) bytes the device holds for this process, 0 where unknown (see memory_reserved)."""
+    stats = _device_state.client().memory_stats(index)
+    if stats is not None and "bytes_in_use" in stats:
+        return stats["bytes_in_use"], stats.get("peak_bytes_in_use", stats["bytes_in_use"])
+    if device_count() == 1:
+        return device_memory_in_use()
+    return 0, 0
 
 
 def reset_max_memory_allocated(device: int | str | torch.device | None = None) -> None:

@@ -411,6 +411,21 @@ def test_memory_info_mirrors_cuda():
     assert torch.tpu.OutOfMemoryError is torch.OutOfMemoryError
 
 
+def test_a_device_failure_is_a_torch_accelerator_error():
+    """Regression (cuda parity): torch.tpu had no AcceleratorError, and a device's failure running
+    work surfaced as a plain PjrtError. It is torch.AcceleratorError (what CUDA raises for a failed
+    kernel), still a RuntimeError; a refused request is not one."""
+    from torchtpu.runtime.errors import PjrtError, make_error
+
+    assert torch.tpu.AcceleratorError is torch.AcceleratorError
+    for code in (10, 13, 14, 15):  # ABORTED, INTERNAL, UNAVAILABLE, DATA_LOSS
+        e = make_error(code, "the device stopped")
+        assert isinstance(e, torch.AcceleratorError) and isinstance(e, PjrtError) and isinstance(e, RuntimeError)
+        assert e.code == code and "tpu device error: the device stopped" in str(e)
+    assert not isinstance(make_error(3, "bad program"), torch.AcceleratorError)  # INVALID_ARGUMENT
+    assert isinstance(make_error(8, "no memory"), torch.OutOfMemoryError)
+
+
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
 def test_timing_events_measure_device_work(mode):
     """torch.tpu.Event(enable_timing=True) as torch.cuda.Event: record() marks the work launched

@@ -33,9 +33,11 @@ def install() -> None:
 
         torch.backends.tpu = backend
         sys.modules["torch.backends.tpu"] = backend
-        from .runtime.errors import RESOURCE_EXHAUSTED, register_error_type
+        from .runtime.errors import DEVICE_FAILURES, RESOURCE_EXHAUSTED, register_error_type
 
         register_error_type(RESOURCE_EXHAUSTED, device_module.DeviceOutOfMemoryError)
+        for code in DEVICE_FAILURES:
+            register_error_type(code, device_module.DeviceError)
         from . import _autocast, _kernels, _printing
         from .engine import executor
 

@@ -28,6 +28,16 @@ class DeviceOutOfMemoryError(torch.OutOfMemoryError, PjrtError):
         self.args = (f"tpu out of memory. {message}",)
 
 
+class DeviceError(torch.AcceleratorError, PjrtError):
+    """The device failed running launched work (PJRT's INTERNAL, ABORTED, UNAVAILABLE or
+    DATA_LOSS): caught by ``except torch.AcceleratorError`` as a CUDA kernel's failure is
+    (``torch.tpu.AcceleratorError`` is ``torch.AcceleratorError`` itself), and a RuntimeError."""
+
+    def __init__(self, code: int, message: str) -> None:
+        PjrtError.__init__(self, code, message)
+        self.args = (f"tpu device error: {message}",)
+
+
 class StreamContext:
     """``torch.cuda.StreamContext``: makes ``stream`` current within a ``with`` block. A tpu
     device has one stream (PJRT orders each device's work), so every stream is that one."""
@@ -182,6 +192,7 @@ def init() -> None:
 
 
 OutOfMemoryError = torch.OutOfMemoryError
+AcceleratorError = torch.AcceleratorError
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

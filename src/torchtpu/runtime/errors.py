@@ -25,6 +25,9 @@ _CODE_NAMES = {
 
 UNIMPLEMENTED = 12
 RESOURCE_EXHAUSTED = 8
+# Codes of a device that failed running work (ABORTED, UNAVAILABLE, INTERNAL, DATA_LOSS), as
+# opposed to a refused request (INVALID_ARGUMENT, UNIMPLEMENTED...) or exhausted memory.
+DEVICE_FAILURES = (10, 14, 13, 15)
 
 
 class PjrtError(RuntimeError):

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchtpu-installed
 
-.PHONY: demo test test-tpu bench lint
+.PHONY: demo test test-tpu test-asan bench lint
 
 $(STAMP): pyproject.toml setup.py $(wildcard src/torchtpu/csrc/*.cpp src/torchtpu/csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,21 @@ test: $(STAMP)
 TPU_PYTHON ?= python3
 test-tpu:
 	TORCH_TPU_PJRT_PLUGIN=tpu $(TPU_PYTHON) -m pytest -q -rs
+
+# The C++ extensions built with AddressSanitizer + UndefinedBehaviorSanitizer (a copy of src/ in
+# build/asan, first on the path), run under the op tests, the errors-as-CPU table and the OpInfo
+# subset; any report stops the run (halt_on_error). Python and torch are not sanitized: the
+# sanitizer runtimes are preloaded, and leak checking is off (the interpreter's own allocations).
+ASAN_DIR := build/asan
+SAN_PRELOAD = $$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)
+test-asan: $(STAMP)
+	rm -rf $(ASAN_DIR) && mkdir -p $(ASAN_DIR)
+	cp -r setup.py pyproject.toml README.md src $(ASAN_DIR)/ && find $(ASAN_DIR) -name '*.so' -delete
+	cd $(ASAN_DIR) && TORCHTPU_SANITIZE=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(abspath $(PY)) setup.py -q build_ext --inplace
+	PYTHONPATH=$(ASAN_DIR)/src LD_PRELOAD="$(SAN_PRELOAD)" \
+	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(PY) -m pytest -q -p no:cacheprovider -m "not slow and not fresh_process" \
+	  tests/test_ops.py tests/test_errors_as_cpu.py tests/conformance/test_opinfo_subset.py
 
 bench: $(STAMP)
 	$(PY) bench/eager.py

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .builder import Builder, Value
-from .meta_checks import scalar_type_name
+from .meta_checks import check_mask_shapes, scalar_type_name
 from .registry import LoweringContext, register, register_host_kernel
 from .views import check_out_overlap
 
@@ -119,6 +119,7 @@ def _prepared_indices(x: torch.Tensor, indices: list[Any]) -> list[Any]:
     tensors of another device are moved, so ``x[torch.tensor([1, 3])]`` works on tpu as it does
     on CUDA), and boolean ones as their nonzero() long coordinates (one per masked dim)."""
     indices = [t.to(x.device) if isinstance(t, torch.Tensor) and t.device != x.device else t for t in indices]
+    check_mask_shapes(x, indices)  # (CPU's IndexError: the coordinates would hide a mask's shape)
     expanded = _expand_bool_indices(indices)
     return expanded if expanded is not None else indices
 

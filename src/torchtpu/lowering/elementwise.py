@@ -413,15 +413,18 @@ def _clamp(ctx: LoweringContext, x: Value, lo: Any = None, hi: Any = None) -> Va
     out = ctx.out_dtype()
     shape = _shape(ctx)
     v = operand(ctx, x, out, shape)
-    if lo is not None:
-        lv = operand(ctx, lo, out, shape)
-        v = b.select(b.compare(v, lv, "LT"), lv, v) if out.is_floating_point else b.maximum(v, lv)
-    if hi is not None:
-        hv = operand(ctx, hi, out, shape)
-        v = b.select(b.compare(v, hv, "GT"), hv, v) if out.is_floating_point else b.minimum(v, hv)
-    if lo is not None and hi is not None and out.is_floating_point:
-        # NaN bounds propagate like PyTorch
-        pass
+    floating = out.is_floating_point or out.is_complex
+    for bound, direction in ((lo, "LT"), (hi, "GT")):
+        if bound is None:
+            continue
+        bv = operand(ctx, bound, out, shape)
+        if not floating:
+            v = b.maximum(v, bv) if direction == "LT" else b.minimum(v, bv)
+            continue
+        # a NaN x stays NaN (its comparisons are false), and a NaN bound gives NaN, as on CPU
+        # (regression: clamp(x, min=nan) returned x)
+        v = b.select(b.compare(v, bv, direction), bv, v)
+        v = b.select(b.compare(bv, bv, "NE"), bv, v)
     return v
 
 

@@ -125,12 +125,26 @@ def _embedding_bag_bounds(weight: torch.Tensor, indices: torch.Tensor, offsets: 
 
 @register_index_bounds(aten.index_select.default, aten.index_reduce.default)
 def _index_select_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> list[Bound]:
-    return [Bound(index, 0, _dim_size(x, dim)[1], IndexError, "index out of range in self")]
+    d, size = _dim_size(x, dim)
+    if x.dim() > 1 and d == 1 and rest == ():
+        # CPU's index_select takes a fast path for dim 1 of a matrix or more, with a RuntimeError of
+        # its own (index_select_out_cpu_dim1_; regression: tpu raised the IndexError)
+        return [Bound(index, 0, size, RuntimeError, f"INDICES element is out of DATA bounds, id={{value}} "
+                      f"axis_dim={size}")]
+    return [Bound(index, 0, size, IndexError, "index out of range in self")]
+
+
+def _slices_empty(x: torch.Tensor, d: int) -> bool:
+    """Whether the slices of ``x`` along dim ``d`` hold no elements: CPU's kernels then copy or
+    fill nothing and check no index (regression: tpu raised for x of shape [3, 1, 0])."""
+    return x.dim() > 0 and any(s == 0 for i, s in enumerate(x.shape) if i != d)
 
 
 @register_index_bounds(aten.index_copy.default)
 def _index_copy_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> list[Bound]:
     d, size = _dim_size(x, dim)
+    if _slices_empty(x, d):
+        return []
     return [Bound(index, 0, size, IndexError, "index_copy_(): " + _out_of_dim(d, size))]
 
 
@@ -138,15 +152,35 @@ def _index_copy_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, source: t
 def _index_fill_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> list[Bound]:
     """Negative indices count from the end."""
     d, size = _dim_size(x, dim)
+    if _slices_empty(x, d):
+        return []
     return [Bound(index, -size, size, IndexError, _out_of_dim(d, size))]
 
 
 @register_index_bounds(aten.gather.default, aten.scatter.src, aten.scatter.value, aten.scatter.reduce,
-                       aten.scatter.value_reduce, aten.scatter_add.default, aten.scatter_reduce.two,
-                       aten.index_add.default)
+                       aten.scatter.value_reduce, aten.scatter_add.default, aten.scatter_reduce.two)
 def _dim_index_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> list[Bound]:
     d, size = _dim_size(x, dim)
     return [Bound(index, 0, size, RuntimeError, _out_of_dim(d, size))]
+
+
+@register_index_bounds(aten.index_add.default)
+def _index_add_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> list[Bound]:
+    """CPU's index_add_ of an x of more than one dim (index_add_cpu_out) checks nothing when x or the
+    index is empty, and goes through scatter_add_, whose error is a RuntimeError, along the first or
+    last dim with an int64 index, alpha 1 and a source of x's sizes but at dim; otherwise it raises
+    its own IndexError (regression: tpu raised the RuntimeError for all)."""
+    d, size = _dim_size(x, dim)
+    source = rest[0] if rest else None
+    alpha = rest[1] if len(rest) > 1 else 1
+    if x.dim() > 1 and (x.numel() == 0 or index.numel() == 0):
+        return []
+    scatter_path = (x.dim() > 1 and d in (0, x.dim() - 1) and index.dtype == torch.int64 and alpha == 1
+                    and isinstance(source, torch.Tensor) and source.dim() == x.dim()
+                    and all(a == b for i, (a, b) in enumerate(zip(x.shape, source.shape)) if i != d))
+    if scatter_path:
+        return [Bound(index, 0, size, RuntimeError, _out_of_dim(d, size))]
+    return [Bound(index, 0, size, IndexError, "index out of range in self")]
 
 
 @register_index_bounds(aten.index.Tensor, aten.index_put.default)
@@ -158,6 +192,17 @@ def _advanced_index_bounds(x: torch.Tensor, indices: list, *rest: Any) -> list[B
     bounds = []
     d = 0  # the dim of x the next index applies to
     indexed = 0  # how many dims were indexed before it
+    free = []  # the dims no index tensor applies to
+    for t in indices:
+        if t is None:
+            free.append(d)
+        d += t.dim() if t is not None and t.dtype in (torch.bool, torch.uint8) else 1
+    free += range(d, x.dim())
+    d = 0
+    if any(x.shape[i] == 0 for i in free if i < x.dim()):
+        # the result (or the written part) has no elements: CPU's kernel checks no index
+        # (regression: x[i] of an x of shape [2, 0, 4] raised on tpu)
+        return []
     for t in indices:
         if t is not None and t.dtype in (torch.bool, torch.uint8):
             d += t.dim()
@@ -313,3 +358,45 @@ def assert_async(cond: torch.Tensor, msg: str | None = None) -> None:
         torch._assert_async(host)
     else:
         torch._assert_async(host, msg)
+
+
+_C_TYPE_NAMES = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int",
+                 torch.int64: "int64_t", torch.float32: "float", torch.float64: "double",
+                 torch.bfloat16: "c10::BFloat16", torch.float16: "c10::Half"}
+
+
+def _fill_value_overflows(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """1 if the 0-dim ``value``, as CPU's ``value.item()`` converted to ``dtype`` (c10::overflows,
+    see meta_checks._scalar_overflows), overflows, else 0 (an int64 scalar); None where it cannot."""
+    if dtype == torch.bool or value.dtype == torch.bool or dtype.is_complex or value.dtype.is_complex:
+        return None
+    if dtype.is_floating_point:
+        if not value.dtype.is_floating_point or torch.finfo(value.dtype).max <= torch.finfo(dtype).max:
+            return None
+        v = value.float()
+        return (v.isfinite() & (v.abs() > torch.finfo(dtype).max)).to(torch.int64)
+    info = torch.iinfo(dtype)
+    if value.dtype.is_floating_point:
+        v = value.float()
+        return (~v.isfinite() | (v < float(info.min)) | (v > float(info.max))).to(torch.int64)
+    v = value.to(torch.int64)
+    low = -info.max if info.min == 0 else info.min  # (an integer wraps into an unsigned type)
+    return ((v < low) | (v > info.max)).to(torch.int64)
+
+
+def _fill_value_bounds(x: torch.Tensor, value: Any) -> list[Bound]:
+    """CPU reads a tensor fill value with item() and converts it with an overflow check; here the
+    value stays on the device, so the check does too (regression: masked_fill(uint8, tensor(-2.))
+    filled on tpu)."""
+    if not _computed_on_device(value) or value.numel() != 1:
+        return []
+    flag = _fill_value_overflows(value.reshape(()), x.dtype)
+    if flag is None:
+        return []
+    name = _C_TYPE_NAMES.get(x.dtype, str(x.dtype))
+    return [Bound(flag, 0, 1, RuntimeError, f"value cannot be converted to type {name} without overflow")]
+
+
+@register_index_bounds(aten.masked_fill.Tensor)
+def _masked_fill_tensor_bounds(x: torch.Tensor, mask: torch.Tensor, value: Any) -> list[Bound]:
+    return _fill_value_bounds(x, value)

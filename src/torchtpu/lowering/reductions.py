@@ -69,6 +69,20 @@ def _sum(ctx: LoweringContext, x: Value, dims: Any = None, keepdim: bool = False
     return b.convert(_keep(b, r, x.shape, d, keepdim), out)
 
 
+@register(aten.nansum.default)
+def _nansum(ctx: LoweringContext, x: Value, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
+    """sum with NaNs as 0. (Regression: PyTorch's decomposition took dim=() for no dims, where
+    CPU, as sum, reduces all of them: nansum(x, ()) kept x's shape.)"""
+    b = ctx.b
+    out = ctx.out_dtype()
+    d = norm_dims(dims, x.rank)
+    acc = opmath(out) if out != torch.bool else torch.int64
+    v = b.convert(x, acc)
+    if acc.is_floating_point:
+        v = b.select(b.compare(v, v, "NE"), b.constant(0.0, acc, v.shape), v)
+    return b.convert(_keep(b, reduce_sum(b, v, d), x.shape, d, keepdim), out)
+
+
 @register(aten.mean.dim, aten.mean.default)
 def _mean(ctx: LoweringContext, x: Value, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
     b = ctx.b
@@ -237,7 +251,9 @@ def softmax(b: Builder, v: Value, dim: int, log: bool) -> Value:
 def _softmax(ctx: LoweringContext, x: Value, dim: int, half_to_float: bool) -> Value:
     b = ctx.b
     out = ctx.out_dtype()
-    v = b.convert(x, opmath(x.dtype))
+    # (an integer x reaches here only empty, as CPU returns it: computed as float32, not -inf in int64)
+    floating = x.dtype.is_floating_point or x.dtype.is_complex
+    v = b.convert(x, opmath(x.dtype) if floating else torch.float32)
     if x.rank == 0:
         # as a 1-element row: exp(x - x) is NaN at +-inf and NaN, as on CPU (not a constant 1)
         return b.convert(b.reshape(softmax(b, b.reshape(v, (1,)), 0, ctx.op is aten._log_softmax.default), ()), out)

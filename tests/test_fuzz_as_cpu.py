@@ -863,10 +863,6 @@ def _known_difference(call: Call, want: tuple[Any, Any], got: tuple[Any, Any]) -
         x = call.args[0].make("cpu")
         if x.dtype == torch.bool and got[1].dtype == torch.bool and torch.equal(got[1], x):
             return "abs of bool (CUDA's result, CPU has no kernel)"
-    if call.op in ("copysign", "xlogy") and "scalar" in call.kw and want[0] == "ok" and got[0] is RuntimeError:
-        # NOT FIXED, an engine bug (src/torchtpu/engine is another engineer's): the Scalar overloads
-        # are planned through the out= overload that takes a Tensor `other`, which refuses the float
-        return "ENGINE BUG: copysign/xlogy with a Scalar other"
     if (call.op == "pow" and call.kw.get("scalar") in (True, False) and call.args[0].base.dtype == torch.bool
             and want[0] == "ok" and got[0] == "ok" and got[1].dtype == torch.int64 and want[1].dtype == torch.bool
             and torch.equal(got[1], want[1].long())):

@@ -471,6 +471,25 @@ def test_matmul_highest_precision_matches_cpu():
         both(F.linear, torch.randn(4, 6), torch.randn(3, 6))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool])
+def test_scalar_overloads_that_aten_writes_through_tensor_ones(dtype):
+    """Regression: copysign(t, 2.0) and xlogy with a number raised "Expected a value of type
+    'Tensor' for argument 'other'": ATen calls copysign.out / xlogy.OutTensor with a wrapped-number
+    tensor, which reaches the Python fallback as a float. Values, dtypes and refusals as on CPU."""
+    x = torch.tensor([1, -2, 0, 3]).to(dtype)
+    for fn in (lambda t: torch.copysign(t, -2.0), lambda t: torch.copysign(t, 3), lambda t: torch.xlogy(t, 2.0),
+               lambda t: torch.xlogy(2.0, t), lambda t: torch.xlogy(t, 3)):
+        try:
+            want = fn(x)
+        except (RuntimeError, TypeError, NotImplementedError) as e:
+            with pytest.raises(type(e)):
+                fn(x.to("tpu")).cpu()
+            continue
+        got = fn(x.to("tpu")).cpu()
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
 @pytest.mark.parametrize("precision", ["medium", "high", "highest"])
 def test_products_with_infinite_operands_match_cpu(precision):
     """Regression: at high and highest, an infinite operand gave NaN where the CPU gives inf: its

@@ -28,7 +28,42 @@ _libs: list[torch.library.Library] = []
 
 
 def dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    positions = _tensor_positions(op)
+    if positions and any(type(args[i]) in _NUMBERS for i in positions if i < len(args)):
+        args = _wrap_numbers(args, positions)
     return executor.run(op, args, kwargs)
+
+
+# A Scalar overload that ATen implements through its Tensor overload (copysign.Scalar and
+# xlogy.Scalar_Other call copysign.out / xlogy.OutTensor with a wrapped-number tensor) reaches
+# this Python fallback with that tensor turned back into a Python number. It goes in again as a
+# 0-dim tensor on the op's device, of the dtype a wrapped number promotes as (a float: the default
+# dtype; a 0-dim tensor promotes as a wrapped number does against tensors with dimensions).
+_NUMBERS = (float, int, bool, complex)
+
+
+@functools.cache
+def _tensor_positions(op: torch._ops.OpOverload) -> tuple[int, ...]:
+    return tuple(i for i, a in enumerate(op._schema.arguments) if not a.kwarg_only and str(a.type) == "Tensor")
+
+
+def _number_dtype(v: complex) -> torch.dtype:
+    if type(v) is bool:
+        return torch.bool
+    if type(v) is int:
+        return torch.int64
+    if type(v) is float:
+        return torch.get_default_dtype()
+    return torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
+
+
+def _wrap_numbers(args: tuple, positions: tuple[int, ...]) -> tuple:
+    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "tpu"), "tpu")
+    out = list(args)
+    for i in positions:
+        if i < len(out) and type(out[i]) in _NUMBERS:
+            out[i] = torch.tensor(out[i], dtype=_number_dtype(out[i]), device=device)
+    return tuple(out)
 
 
 def _covers_storage(t: torch.Tensor) -> bool:

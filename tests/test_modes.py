@@ -453,6 +453,34 @@ def test_fp32_precision_set_before_the_backend_loads_is_honoured():
     assert r.stdout.split()[-1] == "highest"
 
 
+def test_a_failed_graph_with_an_index_check_does_not_break_the_next_read(monkeypatch):
+    """Regression (DeferAndFuse): when a graph holding an index-bounds check failed to compile,
+    the next read of any tensor raised AttributeError ("'Pending' object has no attribute
+    'to_host'"): the check's flag, never computed, was read. Its graph's failure was raised
+    already; the check is dropped and the next op runs."""
+    from torchtpu.engine import compile_cache
+    from torchtpu.runtime import PjrtError
+
+    real = compile_cache.compile
+    refused = []
+
+    def refuse_once(text, **kw):
+        if not refused:
+            refused.append(text)
+            raise PjrtError(2, "-:3:11: error: simulated refusal")
+        return real(text, **kw)
+
+    x = torch.randn(9, 4, 3).to("tpu")
+    idx = torch.tensor([0, 8, 2]).to("tpu")
+    monkeypatch.setattr(compile_cache, "compile", refuse_once)
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        with pytest.raises(compile_cache.CompileError):
+            (x.index_select(0, idx) * 5 - 1).cpu()
+        assert refused
+        torch.testing.assert_close((torch.tensor(3).to("tpu") + 1).cpu(), torch.tensor(4))
+        torch.testing.assert_close(x.index_select(0, idx).cpu(), x.cpu().index_select(0, idx.cpu()))
+
+
 @pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
 def test_a_refused_compile_names_the_op_and_the_engine_goes_on(mode, monkeypatch):
     """A program XLA refuses reaches the user as a RuntimeError (compile_cache.CompileError) naming

@@ -34,7 +34,7 @@ def dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     return executor.run(op, args, kwargs)
 
 
-# A Scalar overload that ATen implements through its Tensor overload (copysign.Scalar and
+# A Scalar overload that ATen implements through its Tensor out= overload (copysign.Scalar and
 # xlogy.Scalar_Other call copysign.out / xlogy.OutTensor with a wrapped-number tensor) reaches
 # this Python fallback with that tensor turned back into a Python number. It goes in again as a
 # 0-dim tensor on the op's device, of the dtype a wrapped number promotes as (a float: the default
@@ -44,6 +44,12 @@ _NUMBERS = (float, int, bool, complex)
 
 @functools.cache
 def _tensor_positions(op: torch._ops.OpOverload) -> tuple[int, ...]:
+    # Only out= overloads, whose meta pass calls the out= op itself, which refuses a number for a
+    # Tensor; functional ops take numbers as host scalars, which keeps their host-side checks (an
+    # integer division by a zero number raises at the op).
+    plan = plan_for(op)
+    if plan.op is plan.functional:
+        return ()
     return tuple(i for i, a in enumerate(op._schema.arguments) if not a.kwarg_only and str(a.type) == "Tensor")
 
 

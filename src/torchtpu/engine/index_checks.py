@@ -74,7 +74,11 @@ def current_flag(device: torch.device) -> torch.Tensor:
     if flag is None:
         flag = _zeros.get(device)
         if flag is None:
-            flag = _zeros[device] = torch.zeros(3, dtype=torch.int64, device=device)
+            # a transfer, not a zeros op: in DeferAndFuse that op would join the graph being
+            # recorded, and were that graph to fail, this cached flag would never have a value
+            # a transfer, not a zeros op: in DeferAndFuse that op would join the graph being
+            # recorded, and were that graph to fail, this cached flag would never have a value
+            flag = _zeros[device] = torch.zeros(3, dtype=torch.int64).to(device)
     return flag
 
 
@@ -99,20 +103,26 @@ def raise_pending() -> None:
         flags = list(_flags.values())
         _flags.clear()  # before reading: the reads below synchronize too
     for flag in flags:
-        code, value, position = (int(v) for v in _read(flag))
+        values = _read(flag)
+        if values is None:  # its graph failed and raised that already: the check never ran
+            continue
+        code, value, position = (int(v) for v in values)
         if code:
             error, message = _reports[code]
             raise error(message.format(value=value, position=position) + _ASYNC_NOTE)
 
 
 def _read(flag: torch.Tensor) -> Any:
-    """The flag's values, straight from its buffer (it owns the whole of it)."""
+    """The flag's values, straight from its buffer (it owns the whole of it); None where the
+    DeferAndFuse graph that computes it failed."""
     from . import deferred
 
     buf = st.storage_buffer(flag.untyped_storage())
     if not isinstance(buf, Buffer):  # recorded by another thread in DeferAndFuse, not run yet
         deferred.flush()
         buf = st.storage_buffer(flag.untyped_storage())
+        if isinstance(buf, deferred.Pending):
+            return None
     return buf.to_host()
 
 

@@ -453,26 +453,35 @@ def test_fp32_precision_set_before_the_backend_loads_is_honoured():
     assert r.stdout.split()[-1] == "highest"
 
 
+def _refuse_the_next_compile(monkeypatch, message: str) -> list:
+    """Make the next XLA compile fail with ``message`` (a plugin's refusal); returns the list
+    the refused program's text lands in."""
+    from torchtpu.engine import compile_cache
+    from torchtpu.runtime import PjrtError
+
+    real = compile_cache.compile
+    refused: list = []
+
+    def refuse_once(text, **kw):
+        if not refused:
+            refused.append(text)
+            raise PjrtError(2, message)
+        return real(text, **kw)
+
+    monkeypatch.setattr(compile_cache, "compile", refuse_once)
+    return refused
+
+
 def test_a_failed_graph_with_an_index_check_does_not_break_the_next_read(monkeypatch):
     """Regression (DeferAndFuse): when a graph holding an index-bounds check failed to compile,
     the next read of any tensor raised AttributeError ("'Pending' object has no attribute
     'to_host'"): the check's flag, never computed, was read. Its graph's failure was raised
     already; the check is dropped and the next op runs."""
     from torchtpu.engine import compile_cache
-    from torchtpu.runtime import PjrtError
-
-    real = compile_cache.compile
-    refused = []
-
-    def refuse_once(text, **kw):
-        if not refused:
-            refused.append(text)
-            raise PjrtError(2, "-:3:11: error: simulated refusal")
-        return real(text, **kw)
 
     x = torch.randn(9, 4, 3).to("tpu")
     idx = torch.tensor([0, 8, 2]).to("tpu")
-    monkeypatch.setattr(compile_cache, "compile", refuse_once)
+    refused = _refuse_the_next_compile(monkeypatch, "-:3:11: error: simulated refusal")
     with torch.tpu.eager_mode("defer_and_fuse"):
         with pytest.raises(compile_cache.CompileError):
             (x.index_select(0, idx) * 5 - 1).cpu()
@@ -491,17 +500,8 @@ def test_a_refused_compile_names_the_op_and_the_engine_goes_on(mode, monkeypatch
     from torchtpu.engine import compile_cache
     from torchtpu.runtime import PjrtError
 
-    real = compile_cache.compile
-    refused = []
-
-    def refuse_once(text, **kw):
-        if not refused:
-            refused.append(text)
-            raise PjrtError(2, "-:3:11: error: 'stablehlo.add' op simulated refusal\n-:3:11: note: see op")
-        return real(text, **kw)
-
     x = torch.randn(3, 1, 7, 5, 2).to("tpu")  # a shape no other test uses: its add is compiled here
-    monkeypatch.setattr(compile_cache, "compile", refuse_once)
+    _refuse_the_next_compile(monkeypatch, "-:3:11: error: 'stablehlo.add' op simulated refusal\n-:3:11: note: see op")
     z = None
     with torch.tpu.eager_mode(mode), pytest.raises(RuntimeError) as info:
         z = x + x

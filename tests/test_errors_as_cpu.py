@@ -151,6 +151,9 @@ CASES = {
     "mv dtypes": lambda d: torch.ones(2, 2).long().to(d).mv(torch.ones(2, dtype=torch.int32).to(d)),
     "mv bool": lambda d: torch.ones(2, 2, dtype=torch.bool).to(d).mv(torch.ones(2, dtype=torch.bool).to(d)),
     "bmm bool": lambda d: torch.ones(1, 2, 2, dtype=torch.bool).to(d).bmm(torch.ones(1, 2, 2, dtype=torch.bool).to(d)),
+    "bmm bool by float": lambda d: torch.ones(1, 1, dtype=torch.bool).to(d) @ torch.ones(1, 1, 1).to(d),
+    "mv bool by float": lambda d: torch.ones(2, 3, dtype=torch.bool).to(d) @ torch.ones(3).to(d),
+    "mv float by long": lambda d: torch.ones(2, 3).to(d).mv(torch.ones(3).long().to(d)),
     "bmm bool empty": lambda d: torch.ones(1, 0, 2, dtype=torch.bool).to(d).bmm(
         torch.ones(1, 2, 2, dtype=torch.bool).to(d)),
     "topk bool": lambda d: b.to(d).topk(1),

@@ -371,9 +371,10 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> None:
         return  # the meta kernel's shape error comes first
     if a.shape[0] * a.shape[1] * b.shape[2] == 0 or a.shape[2] == 0:
         return  # CPU returns an empty or zero result before its kernel's dtype checks
-    _same_batch_dtypes(a, b)
+    # CPU's kernel dispatches on the first operand's dtype before it compares the two
     if a.dtype == torch.bool:  # regression: a result on tpu (CUDA's bmm has no bool kernel either)
         raise NotImplementedError('"bmm" not implemented for \'Bool\'')
+    _same_batch_dtypes(a, b)
 
 
 @register_meta_check(aten.baddbmm.default)
@@ -794,8 +795,9 @@ def _mean_dim(x: torch.Tensor, dim: Any = None, keepdim: bool = False, dtype: An
 @register_meta_check(aten.mv.default)
 def _mv(a: torch.Tensor, v: torch.Tensor) -> None:
     if a.dtype != v.dtype:  # regression: int64 @ int32 gave a result on tpu
-        raise RuntimeError(f"addmv input tensors must have the same dtype, but got {scalar_type_name(a.dtype)}, "
-                           f"{scalar_type_name(v.dtype)}, and {scalar_type_name(a.dtype)}")
+        # CPU's mv makes its result with the vector's dtype and names (result, matrix, vector)
+        raise RuntimeError(f"addmv input tensors must have the same dtype, but got {scalar_type_name(v.dtype)}, "
+                           f"{scalar_type_name(a.dtype)}, and {scalar_type_name(v.dtype)}")
     if a.dim() != 2 or v.dim() != 1 or a.shape[1] != v.shape[0]:
         return  # the meta kernel's shape error comes first
     if a.dtype == torch.bool and a.numel() > 0:  # regression: a result on tpu (CUDA has no bool addmv either)

@@ -154,6 +154,13 @@ CASES = {
     "bmm bool by float": lambda d: torch.ones(1, 1, dtype=torch.bool).to(d) @ torch.ones(1, 1, 1).to(d),
     "mv bool by float": lambda d: torch.ones(2, 3, dtype=torch.bool).to(d) @ torch.ones(3).to(d),
     "mv float by long": lambda d: torch.ones(2, 3).to(d).mv(torch.ones(3).long().to(d)),
+    "pow bool to True": lambda d: b.to(d).pow(True),
+    "pow bool to False": lambda d: b.to(d).pow(False),
+    "pow bool to bool tensor": lambda d: b.to(d).pow(b.to(d)),
+    "pow bool scalar to bool tensor": lambda d: torch.pow(True, b.to(d)),
+    "copysign by a CPU 0-dim tensor": lambda d: torch.ones(3).to(d).copysign(torch.tensor(-1.0)),
+    "xlogy of a CPU 0-dim tensor": lambda d: torch.xlogy(torch.tensor(2.0), torch.full((3,), 3.0).to(d)),
+    "add_ on an empty expanded tensor": lambda d: torch.ones(0).to(d).expand(3, 0).add_(1),
     "bmm bool empty": lambda d: torch.ones(1, 0, 2, dtype=torch.bool).to(d).bmm(
         torch.ones(1, 2, 2, dtype=torch.bool).to(d)),
     "topk bool": lambda d: b.to(d).topk(1),

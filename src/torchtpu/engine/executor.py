@@ -391,8 +391,10 @@ def _flatten_tensors(x: Any) -> list[Any]:
 
 
 def check_no_internal_overlap(t: torch.Tensor) -> None:
-    """PyTorch's assert_no_internal_overlap: an expanded (stride-0) written tensor is refused."""
-    if any(size > 1 and stride == 0 for size, stride in zip(t.shape, t.stride())):
+    """PyTorch's assert_no_internal_overlap: an expanded (stride-0) written tensor is refused.
+
+    An empty tensor has no elements to overlap (CPU writes nothing, and refuses nothing)."""
+    if t.numel() and any(size > 1 and stride == 0 for size, stride in zip(t.shape, t.stride())):
         raise RuntimeError(
             "unsupported operation: more than one element of the written-to tensor refers to a single memory "
             "location. Please clone() the tensor before performing the operation.")
@@ -420,6 +422,25 @@ def check_no_input_overlap(plan: OpPlan, specs: list) -> None:
                 raise_if_overlapping(dense_bytes(*o[2:6]), dense_bytes(*t[2:6]))
 
 
+def _call_meta(plan: OpPlan, meta_args: list[Any], func_args: list[Any]) -> Any:
+    if plan.mutated:
+        call_op(plan.op, _args_for(plan.op, meta_args))
+    adapt = registry.meta_arguments(plan.functional)
+    return call_op(plan.functional, func_args if adapt is None else adapt(*func_args))
+
+
+def _cpu_scalar_refused(error: RuntimeError, specs: list) -> bool:
+    message = str(error)
+    return ("meta" in message and "cpu" in message and "device" in message
+            and any(isinstance(s, tuple) and s and s[0] == "C" for s in specs))
+
+
+def _cpu_scalars_to_meta(spec: Any, value: Any) -> Any:
+    if isinstance(spec, tuple) and spec and spec[0] == "C" and isinstance(value, torch.Tensor):
+        return value.to("meta")
+    return value
+
+
 def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], list[Any]]:
     """Output metadata (and PyTorch's own argument errors) from meta kernels.
 
@@ -440,10 +461,17 @@ def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], l
     if check is not None:
         check(*func_args)
     try:
-        if plan.mutated:
-            call_op(plan.op, _args_for(plan.op, meta_args))
-        adapt = registry.meta_arguments(plan.functional)
-        meta_out = call_op(plan.functional, func_args if adapt is None else adapt(*func_args))
+        try:
+            meta_out = _call_meta(plan, meta_args, func_args)
+        except RuntimeError as e:
+            if not _cpu_scalar_refused(e, specs):
+                raise
+            # A decomposition written in Python (copysign, xlogy...) refuses a CPU 0-dim operand next
+            # to meta tensors, where the device kernels take it as a scalar: the same call with that
+            # operand on meta gives the shapes (its value matters to no meta kernel reached here).
+            meta_args = [_cpu_scalars_to_meta(s, v) for s, v in zip(specs, meta_args)]
+            func_args = [meta_args[i] for i in plan.func_arg_positions]
+            meta_out = _call_meta(plan, meta_args, func_args)
     except RuntimeError as e:
         operands = func_args
         if plan.functional in _MASK_FIRST and not plan.mutated:

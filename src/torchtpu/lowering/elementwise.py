@@ -13,7 +13,7 @@ import torch
 
 from . import accurate_math, target
 from .builder import Builder, Value
-from .registry import LoweringContext, register, register_argument_check
+from .registry import LoweringContext, register, register_argument_check, register_output_layout
 
 aten = torch.ops.aten
 _LOW = (torch.bfloat16, torch.float16)
@@ -312,6 +312,15 @@ def _check_pow_exponent(x: Any, exponent: Any) -> None:
         raise RuntimeError("Integers to negative integer powers are not allowed.")
 
 
+@register_output_layout(aten.pow.Tensor_Scalar)
+def _pow_bool_result(metas: list, x: torch.Tensor, exponent: Any) -> list:
+    """CPU's kernel keeps a bool tensor to a bool power bool (its meta kernel says int64)."""
+    if x.dtype == torch.bool and isinstance(exponent, bool):
+        m = metas[0]
+        return [torch.empty_strided(m.shape, m.stride(), dtype=torch.bool, device="meta")]
+    return metas
+
+
 @register(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def _pow(ctx: LoweringContext, a: Any, c: Any) -> Value:
     b = ctx.b
@@ -325,6 +334,8 @@ def _pow(ctx: LoweringContext, a: Any, c: Any) -> Value:
         r = b.mul(x, x) if c == 2 else b.unary("sqrt" if c > 0 else "rsqrt", x)
         return b.convert(r, out)
     x, y, out = _binary_operands(ctx, a, c)
+    if x.dtype == torch.bool:  # StableHLO has no bool power: 0 ** 0 == 1 in int32, then back to bool
+        x, y = b.convert(x, torch.int32), b.convert(y, torch.int32)
     r = b.binary("power", x, y)
     if ctx.op == aten.pow.Tensor_Scalar and isinstance(c, Value) and out.is_floating_point:
         # an exponent passed at run time (eager mode): the same choice, made per launch

@@ -937,7 +937,7 @@ for _ops in ((aten.__lshift__.Tensor, aten.__lshift__.Scalar, aten.bitwise_left_
     register_meta_arguments(*_ops)(_shift_bool_operands)
 
 
-register_meta_check(aten.pow.Tensor_Tensor)(_binary_kernel("pow"))  # regression: bool ** bool gave a result
+register_meta_check(aten.pow.Tensor_Tensor, aten.pow.Scalar)(_binary_kernel("pow"))  # regression: bool ** bool gave a result
 
 
 @register_argument_check(aten.hardtanh.default)

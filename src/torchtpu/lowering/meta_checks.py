@@ -57,7 +57,7 @@ def _cat(tensors: Any, dim: int = 0) -> None:
     d = dim % first.dim() if -first.dim() <= dim < first.dim() else dim
     for i, t in shaped[1:]:
         if t.dim() != first.dim():
-            return  # the meta kernel's message
+            raise RuntimeError(f"Tensors must have same number of dimensions: got {first.dim()} and {t.dim()}")
         for k in range(first.dim()):
             if k != d and t.shape[k] != first.shape[k]:
                 raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected size "
@@ -223,6 +223,8 @@ def _no_bool_arg(func: str) -> Callable[..., None]:
             raise RuntimeError(f"{func}(): does not support bool input")
         if dim is None and x.numel() == 0:  # regression: the meta kernel's RuntimeError on tpu
             raise IndexError(f"{func}(): Expected reduction dim to be specified for input.numel() == 0.")
+        if dim is not None and x.dim() and -x.dim() <= dim < x.dim() and x.shape[dim] == 0:
+            raise IndexError(f"{func}(): Expected reduction dim {dim % x.dim()} to have non-zero size.")
 
     return check
 
@@ -390,7 +392,10 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> None:
     if a.dtype != b.dtype:
         raise RuntimeError(f"dot : expected both vectors to have same dtype, but found {scalar_type_name(a.dtype)} "
                            f"and {scalar_type_name(b.dtype)}")
-    if a.dim() != 1 or b.dim() != 1 or a.numel() != b.numel():
+    if a.dim() == 1 and b.dim() == 1 and a.numel() != b.numel():
+        raise RuntimeError(f"inconsistent tensor size, expected tensor [{a.numel()}] and src [{b.numel()}] to have the "
+                           f"same number of elements, but got {a.numel()} and {b.numel()} elements respectively")
+    if a.dim() != 1 or b.dim() != 1:
         return  # the meta kernel's shape error comes first
     if a.dtype == torch.bool:  # regression: a result on tpu (CUDA's dot has no bool kernel either)
         raise NotImplementedError('"dot" not implemented for \'Bool\'')
@@ -784,6 +789,11 @@ def _logsumexp(x: torch.Tensor, dim: Any, keepdim: bool = False) -> None:
         raise RuntimeError(f"output with shape [] doesn't match the broadcast shape {[1] * x.dim()}")
 
 
+@register_meta_check(aten.mean.default)
+def _mean(x: torch.Tensor, dtype: Any = None) -> None:
+    _mean_dim(x, None, False, dtype)  # CPU's dtype name (the meta kernel prints torch.int64)
+
+
 @register_meta_check(aten.mean.dim)
 def _mean_dim(x: torch.Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> None:
     # CPU checks the dtype before the dims (regression: an out-of-range dim's IndexError on tpu)
@@ -798,7 +808,10 @@ def _mv(a: torch.Tensor, v: torch.Tensor) -> None:
         # CPU's mv makes its result with the vector's dtype and names (result, matrix, vector)
         raise RuntimeError(f"addmv input tensors must have the same dtype, but got {scalar_type_name(v.dtype)}, "
                            f"{scalar_type_name(a.dtype)}, and {scalar_type_name(v.dtype)}")
-    if a.dim() != 2 or v.dim() != 1 or a.shape[1] != v.shape[0]:
+    if a.dim() == 2 and v.dim() == 1 and a.shape[1] != v.shape[0]:
+        raise RuntimeError(f"size mismatch, got input ({a.shape[0]}), mat ({a.shape[0]}x{a.shape[1]}), "
+                           f"vec ({v.shape[0]})")
+    if a.dim() != 2 or v.dim() != 1:
         return  # the meta kernel's shape error comes first
     if a.dtype == torch.bool and a.numel() > 0:  # regression: a result on tpu (CUDA has no bool addmv either)
         raise NotImplementedError('"addmv_impl_cpu" not implemented for \'Bool\'')
@@ -955,3 +968,37 @@ def _clamp_bounds_fit(x: torch.Tensor, lo: Any = None, hi: Any = None) -> None:
     for bound in (lo, hi):
         if bound is not None and not isinstance(bound, torch.Tensor):
             _check_fill_value(bound, torch.result_type(x, bound))
+
+
+# -- CPU's wording where the meta kernels word a check otherwise (same exception type) ----------
+@register_meta_check(aten.gather.default)
+def _gather(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> None:
+    check_dim(x, dim)
+    if index.numel() and index.dtype not in (torch.int32, torch.int64):  # (CPU returns an empty index first)
+        raise RuntimeError("gather(): Expected dtype int32/int64 for index")
+
+
+@register_meta_check(aten.take.default)
+def _take(x: torch.Tensor, index: torch.Tensor) -> None:
+    if index.dtype != torch.int64:
+        raise RuntimeError(f"take(): Expected a long tensor for index, but got {scalar_type_name(index.dtype)}")
+
+
+@register_meta_check(aten.scatter_reduce.two)
+def _scatter_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str,
+                    *rest: Any) -> None:
+    if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+
+
+@register_meta_check(aten.roll.default)
+def _roll(x: torch.Tensor, shifts: Any, dims: Any = ()) -> None:
+    if len(dims) and len(shifts) != len(dims):
+        raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
+
+
+@register_meta_check(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(x: torch.Tensor, mask: torch.Tensor, value: Any) -> None:
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype "
+                           f"{cpp_type_name(mask.dtype)}")

@@ -286,3 +286,37 @@ def test_donated_handles_are_destroyed_later(client):
     release_donated()
     assert buffer_mod._DONATED_HANDLES == []
     np.testing.assert_array_equal(out.to_host(), X + Y)
+
+
+DOT_RHS = """module @dot_rhs {
+  func.func public @main(%g: tensor<256x256xf32>, %w: tensor<256x128xf32>) -> tensor<256x128xf32> {
+    %0 = stablehlo.dot_general %g, %w, contracting_dims = [1] x [0], precision = [HIGHEST, HIGHEST] : (tensor<256x256xf32>, tensor<256x128xf32>) -> tensor<256x128xf32>
+    return %0 : tensor<256x128xf32>
+  }
+}"""
+# w + 1 written over w's own memory (its buffer donated), as an in-place op or an optimizer step does
+ADD_ONE_IN_PLACE = """module @add_one {
+  func.func public @main(%w: tensor<256x128xf32> {tf.aliasing_output = 0 : i32}) -> tensor<256x128xf32> {
+    %one = stablehlo.constant dense<1.0> : tensor<256x128xf32>
+    %0 = stablehlo.add %w, %one : tensor<256x128xf32>
+    return %0 : tensor<256x128xf32>
+  }
+}"""
+
+
+def test_a_product_sees_its_operand_updated_in_place(client):
+    """Regression: on the CPU plugin XNNPACK kept a float32 dot's right-hand operand packed,
+    keyed by its address; updated in place (same memory), the next product used the old values
+    (a weight after an optimizer step). The CPU client compiles without XNNPACK."""
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((256, 256)).astype(np.float32)  # (XNNPACK took it from 256 rows, not 64)
+    w = rng.standard_normal((256, 128)).astype(np.float32)
+    dot, add_one = client.compile(DOT_RHS), client.compile(ADD_ONE_IN_PLACE)
+    gb, wb = client.buffer_from_host(g), client.buffer_from_host(w)
+    for step in range(3):
+        (out,), ev = dot.execute([gb, wb])
+        ev.wait()
+        want = g.astype(np.float64) @ (w.astype(np.float64) + step)
+        np.testing.assert_allclose(out.to_host(), want, rtol=1e-5, atol=1e-3)  # was 0.55 off at step 1
+        (wb,), ev = add_one.execute([wb], donate=[0])
+        ev.wait()

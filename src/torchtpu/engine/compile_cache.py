@@ -244,13 +244,14 @@ def cpu_features() -> str:
 def _default_options(client: runtime.Client, device_index: int) -> bytes:
     # What Client.compile uses when options=None, and the backend's compiler switches.
     ordinal = client.devices[device_index].local_hardware_id
-    return _options_for(device_index if ordinal is None else ordinal, backend.allow_excess_precision)
+    return _options_for(device_index if ordinal is None else ordinal, backend.allow_excess_precision,
+                        tuple(sorted(client.compile_overrides.items())))
 
 
 @functools.lru_cache(maxsize=64)
-def _options_for(ordinal: int, allow_excess_precision: bool) -> bytes:
-    return runtime.compile_options(device_ordinal=ordinal,
-                                   env_overrides={"xla_allow_excess_precision": allow_excess_precision})
+def _options_for(ordinal: int, allow_excess_precision: bool, plugin_overrides: tuple = ()) -> bytes:
+    return runtime.compile_options(device_ordinal=ordinal, env_overrides={
+        **dict(plugin_overrides), "xla_allow_excess_precision": allow_excess_precision})
 
 
 def cache_key(

@@ -107,6 +107,15 @@ class _PutScratch:
         self.args.dims = self.dims
 
 
+# XLA:CPU hands float32 dots to XNNPACK, which keeps the right-hand operand packed between
+# calls, keyed by its address. A buffer updated in place (its donated memory reused for the
+# result, as every in-place op and optimizer step does) keeps its address, so the next product
+# with it used the old values: measured with a 256x128 weight updated by add_ and then
+# multiplied (TORCH_TPU_LOWER_FOR=tpu, whose products take the weight as it is; the emulator's
+# own products multiply rounded copies). Without XNNPACK XLA:CPU's own dot kernels run them.
+_PLATFORM_COMPILE_OVERRIDES: dict[str, dict[str, bool]] = {"cpu": {"xla_cpu_use_xnnpack": False}}
+
+
 class Client:
     """A PJRT client: the plugin's view of its devices.
 
@@ -132,6 +141,8 @@ class Client:
         # ... but has no complex128 at all: libtpu aborts compiling it (measured on a v5e, JAX's
         # programs too), so such data and programs are refused before they reach the plugin.
         self.supports_complex128 = self.platform_name != "tpu"
+        # XLA debug options every compile for this plugin takes (compile_options' env_overrides).
+        self.compile_overrides: dict[str, bool] = dict(_PLATFORM_COMPILE_OVERRIDES.get(self.platform_name, {}))
         r = plugin.call("PJRT_Client_AddressableDevices", client=self._handle)
         self.devices: list[Device] = [
             Device(plugin, r.addressable_devices[i], i) for i in range(r.num_addressable_devices)
@@ -241,7 +252,8 @@ class Client:
             # StreamExecutor-style ordinal = the device's local hardware id.
             device = self.devices[device_index]
             ordinal = device.local_hardware_id
-            options = compile_options(device_ordinal=device_index if ordinal is None else ordinal)
+            options = compile_options(device_ordinal=device_index if ordinal is None else ordinal,
+                                      env_overrides=self.compile_overrides)
         if not options:
             raise ValueError("empty compile options abort the plugin; pass real options")
         p = self._plugin

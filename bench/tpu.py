@@ -1,0 +1,669 @@
+"""torchtpu vs JAX on one TPU host: one command, every workload, ratios to JAX jit in one table.
+
+    python bench/tpu.py [--small] [--only NAME,...] [--out results.json] [--peak-tflops 197]
+                        [--timeout 600]
+
+Each (workload, mode) runs in its own process, one after another (only one process may hold a
+TPU chip), started as ``python bench/tpu.py --worker WORKLOAD --mode MODE``; it prints one
+``BENCH_RESULT {json}`` line. The driver itself imports neither torch nor JAX. A worker that raises
+or runs past ``--timeout`` becomes an error cell holding the last line of its stderr.
+
+Modes: ``jax_jit`` (the JAX peer in ``bench/peers``, jitted), ``jax_eager`` (JAX op by op, no jit),
+``strict`` (torchtpu's default eager mode), ``defer`` (DeferAndFuse: ``TORCH_TPU_DEFER_AND_FUSE=1``)
+and ``compiled`` (``torch.compile(..., backend="tpu")``; the optimizer runs in Strict eager).
+
+Workloads (``--small`` shrinks each to tiny sizes and few steps, for the CPU emulator):
+- ``op_chain``: 1,000 tiny dependent elementwise ops then one read, µs per op. Its ratios are to
+  JAX op by op (the peer of eager dispatch); the JAX jit cell is the fused floor.
+- ``gpt_demo``: the demo GPT (``torchtpu.examples.gpt`` defaults, batch 8, AdamW lr 3e-3 as
+  ``torchtpu.demo``) train step: forward, backward, AdamW. Steady-state ms/step (median over
+  timing windows, each ending in a device sync) and the first step's seconds (cold compile).
+- ``gpt_100m``: the same at vocab 8192, seq 512, d 768, 12 layers, 12 heads, batch 16, AdamW with
+  PyTorch's defaults (lr 1e-3), float32; plus MFU against ``--peak-tflops``.
+- ``gpt_100m_bf16``: the same under ``torch.autocast("tpu", torch.bfloat16)`` (JAX: bf16 matmul
+  operands, float32 LayerNorm, softmax and loss).
+- ``decode_b1`` / ``decode_b8``: greedy decoding of the 100M model with a static KV cache at
+  batch 1 / 8, tokens/s; torch: one token per ``torch.compile``d step writing the preallocated
+  cache in place with ``index_copy_``; JAX: jit and ``lax.dynamic_update_slice``.
+- ``warm_start``: the demo GPT's first train step in a fresh process with an empty persistent
+  compile cache (cold), then in a second process with it filled by the first (warm): seconds and
+  XLA compiles (torchtpu: tier 3 under ``TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT``, counted by
+  ``torch.tpu.compile_cache_stats()["compiles"]``; JAX: ``jax_compilation_cache_dir``, compiles
+  counted as backend compiles less persistent-cache hits via ``jax.monitoring``).
+
+Every worker runs with torchtpu's host-shared tier-2 cache and the tier-3 cache disabled (except
+``warm_start``), so that each first step is a cold compile, not a hit on an earlier worker's work.
+
+MFU = model FLOPs per step / step time / peak. Model FLOPs per step are PaLM's estimate (Chowdhery
+et al. 2022, appendix B): ``6 * N * B * T + 12 * L * T^2 * d * B`` with N the non-embedding
+parameters (every Linear, the untied head included, plus LayerNorms; the token and position
+lookups do no matmul) and the attention term counted without the causal half (as PaLM does).
+
+On the CPU emulator, float32 matmuls run at torchtpu's "medium" precision (one bf16 pass, like a
+TPU) while JAX on CPU computes them in float32: the JAX cells there are not a like-for-like peer.
+On a TPU both use one bf16 pass by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RESULT_PREFIX = "BENCH_RESULT "
+MODES = ("jax_jit", "jax_eager", "strict", "defer", "compiled")
+MODE_LABELS = {"jax_jit": "JAX jit", "jax_eager": "JAX op-by-op", "strict": "Strict",
+               "defer": "DeferAndFuse", "compiled": "compiled"}
+JAX_MODES = ("jax_jit", "jax_eager")
+TORCH_EAGER_MODE = {"strict": "strict", "defer": "defer_and_fuse", "compiled": "strict"}
+REPO = Path(__file__).resolve().parent.parent
+
+# ---------------------------------------------------------------------------------------------
+# sizes: the single source of truth for both frameworks
+
+DEMO = {"vocab": 256, "seq": 64, "d_model": 128, "heads": 4, "layers": 2}
+GPT_100M = {"vocab": 8192, "seq": 512, "d_model": 768, "heads": 12, "layers": 12}
+TINY = {"vocab": 64, "seq": 16, "d_model": 32, "heads": 2, "layers": 1}
+TINY_100M = {"vocab": 128, "seq": 32, "d_model": 64, "heads": 4, "layers": 2}  # 100M's structure, tiny
+
+
+def sizes(workload: str, small: bool) -> dict[str, Any]:
+    """Model config and step counts of a workload (``small``: for the CPU emulator)."""
+    # warmup: untimed windows of ``steps`` steps after the first step (see time_train)
+    train = {"warmup": 2, "windows": 5, "steps": 10} if not small else {"warmup": 1, "windows": 3, "steps": 3}
+    if workload == "op_chain":
+        return {"n": 1000, "shape": [8, 128], "reps": 3 if small else 7}
+    if workload in ("gpt_demo", "warm_start"):
+        return {"cfg": TINY if small else DEMO, "batch": 2 if small else 8, "lr": 3e-3, **train}
+    if workload in ("gpt_100m", "gpt_100m_bf16"):
+        big = {"warmup": 1, "windows": 3, "steps": 5}
+        return {"cfg": TINY_100M if small else GPT_100M, "batch": 2 if small else 16, "lr": 1e-3,
+                **(train if small else big)}
+    if workload in ("decode_b1", "decode_b8"):
+        # generate from one start token: 128 new tokens fit the 100M model's 512 positions
+        return {"cfg": TINY_100M if small else GPT_100M, "batch": 1 if workload == "decode_b1" else 8,
+                "new_tokens": 8 if small else 128, "reps": 2 if small else 5}
+    raise ValueError(f"unknown workload {workload!r}")
+
+
+def model_flops_per_step(cfg: dict[str, int], batch: int) -> float:
+    """PaLM's training FLOPs of one step (see the module docstring)."""
+    d, layers, t = cfg["d_model"], cfg["layers"], cfg["seq"]
+    per_layer = 12 * d * d + 13 * d  # qkv, proj, fc, out weights and biases; two LayerNorms
+    non_embedding = layers * per_layer + 2 * d + cfg["vocab"] * d  # + final LayerNorm + untied head
+    return 6.0 * non_embedding * batch * t + 12.0 * layers * t * t * d * batch
+
+
+# ---------------------------------------------------------------------------------------------
+# the table's layout
+
+
+@dataclass(frozen=True)
+class Row:
+    metric: str
+    label: str
+    better: str | None  # "lower", "higher" or None (no ratio)
+    fmt: str = "{:.3g}"
+
+
+@dataclass(frozen=True)
+class Workload:
+    modes: tuple[str, ...]
+    rows: tuple[Row, ...]
+    ref: str = "jax_jit"
+    phases: tuple[str, ...] = ("",)  # warm_start: ("cold", "warm"), sharing one cache directory
+
+
+TRAIN_ROWS = (Row("step_ms", "train step ms", "lower"), Row("first_step_s", "first step s", "lower"))
+MFU_ROW = Row("mfu_pct", "MFU %", "higher")
+TRAIN_MODES = ("jax_jit", "strict", "defer", "compiled")
+WORKLOADS: dict[str, Workload] = {
+    "op_chain": Workload(("jax_jit", "jax_eager", "strict", "defer"),
+                         (Row("us_per_op", "µs/op", "lower"),), ref="jax_eager"),
+    "gpt_demo": Workload(TRAIN_MODES, TRAIN_ROWS),
+    "gpt_100m": Workload(TRAIN_MODES, (*TRAIN_ROWS, MFU_ROW)),
+    "gpt_100m_bf16": Workload(TRAIN_MODES, (*TRAIN_ROWS, MFU_ROW)),
+    "decode_b1": Workload(("jax_jit", "compiled"), (Row("tokens_per_s", "tokens/s", "higher", "{:.4g}"),
+                                                    Row("first_gen_s", "first generation s", "lower"))),
+    "decode_b8": Workload(("jax_jit", "compiled"), (Row("tokens_per_s", "tokens/s", "higher", "{:.4g}"),
+                                                    Row("first_gen_s", "first generation s", "lower"))),
+    "warm_start": Workload(TRAIN_MODES, (Row("warm_first_step_s", "warm first step s", "lower"),
+                                         Row("cold_first_step_s", "cold first step s", "lower"),
+                                         Row("warm_compiles", "warm XLA compiles", None, "{:.0f}"),
+                                         Row("cold_compiles", "cold XLA compiles", None, "{:.0f}")),
+                           phases=("cold", "warm")),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# timing, shared by both frameworks so that they are measured the same way
+
+
+def time_train(step: Callable[[], Any], sync: Callable[[], None], compiles: Callable[[], int], warmup: int,
+               windows: int, steps: int) -> dict[str, Any]:
+    """The first step's seconds (compile included); then ``warmup`` untimed windows and ``windows``
+    timed ones, each of ``steps`` steps ending in ``sync``: ms/step is the median window's.
+
+    Warm-up runs whole windows, not single steps, because DeferAndFuse records across steps until
+    a sync: a window's programs are only compiled once a window of that length has run.
+    ``timed_compiles`` counts XLA compiles during the timed windows (0 in a steady state)."""
+    t0 = time.perf_counter()
+    loss = step()
+    sync()
+    first = time.perf_counter() - t0
+    loss0 = float(loss)
+
+    def window() -> float:
+        nonlocal loss
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            loss = step()
+        sync()
+        return (time.perf_counter() - t0) / steps
+
+    for _ in range(warmup):
+        window()
+    compiles0 = compiles()
+    per_step = [window() for _ in range(windows)]
+    out = {"first_step_s": first, "window_step_ms": [t * 1e3 for t in per_step], "loss0": loss0,
+           "loss_last": float(loss), "timed_compiles": compiles() - compiles0}
+    if per_step:
+        out["step_ms"] = statistics.median(per_step) * 1e3
+    return out
+
+
+def time_runs(run: Callable[[], None], reps: int) -> tuple[float, list[float]]:
+    """Seconds of a first (compiling) run, then of ``reps`` more."""
+    t0 = time.perf_counter()
+    run()
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return first, times
+
+
+def add_mfu(out: dict[str, Any], workload: str, p: dict[str, Any], peak_tflops: float) -> None:
+    if workload.startswith("gpt_100m"):
+        flops = model_flops_per_step(p["cfg"], p["batch"])
+        out["model_flops_per_step"] = flops
+        out["mfu_pct"] = 100.0 * flops / (out["step_ms"] * 1e-3) / (peak_tflops * 1e12)
+
+
+# ---------------------------------------------------------------------------------------------
+# torchtpu workers
+
+
+def _torch() -> Any:
+    import torch
+
+    import torchtpu  # noqa: F401  (registers the tpu device even without backend autoload)
+
+    return torch
+
+
+def torch_op_chain(p: dict[str, Any]) -> dict[str, Any]:
+    torch = _torch()
+    x0 = torch.ones(*p["shape"], device="tpu")
+
+    def run() -> None:
+        x = x0
+        for _ in range(p["n"] // 2):
+            x = x * 1.0001
+            x = x + 0.0001
+        x.cpu()  # the materialization: DeferAndFuse runs the recorded ops here
+
+    first, times = time_runs(run, p["reps"])
+    return {"us_per_op": statistics.median(times) / p["n"] * 1e6, "first_run_s": first}
+
+
+def _torch_gpt(p: dict[str, Any], train: bool) -> tuple[Any, Any]:
+    torch = _torch()
+    from torchtpu.examples.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**p["cfg"])).to("tpu")
+    return torch, model if train else model.eval()
+
+
+def torch_gpt_train(p: dict[str, Any], mode: str, bf16: bool) -> dict[str, Any]:
+    torch, model = _torch_gpt(p, train=True)
+    from torchtpu.examples.gpt import make_batch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=p["lr"])
+    loss_fn = torch.compile(model.loss, backend="tpu") if mode == "compiled" else model.loss
+    x, y = (t.to("tpu") for t in make_batch(model.cfg, p["batch"], torch.Generator().manual_seed(0)))
+
+    def step() -> Any:
+        ctx = torch.autocast("tpu", torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with ctx:
+            loss = loss_fn(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    out = time_train(step, torch.tpu.synchronize, lambda: torch.tpu.compile_cache_stats()["compiles"],
+                     p["warmup"], p["windows"], p["steps"])
+    out["params"] = sum(t.numel() for t in model.parameters())
+    return out
+
+
+def torch_first_step(p: dict[str, Any], mode: str) -> dict[str, Any]:
+    """warm_start: one train step in this fresh process, and the XLA compiles it took."""
+    one = {**p, "warmup": 0, "windows": 0}
+    out = torch_gpt_train(one, mode, bf16=False)
+    stats = _torch().tpu.compile_cache_stats()
+    return {"first_step_s": out["first_step_s"], "compiles": stats["compiles"],
+            "tier3_hits": stats.get("tier3_hits", 0), "loss0": out["loss0"]}
+
+
+def torch_decode(p: dict[str, Any]) -> dict[str, Any]:
+    torch, model = _torch_gpt(p, train=False)
+    import torch.nn.functional as F
+
+    cfg, b = model.cfg, p["batch"]
+    hd = cfg.d_model // cfg.heads
+    ks = [torch.zeros(b, cfg.heads, cfg.seq, hd, device="tpu") for _ in range(cfg.layers)]
+    vs = [torch.zeros(b, cfg.heads, cfg.seq, hd, device="tpu") for _ in range(cfg.layers)]
+    positions = torch.arange(cfg.seq, device="tpu")
+
+    def split(z: Any) -> Any:
+        return z.view(b, 1, cfg.heads, hd).transpose(1, 2)
+
+    def step(tok: Any, pos: Any) -> tuple[Any, Any]:
+        """One token per sequence: write its K/V at ``pos`` in place, attend over the static cache."""
+        x = model.tok(tok) + model.pos(pos)  # (b, 1, d)
+        mask = positions <= pos  # True: attend (positions after pos hold stale or zero K/V)
+        for blk, k_cache, v_cache in zip(model.blocks, ks, vs):
+            q, k, v = (split(z) for z in blk.qkv(blk.ln1(x)).split(cfg.d_model, dim=-1))
+            k_cache.index_copy_(2, pos, k)
+            v_cache.index_copy_(2, pos, v)
+            a = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
+            x = x + blk.proj(a.transpose(1, 2).reshape(b, 1, cfg.d_model))
+            x = x + blk.out(F.gelu(blk.fc(blk.ln2(x))))
+        return model.head(model.ln(x)).argmax(-1), pos + 1
+
+    compiled = torch.compile(step, backend="tpu")
+    generated: list[Any] = []
+
+    def generate() -> None:
+        tok = torch.zeros(b, 1, dtype=torch.long, device="tpu")
+        pos = torch.zeros(1, dtype=torch.long, device="tpu")
+        generated.clear()
+        with torch.no_grad():
+            for _ in range(p["new_tokens"]):
+                tok, pos = compiled(tok, pos)  # tokens stay on the device: no host round trip
+                generated.append(tok)
+        torch.tpu.synchronize()
+
+    compiles0 = torch.tpu.compile_cache_stats()["compiles"]
+    first, times = time_runs(generate, p["reps"])
+    return {"tokens_per_s": b * p["new_tokens"] / statistics.median(times), "first_gen_s": first,
+            "compiles": torch.tpu.compile_cache_stats()["compiles"] - compiles0,
+            "tokens_seq0": torch.cat(generated, 1)[0].tolist()}
+
+
+def torch_worker(workload: str, mode: str, p: dict[str, Any], peak_tflops: float) -> dict[str, Any]:
+    torch = _torch()
+    want = TORCH_EAGER_MODE[mode]
+    if torch.tpu.get_eager_mode() != want:  # the driver sets the mode through the environment
+        raise RuntimeError(f"eager mode is {torch.tpu.get_eager_mode()!r}, expected {want!r}")
+    if workload == "op_chain":
+        out = torch_op_chain(p)
+    elif workload == "warm_start":
+        out = torch_first_step(p, mode)
+    elif workload.startswith("decode"):
+        out = torch_decode(p)
+    else:
+        compiles0 = torch.tpu.compile_cache_stats()["compiles"]
+        out = torch_gpt_train(p, mode, bf16=workload.endswith("bf16"))
+        out["compiles"] = torch.tpu.compile_cache_stats()["compiles"] - compiles0
+        add_mfu(out, workload, p, peak_tflops)
+    out.update(platform=torch.tpu.get_device_name(), eager_mode=torch.tpu.get_eager_mode(),
+               torch=torch.__version__)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# JAX workers
+
+
+def _jax_compile_counter() -> dict[str, int]:
+    """Counts of backend compiles and persistent-cache hits, from ``jax.monitoring`` events (a hit
+    still passes through the backend-compile span, so XLA compiles = spans - hits)."""
+    import jax
+
+    counts = {"spans": 0, "hits": 0}
+
+    def on_duration(event: str, _secs: float, **_kw: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            counts["spans"] += 1
+
+    def on_event(event: str, **_kw: Any) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            counts["hits"] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
+    return counts
+
+
+def jax_gpt_train(p: dict[str, Any], bf16: bool) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+    from peers import jax_gpt
+
+    cfg = jax_gpt.GPTConfig(**p["cfg"])
+    state = {"params": jax_gpt.init_params(cfg)}
+    n_params = jax_gpt.param_count(state["params"])
+    state["opt"] = jax_gpt.adamw_init(state["params"])
+    train_step = jax_gpt.make_train_step(cfg, p["lr"], jnp.bfloat16 if bf16 else None)
+    x, y = jax_gpt.make_batch(cfg, p["batch"])
+
+    def step() -> Any:
+        state["params"], state["opt"], loss = train_step(state["params"], state["opt"], x, y)
+        return loss
+
+    counts = _jax_compile_counter()
+    out = time_train(step, lambda: jax.block_until_ready(state), lambda: counts["spans"] - counts["hits"],
+                     p["warmup"], p["windows"], p["steps"])
+    out.update(params=n_params, compiles=counts["spans"] - counts["hits"])
+    return out
+
+
+def jax_decode(p: dict[str, Any]) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+    from peers import jax_gpt
+
+    cfg, b = jax_gpt.GPTConfig(**p["cfg"]), p["batch"]
+    params = jax_gpt.init_params(cfg)
+    step = jax_gpt.make_decode_step(cfg)
+    cache = {}
+    cache["k"], cache["v"] = jax_gpt.init_cache(cfg, b)
+
+    generated: list[Any] = []
+
+    def generate() -> None:
+        tok, pos = jnp.zeros((b,), jnp.int32), jnp.zeros((), jnp.int32)
+        generated.clear()
+        for _ in range(p["new_tokens"]):
+            tok, cache["k"], cache["v"], pos = step(params, cache["k"], cache["v"], tok, pos)
+            generated.append(tok)
+        jax.block_until_ready(tok)
+
+    counts = _jax_compile_counter()
+    first, times = time_runs(generate, p["reps"])
+    return {"tokens_per_s": b * p["new_tokens"] / statistics.median(times), "first_gen_s": first,
+            "compiles": counts["spans"] - counts["hits"], "tokens_seq0": [int(t[0]) for t in generated]}
+
+
+def jax_worker(workload: str, mode: str, p: dict[str, Any], peak_tflops: float) -> dict[str, Any]:
+    import jax
+
+    if workload == "op_chain":
+        from peers import jax_ops
+
+        make = jax_ops.jitted if mode == "jax_jit" else jax_ops.op_by_op
+        first, times = time_runs(make(tuple(p["shape"]), p["n"]), p["reps"])
+        out = {"us_per_op": statistics.median(times) / p["n"] * 1e6, "first_run_s": first}
+    elif workload == "warm_start":
+        jax.config.update("jax_compilation_cache_dir", os.environ["BENCH_JAX_CACHE_DIR"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # cache every program
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        counts = _jax_compile_counter()
+        one = jax_gpt_train({**p, "warmup": 0, "windows": 0}, bf16=False)
+        out = {"first_step_s": one["first_step_s"], "compiles": counts["spans"] - counts["hits"],
+               "cache_hits": counts["hits"], "loss0": one["loss0"]}
+    elif workload.startswith("decode"):
+        out = jax_decode(p)
+    else:
+        out = jax_gpt_train(p, bf16=workload.endswith("bf16"))
+        add_mfu(out, workload, p, peak_tflops)
+    out.update(platform=jax.devices()[0].device_kind, jax=jax.__version__)
+    return out
+
+
+def worker_main(workload: str, mode: str, small: bool, peak_tflops: float) -> None:
+    p = sizes(workload, small)
+    run = jax_worker if mode in JAX_MODES else torch_worker
+    out = run(workload, mode, p, peak_tflops)
+    print(RESULT_PREFIX + json.dumps(out), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver
+
+
+def worker_env(mode: str, tmp: str, persistent: bool) -> dict[str, str]:
+    """The worker's environment: its eager mode, and only the compile caches it is meant to use:
+    the persistent ones (torchtpu's tier 3, JAX's cache dir) under ``tmp`` when ``persistent``.
+    PyTorch's own on-disk caches (dynamo/AOTAutograd, under TORCHINDUCTOR_CACHE_DIR) always go
+    under ``tmp``, which is fresh per (workload, mode), so no first step hits an earlier run's work."""
+    cache_dir = os.path.join(tmp, "compile-cache") if persistent else None
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "torchinductor")
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "1"
+    env["TORCH_TPU_DEFER_AND_FUSE"] = "1" if mode == "defer" else "0"
+    env.pop("TPU_DEFER_AND_FUSE", None)  # the alias would override nothing, but keep it unambiguous
+    env["TORCH_TPU_TIER2_COMPILATION_CACHE"] = "disabled"
+    env["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = cache_dir or "disabled"
+    env.pop("BENCH_JAX_CACHE_DIR", None)
+    if cache_dir:
+        os.makedirs(cache_dir, exist_ok=True)
+        env["BENCH_JAX_CACHE_DIR"] = cache_dir
+    return env
+
+
+def last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else "(no stderr)"
+
+
+def run_worker(workload: str, mode: str, args: argparse.Namespace, tmp: str, persistent: bool) -> dict[str, Any]:
+    """Run one worker process; its metrics, or ``{"error": ...}``. Never raises."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", workload, "--mode", mode,
+           "--peak-tflops", str(args.peak_tflops)] + (["--small"] if args.small else [])
+    t0 = time.perf_counter()
+    # its own session: on a timeout the whole process group goes, children included
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=worker_env(mode, tmp, persistent), cwd=REPO, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return {"error": f"timeout after {args.timeout:g} s; last stderr: {last_line(stderr)}",
+                "wall_s": time.perf_counter() - t0}
+    wall = time.perf_counter() - t0
+    results = [ln[len(RESULT_PREFIX):] for ln in stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    if proc.returncode != 0 or not results:
+        return {"error": f"exit {proc.returncode}: {last_line(stderr)}", "wall_s": wall}
+    return {**json.loads(results[-1]), "wall_s": wall}
+
+
+def jax_missing() -> str | None:
+    """None when JAX imports; else why not, for the JAX cells. Tried in a subprocess: the driver
+    itself loads neither framework, so that it never holds the chip its workers need."""
+    if importlib.util.find_spec("jax") is None:
+        return "jax not installed"
+    r = subprocess.run([sys.executable, "-c", "import jax"], check=False, capture_output=True, text=True, timeout=300)
+    if r.returncode == 0:
+        return None
+    why = last_line(r.stderr)
+    return "jax not installed" if "No module named 'jax" in why else f"jax not importable: {why}"
+
+
+def run_workload(name: str, args: argparse.Namespace, no_jax: str | None) -> dict[str, dict[str, Any]]:
+    wl = WORKLOADS[name]
+    out: dict[str, dict[str, Any]] = {}
+    for mode in wl.modes:
+        if mode in JAX_MODES and no_jax:
+            out[mode] = {"error": no_jax}
+            continue
+        with tempfile.TemporaryDirectory(prefix="bench-tpu-") as tmp:
+            merged: dict[str, Any] = {}
+            for phase in wl.phases:
+                r = run_worker(name, mode, args, tmp, persistent=bool(phase))
+                print(f"  {name:14} {MODE_LABELS[mode]:13} {phase:5} {r['wall_s']:6.1f} s  "
+                      f"{'ERROR ' + r['error'] if 'error' in r else 'ok'}", file=sys.stderr, flush=True)
+                if "error" in r:
+                    merged = {"error": (f"{phase}: " if phase else "") + r["error"]}
+                    break
+                merged.update({f"{phase}_{k}" if phase else k: v for k, v in r.items()})
+            if wl.phases != ("",) and "error" not in merged:
+                merged["platform"] = merged.get(f"{wl.phases[-1]}_platform")
+            out[mode] = merged
+    return out
+
+
+def ratio(row: Row, value: float, ref: float | None) -> float | None:
+    if row.better is None or ref is None or not value or not ref:
+        return None
+    return ref / value if row.better == "lower" else value / ref
+
+
+def build_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One entry per (workload, row): per mode the value, its ratio to the row's reference, or an error."""
+    table = []
+    for name, by_mode in results.items():
+        wl = WORKLOADS[name]
+        for row in wl.rows:
+            ref_val = by_mode.get(wl.ref, {}).get(row.metric)
+            cells = {}
+            for mode, r in by_mode.items():
+                if "error" in r:
+                    cells[mode] = {"error": r["error"]}
+                elif row.metric in r:
+                    cells[mode] = {"value": r[row.metric], "ratio": ratio(row, r[row.metric], ref_val)}
+                    if row.metric == "step_ms" and r.get("timed_compiles"):
+                        cells[mode]["timed_compiles"] = r["timed_compiles"]
+                else:
+                    cells[mode] = {"error": f"no {row.metric}"}
+            table.append({"workload": name, "row": row.label, "ref": wl.ref, "cells": cells})
+    return table
+
+
+def format_cell(cell: dict[str, Any] | None, row: Row, width: int) -> str:
+    if cell is None:
+        return ""
+    if "error" in cell:
+        text = cell["error"]
+        return text if len(text) <= width else text[: width - 1] + "…"
+    s = row.fmt.format(cell["value"])
+    s += f" ({cell['ratio']:.2f}x)" if cell["ratio"] is not None else ""
+    return s + (" *" if cell.get("timed_compiles") else "")
+
+
+def format_table(table: list[dict[str, Any]], cell_width: int = 28) -> str:
+    modes = [m for m in MODES if any(m in e["cells"] for e in table)]
+    rows_by_label = {(n, r.label): r for n, wl in WORKLOADS.items() for r in wl.rows}
+    head = ["workload", "metric"] + [MODE_LABELS[m] for m in modes]
+    body = []
+    for e in table:
+        row = rows_by_label[(e["workload"], e["row"])]
+        body.append([e["workload"], e["row"]] + [format_cell(e["cells"].get(m), row, cell_width) for m in modes])
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *body]]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def version_of(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("-dirty" if dirty else "")
+
+
+def meta(args: argparse.Namespace, have_jax: bool) -> dict[str, Any]:
+    """Where and what ran: commit, versions, date and the flags."""
+    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "commit": git_commit(), "libtpu": version_of("libtpu"), "jax": version_of("jax") if have_jax else None,
+            "jaxlib": version_of("jaxlib") if have_jax else None, "torch": version_of("torch"),
+            "python": platform.python_version(), "host": platform.node(), "small": args.small,
+            "peak_tflops": args.peak_tflops, "timeout_s": args.timeout,
+            "pjrt_plugin": os.environ.get("TORCH_TPU_PJRT_PLUGIN"), "argv": sys.argv[1:]}
+
+
+def platforms(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, list[str]]:
+    """Distinct platforms each side ran on (torchtpu's device name; JAX's device_kind)."""
+    seen: dict[str, set[str]] = {"torchtpu": set(), "jax": set()}
+    for by_mode in results.values():
+        for mode, r in by_mode.items():
+            if r.get("platform"):
+                seen["jax" if mode in JAX_MODES else "torchtpu"].add(r["platform"])
+    return {k: sorted(v) for k, v in seen.items()}
+
+
+def driver_main(args: argparse.Namespace) -> int:
+    names = list(WORKLOADS) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        print(f"unknown workloads {unknown}; choose from {list(WORKLOADS)}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    no_jax = jax_missing()
+    results = {name: run_workload(name, args, no_jax) for name in names}
+    table = build_table(results)
+    info = meta(args, no_jax is None)
+    info["total_s"] = time.perf_counter() - t0
+    info["platforms"] = platforms(results)
+    print(format_table(table))
+    print(f"\nratio: JAX jit time / mode time for times, mode / JAX jit for rates and MFU (>1: better than JAX);"
+          f" op_chain's ratios are to JAX op-by-op. MFU peak {args.peak_tflops:g} TFLOP/s."
+          "\n*: XLA compiled during the timed windows (not a steady state; see timed_compiles in the JSON).")
+    print(f"platforms: {info['platforms']}; commit {info['commit']}; libtpu {info['libtpu']}; "
+          f"jax {info['jax']}; {info['total_s']:.0f} s in all")
+    Path(args.out).write_text(json.dumps({"meta": info, "results": results, "table": table}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--small", action="store_true", help="tiny sizes and few steps (CPU emulator)")
+    p.add_argument("--only", default="", help=f"comma-separated workloads of {','.join(WORKLOADS)}")
+    p.add_argument("--out", default="tpu_bench.json", help="the JSON results file")
+    p.add_argument("--peak-tflops", type=float, default=197.0, help="MFU's peak (v5e bf16: 197)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per worker process")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=MODES, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker_main(args.worker, args.mode, args.small, args.peak_tflops)
+        return 0
+    return driver_main(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -127,3 +127,16 @@ def test_sweep_runs_in_shards_that_merge(tmp_path, monkeypatch):
     assert "on TPU" in (tmp_path / f"{stem}.md").read_text().splitlines()[2]
     with pytest.raises(SystemExit):
         main(["--merge", "3", "--out", str(tmp_path)])
+
+
+def test_error_inputs_a_device_cannot_hold_are_noted_not_failed(monkeypatch):
+    """Regression (TPU v5e): conv2d's error inputs include complex128 tensors, which a TPU refuses
+    to hold (runtime.UnsupportedDtypeError at the transfer, before the op); the check reported
+    that refusal as the op raising the wrong exception. Such inputs are now noted as not run."""
+    from torchtpu import _device_state
+
+    monkeypatch.setattr(_device_state.client(), "supports_complex128", False)  # as on a TPU
+    (result,) = check_op(opinfo_by_key()["nn.functional.conv2d"], (torch.float32,), ("errors",))
+    assert result.status == "pass", result.detail
+    assert "1 error input(s) not run, their data refused by the device: UnsupportedDtypeError: torchtpu: complex128" \
+        in result.detail

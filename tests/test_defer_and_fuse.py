@@ -782,3 +782,28 @@ def test_threads_recording_at_once_get_their_own_results():
         for t in threads:
             t.join()
     assert not errors, errors
+
+
+@pytest.mark.fresh_process
+def test_a_flush_survives_the_garbage_collector_freeing_pending_storages():
+    """Regression (issue 43's SIGSEGV 'inside index_reduce_'): flush's native walk over the touched
+    storages (record.cpp live_outputs) held a borrowed pointer while it allocated; the cyclic
+    garbage collector, run by those allocations, freed storages whose tensors were only reachable
+    from garbage cycles (as kept exceptions hold tensors through tracebacks), and the walk stored
+    the dangling pointer: the next collection crashed in whatever frame allocated. Crashed within
+    two seconds before; PYTHONMALLOC=debug poisons freed memory so a use after free cannot pass."""
+    r = run_python("""
+        import gc, random, torch
+        rng = random.Random(0)
+        x = torch.zeros(4, device="tpu")
+        for i in range(100):
+            gc.set_threshold(rng.randint(5, 300), 2, 2)  # collections at varying points of a flush
+            for j in range(40):
+                y = x + j  # recorded: y's storage holds a pending value of the graph
+                cycle = [y]
+                cycle.append(cycle)  # y reachable only from a garbage cycle
+                del y, cycle
+            x.add(1).cpu()  # a read: the flush walks the touched storages
+        print("ok")
+    """, env={"TORCH_TPU_DEFER_AND_FUSE": "1", "PYTHONMALLOC": "debug"})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])

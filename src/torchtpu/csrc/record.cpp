@@ -209,12 +209,20 @@ std::optional<NodeIO> record_io(py::handle g, py::handle col, py::handle layouts
 py::tuple live_outputs(py::handle g, py::handle touched) {
   py::list live(0);
   py::dict holders;
+  // Every storage visited, held until the loop ends. The weakref hands out a borrowed pointer,
+  // and the allocations below can run the cyclic garbage collector: a storage whose tensor was
+  // only reachable from garbage cycles was freed mid-loop, its dangling pointer then stored in
+  // `holders` and its address reused under `seen` (issue 43's SIGSEGV "in index_reduce_": the
+  // collector crashed in whatever frame allocated next).
+  py::list keep(0);
   std::unordered_set<PyObject*> seen;
   const Py_ssize_t n = PyList_GET_SIZE(touched.ptr());
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* s = PyWeakref_GetObject(PyList_GET_ITEM(touched.ptr(), i));  // borrowed
     if (s == nullptr) throw py::error_already_set();
-    if (s == Py_None || !seen.insert(s).second) continue;  // dead, or written by several nodes
+    if (s == Py_None) continue;  // dead
+    check(PyList_Append(keep.ptr(), s));  // a strong reference before anything allocates
+    if (!seen.insert(s).second) continue;  // written by several nodes
     PyObject* raw = nullptr;
     if (_PyObject_LookupAttr(s, g_attr, &raw) < 0) throw py::error_already_set();
     py::object v = py::reinterpret_steal<py::object>(raw);
@@ -282,6 +290,7 @@ py::tuple dead_arguments(py::handle g, py::handle args, py::handle live) {
     if (!is_kind(PyTuple_GET_ITEM(a, 0), k_buf)) continue;
     PyObject* s = PyWeakref_GetObject(PyTuple_GET_ITEM(a, 2));  // borrowed
     if (s == nullptr) throw py::error_already_set();
+    const py::object s_ref = py::reinterpret_borrow<py::object>(s);  // alive while looked at (see live_outputs)
     py::object v;
     if (s != Py_None) {
       PyObject* raw = nullptr;

@@ -64,3 +64,8 @@ def install() -> None:
         from . import parallel
 
         parallel.install()
+        from . import distributed
+
+        # c10d learns the "tpu_dist" backend now, so init_process_group picks it for tpu as it
+        # picks nccl for cuda (cheap: import torch has imported torch.distributed already).
+        distributed.register()

@@ -526,6 +526,15 @@ def defer_and_fuse() -> contextlib.AbstractContextManager[None]:
     return eager_mode("defer_and_fuse")
 
 
+def distributed_info(group: Any = None) -> dict[str, Any]:
+    """Which backend and transport carry ``group``'s collectives (default: the default group):
+    ``{"available", "initialized", "backend", "transport", "world_size", "rank", "group_name"}``;
+    a ``tpu_dist`` group's transport is ``"gloo-host-staged"`` (docs/distributed.md)."""
+    from .distributed import distributed_info as info
+
+    return info(group)
+
+
 def compile_cache_stats() -> dict[str, float]:
     """Op-cache hits/misses (every mode) plus per-tier figures of the executable cache.
 

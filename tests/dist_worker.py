@@ -1,0 +1,384 @@
+"""One rank of tests/test_distributed.py: ``python tests/dist_worker.py SCENARIO RANK WORLD INIT_FILE``.
+
+Each scenario runs torch.distributed on tpu tensors in a process of its own (its own emulated
+device) and checks the results; a failed check exits non-zero with the reasons on stderr. The
+eager mode comes from the environment (TORCH_TPU_DEFER_AND_FUSE, TORCH_TPU_LAUNCH_BLOCKING).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+TIMEOUT = timedelta(seconds=60)
+failures: list[str] = []
+
+
+def check(name: str, got: object, want: object, rtol: float = 0.0, atol: float = 0.0) -> None:
+    """``got`` (tpu results) equal to ``want`` (the reference): dtypes, shapes, values."""
+    got_list = got if isinstance(got, (list, tuple)) else [got]
+    want_list = want if isinstance(want, (list, tuple)) else [want]
+    try:
+        assert len(got_list) == len(want_list), f"{len(got_list)} results, want {len(want_list)}"
+        for g, w in zip(got_list, want_list):
+            if isinstance(w, torch.Tensor):
+                assert isinstance(g, torch.Tensor) and g.device.type == "tpu", f"not a tpu tensor: {g!r}"
+                torch.testing.assert_close(g.cpu(), w, rtol=rtol, atol=atol, equal_nan=True)
+            else:
+                assert g == w, f"{g!r} != {w!r}"
+    except AssertionError as e:
+        failures.append(f"{name}: {e}")
+
+
+def data(rank: int, shape: tuple[int, ...], dtype: torch.dtype, salt: int = 0) -> torch.Tensor:
+    """Rank-specific values, small integers (exact in every dtype; products stay in range)."""
+    g = torch.Generator().manual_seed(1000 * rank + salt)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_complex:
+        return torch.complex(torch.randint(-4, 5, shape, generator=g).float(),
+                             torch.randint(-4, 5, shape, generator=g).float()).to(dtype)
+    return torch.randint(-4, 5, shape, generator=g).to(dtype)
+
+
+# -- collectives ---------------------------------------------------------------------------------
+
+FLOAT_OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
+INT_OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+ref_group: dist.ProcessGroup | None = None
+
+
+def on_both(name: str, fn, rtol: float = 0.0) -> None:
+    """Run ``fn(device, group)`` with tpu tensors on the tpu_dist group and with CPU tensors on a
+    gloo group; the tpu results must equal gloo's."""
+    try:
+        want = fn("cpu", ref_group)
+        got = fn("tpu", None)
+    except Exception:  # noqa: BLE001  (every check runs; the failures are reported together)
+        failures.append(f"{name}: {traceback.format_exc()}")
+        return
+    check(name, got, want, rtol=rtol)
+    if os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1":
+        from torchtpu.engine import deferred
+
+        # a collective is a materialization point: nothing it read is left recorded
+        if deferred.has_pending():
+            failures.append(f"{name}: ops still recorded after the collective in DeferAndFuse")
+
+
+def produced(t: torch.Tensor, device: str) -> torch.Tensor:
+    """``t`` on ``device``, as the result of device work (so a collective has work to wait for)."""
+    x = t.to(device)
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return x * 1 + 0
+    return x.clone()
+
+
+def scenario_collectives(rank: int, world: int) -> None:
+    global ref_group
+    ref_group = dist.new_group(backend="gloo")
+    assert dist.get_backend() == "tpu_dist", dist.get_backend()
+    info = torch.tpu.distributed_info()
+    check("distributed_info", [info["backend"], info["transport"], info["world_size"], info["rank"]],
+          ["tpu_dist", "gloo-host-staged", world, rank])
+
+    for dtype, ops in ((torch.float32, FLOAT_OPS), (torch.bfloat16, FLOAT_OPS), (torch.int64, INT_OPS),
+                       (torch.bool, ["SUM", "MIN", "MAX", "BAND", "BOR"])):
+        for op in ops:
+            def allreduce(device, group, dtype=dtype, op=op):
+                x = produced(data(rank, (3, 5), dtype), device)
+                dist.all_reduce(x, op=getattr(dist.ReduceOp, op), group=group)
+                return x
+            on_both(f"all_reduce {dtype} {op}", allreduce)
+
+    # dtypes Gloo lacks: int16 reduces in int32, complex sums on the real view
+    for op in INT_OPS:
+        x = produced(data(rank, (4,), torch.int16), "tpu")
+        dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+        want = data(rank, (4,), torch.int32)
+        dist.all_reduce(want, op=getattr(dist.ReduceOp, op), group=ref_group)
+        check(f"all_reduce int16 {op}", x, want.to(torch.int16))
+    z = produced(data(rank, (3,), torch.complex64), "tpu")
+    dist.all_reduce(z)
+    check("all_reduce complex64 SUM", z, sum(data(r, (3,), torch.complex64) for r in range(world)))
+
+    def allreduce_async(device, group):
+        x = produced(data(rank, (7,), torch.float32), device)
+        work = dist.all_reduce(x, async_op=True, group=group)
+        assert work.wait() and work.is_completed()
+        fut = work.get_future().wait()
+        return [x, fut[0]]
+    on_both("all_reduce async_op", allreduce_async)
+
+    # a non-contiguous view, written back in place (Gloo itself takes only contiguous tensors)
+    base = produced(data(rank, (4, 6), torch.float32), "tpu")
+    dist.all_reduce(base[:, ::2])
+    want = data(rank, (4, 6), torch.float32)
+    want[:, ::2] = sum(data(r, (4, 6), torch.float32) for r in range(world))[:, ::2]
+    check("all_reduce of a strided view", base, want)
+
+    def allreduce_scalar_and_empty(device, group):
+        s, e = produced(data(rank, (), torch.float32), device), torch.empty(0, 3, device=device)
+        dist.all_reduce(s, group=group)
+        dist.all_reduce(e, group=group)
+        return [s, e]
+    on_both("all_reduce 0-dim and empty", allreduce_scalar_and_empty)
+
+    def allreduce_matmul(device, group):
+        a = data(rank, (64, 64), torch.float32).to(device)
+        with torch.tpu.precision("highest"):
+            x = a @ a @ a  # launched asynchronously: the collective must wait for it
+        dist.all_reduce(x, group=group)
+        return x
+    on_both("all_reduce of a matmul's result", allreduce_matmul, rtol=1e-6)
+
+    for dtype in (torch.float32, torch.int64, torch.bfloat16):
+        for src in range(world):
+            def broadcast(device, group, dtype=dtype, src=src):
+                x = produced(data(rank, (2, 3), dtype), device)
+                dist.broadcast(x, src=src, group=group)
+                return x
+            on_both(f"broadcast {dtype} from {src}", broadcast)
+
+        for op in ("SUM", "MAX"):
+            def reduce(device, group, dtype=dtype, op=op):
+                x = produced(data(rank, (5,), dtype), device)
+                dist.reduce(x, dst=world - 1, op=getattr(dist.ReduceOp, op), group=group)
+                return x
+            on_both(f"reduce {dtype} {op}", reduce)
+
+        def all_gather(device, group, dtype=dtype):
+            outs = [torch.zeros(2, 3, dtype=dtype, device=device) for _ in range(world)]
+            dist.all_gather(outs, produced(data(rank, (2, 3), dtype), device), group=group)
+            return outs
+        on_both(f"all_gather {dtype}", all_gather)
+
+        def all_gather_into_tensor(device, group, dtype=dtype):
+            out = torch.zeros(world * 4, dtype=dtype, device=device)
+            dist.all_gather_into_tensor(out, produced(data(rank, (4,), dtype), device), group=group)
+            return out
+        on_both(f"all_gather_into_tensor {dtype}", all_gather_into_tensor)
+
+        def reduce_scatter(device, group, dtype=dtype):
+            out = torch.zeros(3, dtype=dtype, device=device)
+            ins = [produced(data(rank, (3,), dtype, salt=r), device) for r in range(world)]
+            dist.reduce_scatter(out, ins, group=group)
+            return out
+        on_both(f"reduce_scatter {dtype}", reduce_scatter)
+
+        def reduce_scatter_tensor(device, group, dtype=dtype):
+            out = torch.zeros(2, 3, dtype=dtype, device=device)
+            dist.reduce_scatter_tensor(out, produced(data(rank, (2 * world, 3), dtype), device),
+                                       op=dist.ReduceOp.MAX, group=group)
+            return out
+        on_both(f"reduce_scatter_tensor {dtype}", reduce_scatter_tensor)
+
+        def all_to_all_single(device, group, dtype=dtype):
+            # uneven: rank r sends r + 1 + j rows to rank j
+            in_splits = [rank + 1 + j for j in range(world)]
+            out_splits = [r + 1 + rank for r in range(world)]
+            x = produced(data(rank, (sum(in_splits), 2), dtype), device)
+            out = torch.zeros(sum(out_splits), 2, dtype=dtype, device=device)
+            dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+            return out
+        on_both(f"all_to_all_single uneven {dtype}", all_to_all_single)
+
+        def all_to_all(device, group, dtype=dtype):
+            ins = [produced(data(rank, (2, 3), dtype, salt=j), device) for j in range(world)]
+            outs = [torch.zeros(2, 3, dtype=dtype, device=device) for r in range(world)]
+            dist.all_to_all(outs, ins, group=group)
+            return outs
+        on_both(f"all_to_all {dtype}", all_to_all)
+
+        # uneven sizes, which Gloo's own list all_to_all refuses: rank r sends r + 1 + j values to j
+        ins = [produced(data(rank, (rank + 1 + j,), dtype, salt=j), "tpu") for j in range(world)]
+        outs = [torch.zeros(r + 1 + rank, dtype=dtype, device="tpu") for r in range(world)]
+        dist.all_to_all(outs, ins)
+        check(f"all_to_all uneven {dtype}", outs, [data(r, (r + 1 + rank,), dtype, salt=rank) for r in range(world)])
+
+        def gather(device, group, dtype=dtype):
+            outs = [torch.zeros(3, dtype=dtype, device=device) for _ in range(world)] if rank == 0 else None
+            dist.gather(produced(data(rank, (3,), dtype), device), outs, dst=0, group=group)
+            return outs or []
+        on_both(f"gather {dtype}", gather)
+
+        def scatter(device, group, dtype=dtype):
+            src = world - 1
+            ins = [produced(data(rank, (4,), dtype, salt=r), device) for r in range(world)] if rank == src else None
+            out = torch.zeros(4, dtype=dtype, device=device)
+            dist.scatter(out, ins, src=src, group=group)
+            return out
+        on_both(f"scatter {dtype}", scatter)
+
+    # movement collectives take dtypes Gloo lacks as bytes
+    for dtype in (torch.int16, torch.complex64, torch.float64):
+        outs = [torch.zeros(2, 2, dtype=dtype, device="tpu") for _ in range(world)]
+        dist.all_gather(outs, produced(data(rank, (2, 2), dtype), "tpu"))
+        check(f"all_gather {dtype}", outs, [data(r, (2, 2), dtype) for r in range(world)])
+        x = produced(data(rank, (3,), dtype), "tpu")
+        dist.broadcast(x, src=1)
+        check(f"broadcast {dtype}", x, data(1, (3,), dtype))
+
+    # point to point
+    peer = 1 - rank
+    if rank == 0:
+        dist.send(produced(data(0, (6,), torch.float32), "tpu"), dst=1)
+    else:
+        got = torch.zeros(6, device="tpu")
+        dist.recv(got, src=0)
+        check("send/recv", got, data(0, (6,), torch.float32))
+    outgoing = produced(data(rank, (5,), torch.int64), "tpu")
+    incoming = torch.zeros(5, dtype=torch.int64, device="tpu")
+    # each rank receives first: this deadlocks unless the operations are truly asynchronous
+    works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, incoming, peer), dist.P2POp(dist.isend, outgoing, peer)])
+    for w in works:
+        w.wait()
+    check("batch_isend_irecv", incoming, data(peer, (5,), torch.int64))
+    if rank == 1:
+        dist.send(produced(data(1, (2,), torch.float32), "tpu"), dst=0)
+    else:
+        got = torch.zeros(2, device="tpu")
+        sender = dist.recv(got)  # from any source
+        check("recv from any source", [got, sender], [data(1, (2,), torch.float32), 1])
+
+    dist.barrier()
+
+    # subgroups: every rank, and rank 1 alone
+    pair = dist.new_group([0, 1])
+    alone = dist.new_group([1])
+    x = produced(data(rank, (3,), torch.float32), "tpu")
+    dist.all_reduce(x, group=pair)
+    check("new_group all_reduce", x, sum(data(r, (3,), torch.float32) for r in range(world)))
+    if rank == 1:
+        y = produced(data(rank, (3,), torch.float32), "tpu")
+        dist.all_reduce(y, group=alone)
+        check("one-rank group", [y, torch.tpu.distributed_info(alone)["world_size"]],
+              [data(rank, (3,), torch.float32), 1])
+
+    # objects (staged through CPU tensors on the same group) and functional collectives (DTensor's)
+    objs: list[object] = [None] * world
+    dist.all_gather_object(objs, {"rank": rank})
+    check("all_gather_object", objs, [{"rank": r} for r in range(world)])
+    import torch.distributed._functional_collectives as fc
+
+    y = fc.all_reduce(produced(data(rank, (4,), torch.float32), "tpu"), "sum", dist.group.WORLD)
+    check("functional all_reduce", fc.wait_tensor(y) * 1, sum(data(r, (4,), torch.float32) for r in range(world)))
+    z = fc.all_gather_tensor(produced(data(rank, (2,), torch.float32), "tpu"), 0, dist.group.WORLD)
+    check("functional all_gather_tensor", fc.wait_tensor(z) * 1,
+          torch.cat([data(r, (2,), torch.float32) for r in range(world)]))
+
+
+# -- initialization paths ------------------------------------------------------------------------
+
+def scenario_init_device_id(rank: int, world: int) -> None:
+    """init_process_group() with device_id only (TORCH_TPU_NUM_DEVICES=world: rank r uses tpu:r)
+    picks tpu_dist; init_device_mesh("tpu") builds on it."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    check("backend picked for device_id", dist.get_backend(), "tpu_dist")
+    device = torch.device("tpu", rank)
+    x = data(rank, (3,), torch.float32).to(device)
+    dist.all_reduce(x)
+    check("device tpu:rank", [x.device, x], [device, sum(data(r, (3,), torch.float32) for r in range(world))])
+    mesh = init_device_mesh("tpu", (world,))
+    group = mesh.get_group()
+    check("init_device_mesh backend", [dist.get_backend(group), torch.tpu.distributed_info(group)["transport"]],
+          ["tpu_dist", "gloo-host-staged"])
+    y = data(rank, (2,), torch.float32).to(device)
+    dist.all_reduce(y, group=group, op=dist.ReduceOp.MAX)
+    check("device mesh all_reduce", [y.device, y],
+          [device, torch.maximum(*[data(r, (2,), torch.float32) for r in range(world)])])
+
+
+def scenario_init_default(rank: int, world: int) -> None:
+    """init_process_group() with no backend and no device: the accelerator (tpu) picks tpu_dist
+    (c10d records the group's backend as "undefined", as it does for cuda's nccl)."""
+    info = torch.tpu.distributed_info()
+    check("backend picked for the accelerator", [info["backend"], info["transport"]], ["tpu_dist", "gloo-host-staged"])
+    x = torch.full((2,), float(rank + 1), device="tpu")
+    dist.all_reduce(x)
+    check("all_reduce", x, torch.full((2,), float(sum(range(1, world + 1)))))
+
+
+# -- DDP -----------------------------------------------------------------------------------------
+
+def scenario_ddp(rank: int, world: int) -> None:
+    """DDP on 2 ranks (half the batch each) against one process training on the whole batch."""
+    from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
+
+    cfg = GPTConfig(vocab=32, seq=8, d_model=16, heads=2, layers=1)
+    with torch.tpu.precision("highest"):
+        torch.manual_seed(0)
+        reference = GPT(cfg).to("tpu")
+        torch.manual_seed(rank)  # rank 1 starts elsewhere: DDP's construction broadcasts rank 0's
+        model = GPT(cfg).to("tpu")
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)  # several buckets
+        check("parameters broadcast at construction", [p.detach() for p in model.parameters()],
+              [p.detach().cpu() for p in reference.parameters()])
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+        gen = torch.Generator().manual_seed(42)
+        per_rank = 2
+        for step in range(3):
+            idx, tgt = make_batch(cfg, per_rank * world, gen)
+            idx, tgt = idx.to("tpu"), tgt.to("tpu")
+            mine = slice(rank * per_rank, (rank + 1) * per_rank)
+            opt.zero_grad()
+            logits = ddp(idx[mine])
+            torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab), tgt[mine].reshape(-1)).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            reference.loss(idx, tgt).backward()
+            ref_opt.step()
+            check(f"DDP step {step} parameters", [p.detach() for p in model.parameters()],
+                  [p.detach().cpu() for p in reference.parameters()], rtol=1e-5, atol=1e-6)
+
+
+# -- failure -------------------------------------------------------------------------------------
+
+def scenario_dead_peer(rank: int, world: int) -> None:
+    """A peer that died makes a collective raise (Gloo sees the closed connection), not hang."""
+    x = torch.ones(4, device="tpu")
+    dist.all_reduce(x)  # the connection is up
+    if rank == 1:
+        sys.stdout.flush()
+        os._exit(0)  # dies without destroying the group
+    time.sleep(1.0)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except RuntimeError as e:
+        print(f"raised after {time.monotonic() - start:.1f} s: {str(e)[:200]}")
+        return
+    failures.append("all_reduce with a dead peer returned")
+
+
+def main() -> None:
+    scenario, rank, world, init_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    init = f"file://{init_file}"
+    if scenario == "init_device_id":
+        dist.init_process_group(init_method=init, rank=rank, world_size=world, timeout=TIMEOUT,
+                                device_id=torch.device("tpu", rank))
+    elif scenario == "init_default":
+        dist.init_process_group(init_method=init, rank=rank, world_size=world, timeout=TIMEOUT)
+    else:
+        dist.init_process_group("tpu_dist", init_method=init, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=20) if scenario == "dead_peer" else TIMEOUT)
+    globals()[f"scenario_{scenario}"](rank, world)
+    if scenario != "dead_peer":
+        dist.barrier()
+        dist.destroy_process_group()
+    if failures:
+        print(f"rank {rank}: {len(failures)} failed checks:\n" + "\n".join(failures), file=sys.stderr)
+        sys.exit(1)
+    print(f"rank {rank}: ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""torch.distributed on tpu tensors: the ``tpu_dist`` backend (docs/distributed.md).
+
+The two-rank tests start two processes (tests/dist_worker.py), each with its own emulated device
+on its own CPU plugin, joined by a FileStore; each rank checks its own results and exits non-zero
+with the failed checks on stderr. On a TPU host one chip cannot be shared by two ranks, hence
+``emulator_only``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from torchtpu.distributed import staging
+
+WORKER = os.path.join(os.path.dirname(__file__), "dist_worker.py")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+TWO_RANKS = "two rank processes each open a device; a TPU chip admits one process"
+
+
+def run_ranks(scenario: str, tmp_path, env: dict[str, str] | None = None, world: int = 2) -> list[str]:
+    """Run ``scenario`` on ``world`` rank processes; their stdout, once every rank succeeded."""
+    e = dict(os.environ)
+    for mode in ("TORCH_TPU_DEFER_AND_FUSE", "TPU_DEFER_AND_FUSE", "TORCH_TPU_LAUNCH_BLOCKING", "TPU_LAUNCH_BLOCKING"):
+        e.pop(mode, None)
+    e.update(env or {})
+    e["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "1"
+    e["PYTHONPATH"] = os.pathsep.join([SRC, os.path.dirname(WORKER), e.get("PYTHONPATH", "")])
+    init_file = str(tmp_path / "init")
+    procs = [subprocess.Popen([sys.executable, WORKER, scenario, str(r), str(world), init_file], env=e,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    results = []
+    try:
+        for p in procs:
+            results.append(p.communicate(timeout=240))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for r, (p, (out, err)) in enumerate(zip(procs, results)):
+        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{out}\n{err[-6000:]}"
+    return [out for out, _ in results]
+
+
+# -- two ranks ------------------------------------------------------------------------------------
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_collectives_match_gloo_on_cpu(tmp_path, mode):
+    """Every collective on tpu tensors equals the same collective by Gloo on CPU tensors (float32,
+    bfloat16, int64, bool; dtypes Gloo lacks against computed values; uneven all_to_all; p2p,
+    subgroups, object and functional collectives). In DeferAndFuse each collective also leaves
+    nothing recorded: it is a materialization point."""
+    env = {"TORCH_TPU_DEFER_AND_FUSE": "1"} if mode == "defer_and_fuse" else {}
+    outs = run_ranks("collectives", tmp_path, env)
+    assert [o.strip().splitlines()[-1] for o in outs] == ["rank 0: ok", "rank 1: ok"]
+
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
+def test_ddp_matches_one_process_on_the_global_batch(tmp_path):
+    """DDP of a small GPT on 2 ranks (different initial weights: construction broadcasts rank 0's;
+    several gradient buckets) equals one process training on the whole batch, step by step, at
+    precision "highest", to 1e-5 relative."""
+    run_ranks("ddp", tmp_path)
+
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
+def test_device_id_and_device_mesh_pick_tpu_dist(tmp_path):
+    """init_process_group(device_id=torch.device("tpu", rank)) with no backend picks tpu_dist, on
+    the rank's own device (TORCH_TPU_NUM_DEVICES=2 makes tpu:1 exist); init_device_mesh("tpu")
+    builds its groups on it."""
+    run_ranks("init_device_id", tmp_path, {"TORCH_TPU_NUM_DEVICES": "2"})
+
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
+def test_default_init_in_debug_mode(tmp_path):
+    """init_process_group() with neither backend nor device picks tpu_dist for the accelerator;
+    in Debug mode (TORCH_TPU_LAUNCH_BLOCKING=1)."""
+    run_ranks("init_default", tmp_path, {"TORCH_TPU_LAUNCH_BLOCKING": "1"})
+
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
+def test_a_dead_peer_raises_instead_of_hanging(tmp_path):
+    outs = run_ranks("dead_peer", tmp_path)
+    assert "raised after" in outs[0], outs[0]
+    seconds = float(outs[0].split("raised after ")[1].split(" s")[0])
+    assert seconds < 20, outs[0]  # sooner than the group's timeout, which also applies
+
+
+# -- one process ----------------------------------------------------------------------------------
+
+def test_tpu_dist_is_the_backend_of_the_tpu_device():
+    assert dist.is_available()
+    assert dist.Backend.default_device_backend_map["tpu"] == "tpu_dist"
+    assert dist.Backend.backend_capability["tpu_dist"] == ["tpu", "cpu"]
+    assert dist.Backend.default_device_backend_map["cpu"] == "gloo"  # left as it was
+    assert "tpu_dist" in dist.Backend.backend_list
+
+
+def test_distributed_info_without_a_group():
+    assert not dist.is_initialized()
+    info = torch.tpu.distributed_info()
+    assert info["available"] and not info["initialized"]
+    assert info["backend"] is None and info["transport"] is None
+
+
+def test_one_rank_group_in_process():
+    """A one-rank group in the test process: collectives on tpu and CPU tensors, async work, DDP."""
+    dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    try:
+        info = torch.tpu.distributed_info()
+        assert (info["backend"], info["transport"], info["world_size"], info["rank"]) == (
+            "tpu_dist", "gloo-host-staged", 1, 0)
+        x = torch.arange(6.0, device="tpu").reshape(2, 3) * 2
+        work = dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True)
+        assert work.wait() and work.is_completed()
+        torch.testing.assert_close(x.cpu(), torch.arange(6.0).reshape(2, 3) * 2)
+        c = torch.ones(3)
+        dist.all_reduce(c)  # CPU tensors go to Gloo as they are
+        torch.testing.assert_close(c, torch.ones(3))
+        out = torch.zeros(2, 3, device="tpu")
+        dist.all_gather_into_tensor(out, x)
+        torch.testing.assert_close(out.cpu(), x.cpu())
+        model = torch.nn.Linear(3, 2).to("tpu")
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp(torch.ones(4, 3, device="tpu")).sum().backward()
+        torch.testing.assert_close(model.bias.grad.cpu(), torch.full((2,), 4.0))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (3, 4), (0, 2), (2, 0, 3)])
+@pytest.mark.parametrize("dtype", [torch.int16, torch.complex64, torch.float64])
+def test_as_bytes_keeps_rows_and_memory(shape, dtype):
+    """Dtypes Gloo lacks move as bytes: a view of the same memory whose dim 0 is the tensor's (so
+    all_to_all_single's split sizes along dim 0 still hold)."""
+    host = torch.zeros(shape, dtype=dtype)
+    b = staging.as_bytes(host)
+    assert b.dtype == torch.uint8 and b.numel() == host.numel() * host.element_size()
+    assert b.shape[0] == (shape[0] if shape else 1)
+    if host.numel():
+        b.fill_(1)  # writes through to host
+        assert host.reshape(-1).view(torch.uint8).eq(1).all()

@@ -44,6 +44,8 @@ CASES = {
     "div int zero floor": lambda d: torch.div(torch.tensor([1, 2]).to(d), 0, rounding_mode="floor"),
     "matmul int float": lambda d: torch.ones(2, 2, dtype=torch.long).to(d) @ torch.ones(2, 2).to(d),
     "cat dtype mix ok": lambda d: torch.cat([torch.ones(2).to(d), torch.ones(2, dtype=torch.long).to(d)]),
+    "cat rank mismatch and dim out of range": lambda d: torch.cat([torch.ones(1, 1, 1).to(d), torch.ones(1, 1).to(d)],
+                                                                3),
     "cat rank mismatch": lambda d: torch.cat([torch.ones(2).to(d), torch.ones(2, 2).to(d)]),
     "stack shape": lambda d: torch.stack([torch.ones(2).to(d), torch.ones(3).to(d)]),
     "view bad": lambda d: torch.ones(6).to(d).view(4, 2),

@@ -54,7 +54,8 @@ def _cat(tensors: Any, dim: int = 0) -> None:
     if not shaped:
         return
     first = shaped[0][1]
-    d = dim % first.dim() if -first.dim() <= dim < first.dim() else dim
+    check_dim(first, dim)  # CPU wraps the dim against the first tensor before it compares ranks
+    d = dim % first.dim()
     for i, t in shaped[1:]:
         if t.dim() != first.dim():
             raise RuntimeError(f"Tensors must have same number of dimensions: got {first.dim()} and {t.dim()}")

@@ -1,7 +1,7 @@
-"""Numerical accuracy of the tpu device against the CPU: matrix-product precision modes,
-f32 elementwise functions (values and gradients), float64 and int64.
+"""Numerical accuracy of the tpu device against the CPU: matrix-product precision modes (and
+their speed), f32 elementwise functions (values and gradients), float64 and int64.
 
-    python bench/tpu_accuracy.py            # on the emulator, or on a TPU host (docs/tpu.md)
+    python bench/tpu_accuracy.py [--mm-size N]   # on the emulator, or on a TPU host (docs/tpu.md)
 
 Prints one line per measurement. Errors are maxima over the samples: ``abs`` absolute,
 ``rel`` relative to |CPU value|, ``mixed`` relative to max(|CPU value|, 1) (what rtol/atol
@@ -26,6 +26,33 @@ def matmul_precision() -> None:
             conv = F.conv2d(x.to("tpu"), w.to("tpu")).cpu().double()
         print(f"precision {p:8s} mm maxrel={float((mm - ref).abs().max() / ref.abs().max()):.3g} "
               f"conv maxrel={float((conv - conv_ref).abs().max() / conv_ref.abs().max()):.3g}", flush=True)
+
+
+def matmul_speed(n: int) -> None:
+    """Each precision's float32 product rate: ``n``x``n`` @ ``n``x``n`` chained 20 times per
+    timing (one read at the end), best of 5; TFLOP/s and the ratio to ``medium``."""
+    import time
+
+    a = torch.randn(n, n, device="tpu") / n**0.5
+    b = torch.randn(n, n, device="tpu")
+    rates = {}
+    for p in ("medium", "high", "highest"):
+        with torch.tpu.precision(p):
+            c = a
+            for _ in range(3):
+                c = c @ b
+            c.cpu()
+            best = float("inf")
+            for _ in range(5):
+                start = time.perf_counter()
+                c = a
+                for _ in range(20):
+                    c = c @ b
+                c.sum().item()
+                best = min(best, (time.perf_counter() - start) / 20)
+        rates[p] = 2 * n**3 / best / 1e12
+        print(f"precision {p:8s} mm {n}x{n}: {best * 1e3:.3f} ms, {rates[p]:.2f} TFLOP/s, "
+              f"{rates[p] / rates['medium']:.2f}x medium's rate", flush=True)
 
 
 def elementwise() -> None:
@@ -100,7 +127,13 @@ def wide_types() -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mm-size", type=int, default=4096, help="side of the timed products (default 4096)")
+    opts = parser.parse_args()
     print(f"device: {torch.tpu.get_device_name()}")
     matmul_precision()
+    matmul_speed(opts.mm_size)
     elementwise()
     wide_types()

@@ -261,6 +261,26 @@ def scenario_collectives(rank: int, world: int) -> None:
         check("one-rank group", [y, torch.tpu.distributed_info(alone)["world_size"]],
               [data(rank, (3,), torch.float32), 1])
 
+    # the coalesced forms (FSDP's all-gathers and reduce-scatters of several tensors at once),
+    # called on the group as c10d's coalescing manager does
+    pg = dist.group.WORLD
+    ins = [produced(data(rank, (2, 3), torch.float32, salt=k), "tpu") for k in range(2)]
+    outs = [torch.empty(world * 2, 3, device="tpu") for _ in range(2)]
+    from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions
+
+    opts = AllgatherOptions()
+    pg.allgather_into_tensor_coalesced(outs, ins, opts).wait()
+    check("allgather_into_tensor_coalesced", outs,
+          [torch.cat([data(r, (2, 3), torch.float32, salt=k) for r in range(world)]) for k in range(2)])
+    ins = [produced(data(rank, (world * 2,), torch.float32, salt=k), "tpu") for k in range(2)]
+    outs = [torch.empty(2, device="tpu") for _ in range(2)]
+    ropts = ReduceScatterOptions()
+    ropts.reduceOp = dist.ReduceOp.SUM
+    pg.reduce_scatter_tensor_coalesced(outs, ins, ropts).wait()
+    check("reduce_scatter_tensor_coalesced", outs,
+          [sum(data(r, (world * 2,), torch.float32, salt=k) for r in range(world))[2 * rank:2 * rank + 2]
+           for k in range(2)])
+
     # objects (staged through CPU tensors on the same group) and functional collectives (DTensor's)
     objs: list[object] = [None] * world
     dist.all_gather_object(objs, {"rank": rank})

@@ -178,14 +178,17 @@ class TpuProcessGroup(dist.ProcessGroup):
         outs = [s.outputs(o) for o in output_lists]
         return self._run(s, lambda: self._gloo.allgather_coalesced(outs, ins, opts), output_lists)
 
-    def all_gather_single_coalesced(self, outputs: Tensors, inputs: Tensors,
-                                    opts: AllgatherOptions) -> dist.Work:
-        s = Staged()
+    def _pairwise(self, s: Staged, outputs: Tensors, inputs: Tensors, single: Any, opts: Any) -> dist.Work:
+        """A coalesced call as one Gloo call per (output, input) pair: Gloo has no coalesced form."""
         pairs = [(s.output(o), s.host(i, written=False)) for o, i in zip(outputs, inputs)]
         for h_out, h_in in pairs:
-            self._gloo._allgather_base(h_out, h_in, opts).wait()
+            single(h_out, h_in, opts).wait()
         s.finish()
         return completed(outputs)
+
+    def all_gather_single_coalesced(self, outputs: Tensors, inputs: Tensors,
+                                    opts: AllgatherOptions) -> dist.Work:
+        return self._pairwise(Staged(), outputs, inputs, self._gloo._allgather_base, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -206,12 +209,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single_coalesced(self, outputs: Tensors, inputs: Tensors,
                                         opts: ReduceScatterOptions) -> dist.Work:
-        s = Staged(opts.reduceOp)
-        pairs = [(s.output(o), s.host(i, written=False)) for o, i in zip(outputs, inputs)]
-        for h_out, h_in in pairs:
-            self._gloo._reduce_scatter_base(h_out, h_in, opts).wait()
-        s.finish()
-        return completed(outputs)
+        return self._pairwise(Staged(opts.reduceOp), outputs, inputs, self._gloo._reduce_scatter_base, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 

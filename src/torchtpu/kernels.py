@@ -66,26 +66,24 @@ def _match_close(text: str, i: int) -> int:
         i += 1
 
 
-_LOC = re.compile(r"(?<![\w.$#-])loc\(")
-
-
 def strip_locations(text: str) -> str:
     """The module without debug locations (``loc(...)`` and ``#locN = ...`` lines)."""
-    lines = [ln for ln in text.splitlines() if not ln.startswith("#loc")]
-    text = "\n".join(lines)
-    out, pos = [], 0
-    while True:
-        m = _LOC.search(text, pos)
-        if m is None:
-            out.append(text[pos:])
-            return "".join(out)
-        # a "loc(" inside a string literal is not a location: check we are outside strings
-        if text.count('"', 0, m.start()) - text.count('\\"', 0, m.start()) & 1:
-            out.append(text[pos:m.end()])
-            pos = m.end()
-            continue
-        out.append(text[pos:m.start()].rstrip(" "))
-        pos = _match_close(text, m.end() - 1)
+    text = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#loc"))
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = _skip_string(text, i)
+            out.append(text[i:j])
+            i = j
+        elif c == "l" and text.startswith("loc(", i) and not (i and (text[i - 1].isalnum() or text[i - 1] in "_.$#-")):
+            while out and out[-1] == " ":
+                out.pop()
+            i = _match_close(text, i + 3)
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 _FUNC = re.compile(r"func\.func\s+(?:(?:public|private|nested)\s+)?@([\w.$-]+)\s*\(")
@@ -111,9 +109,10 @@ def _top_level_functions(text: str) -> list[tuple[str, str, str, str]]:
                 k = _match_close(text, j)
                 results = text[j + 1:k - 1]
             else:  # one result without parentheses: up to "attributes" or the body
+                # (a result with attributes is always parenthesized)
                 k = j
                 while not text.startswith((" attributes", " {"), k):
-                    k = _match_close(text, k) if text[k] in "<({[" and text[k] != "<" else k + 1
+                    k += 1
                 results = text[j:k]
             body_start = k
         attrs = re.match(r"\s*attributes\s*", text[body_start:])
@@ -235,9 +234,12 @@ def _define(kernel: _Kernel) -> Any:
         raise ValueError(f"torchtpu.kernels: a kernel named {name!r} exists already")
     _names.add(name)
     _KERNELS[name] = kernel
-    _lib.define(f"{name}(Tensor[] inputs, str static='') -> Tensor[]")
+    # ``static``: the static arguments' repr (ast.literal_eval reads them back), or "". No default:
+    # the dispatcher drops an argument equal to its default, which register_autograd's structure
+    # check of the backward's return then counts differently.
+    _lib.define(f"{name}(Tensor[] inputs, str static) -> Tensor[]")
 
-    def meta(inputs: list[torch.Tensor], static: str = "") -> list[torch.Tensor]:
+    def meta(inputs: list[torch.Tensor], static: str) -> list[torch.Tensor]:
         specs = kernel.out_specs(tuple(tuple(t.shape) for t in inputs), tuple(t.dtype for t in inputs),
                                  _decode_static(static))
         return [inputs[0].new_empty(s, dtype=d) if inputs else torch.empty(s, dtype=d, device="meta")
@@ -247,7 +249,7 @@ def _define(kernel: _Kernel) -> Any:
     op = getattr(getattr(torch.ops, NAMESPACE), name).default
 
     @registry.register(op)
-    def _lower(ctx: registry.LoweringContext, inputs: list, static: str = "") -> list:
+    def _lower(ctx: registry.LoweringContext, inputs: list, static: str) -> list:
         shapes = tuple(v.shape for v in inputs)
         dtypes = tuple(v.dtype for v in inputs)
         funcs, main, specs = kernel.inlined(shapes, dtypes, _decode_static(static))
@@ -296,7 +298,7 @@ def stablehlo_op(module_text: str, out_specs: Sequence[tuple[Sequence[int], torc
     single = len(specs) == 1
 
     def call(*tensors: torch.Tensor) -> Any:
-        outs = op(list(tensors))
+        outs = op(list(tensors), "")
         return outs[0] if single else tuple(outs)
 
     call.op = op  # type: ignore[attr-defined]
@@ -392,19 +394,17 @@ def _plugin_stablehlo() -> tuple[int, ...]:
 
 
 def _check_version(exported: Any) -> None:
-    """Refuse a module whose StableHLO is newer than the plugin accepts, with the versions."""
+    """Refuse a module that cannot be written as the plugin's StableHLO version (JAX's own check:
+    serializing it as a portable artifact for that version), naming both versions."""
+    from jax._src.lib.mlir.dialects import hlo
+
+    plugin = ".".join(map(str, _plugin_stablehlo()))
     try:
-        from jax._src.lib.mlir.dialects import stablehlo
-    except ImportError:
-        return
-    try:
-        stablehlo.serialize_portable_artifact_str(exported.mlir_module(),
-                                                  ".".join(map(str, _plugin_stablehlo())))
-    except Exception as e:  # a feature newer than the target version
+        hlo.serialize_portable_artifact_str(exported.mlir_module(), plugin)
+    except ValueError as e:  # a feature newer than the plugin's version
         raise KernelError(
-            f"torchtpu.kernels: the StableHLO that JAX {sys.modules['jax'].__version__} exported "
-            f"(StableHLO {stablehlo.get_current_version()}) is newer than the plugin accepts "
-            f"(StableHLO {'.'.join(map(str, _plugin_stablehlo()))}): {e}") from e
+            f"torchtpu.kernels: the module JAX {sys.modules['jax'].__version__} exported (StableHLO "
+            f"{hlo.get_current_version()}) is newer than the plugin accepts (StableHLO {plugin}): {e}") from e
 
 
 def custom_jax_kernel(jax_fn: Callable[..., Any] | None = None, *, name: str | None = None,
@@ -451,7 +451,7 @@ def custom_jax_kernel(jax_fn: Callable[..., Any] | None = None, *, name: str | N
         ins, outs = saved[:ctx.n], saved[ctx.n:]
         cts = [g if g is not None else torch.zeros_like(o) for g, o in zip(grads, outs)]
         st = _decode_static(ctx.static) + (ctx.n,)
-        return list(bwd_op(list(ins) + cts, repr(st)))
+        return list(bwd_op(list(ins) + cts, repr(st))), None
 
     torch.library.register_autograd(f"{NAMESPACE}::{base}", backward_fn, setup_context=setup_context, lib=_lib)
 

@@ -156,6 +156,33 @@ def test_jax_kernel_several_outputs(jax):
     torch.testing.assert_close(b.cpu(), x.sum(0))
 
 
+def test_fresh_tuple_kernel_first_called_under_compile(jax):
+    jnp = jax.numpy
+
+    @kernels.custom_jax_kernel(static_argnums=(1,))
+    def tanh_and_sum(x, k):
+        return jnp.tanh(x) * k, x.sum(axis=0)
+
+    def f(x):
+        a, b = tanh_and_sum(x, 2.0)
+        return a.sum() + b.sum()
+
+    counters.clear()
+    x = torch.randn(3, 4)
+    xt = x.to("tpu").requires_grad_()
+    torch.compile(f, backend="tpu")(xt).backward()
+    assert dict(counters["graph_break"]) == {}
+    xc = x.clone().requires_grad_()
+    ((torch.tanh(xc) * 2).sum() + xc.sum(0).sum()).backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+
+
+def test_new_shapes_export_again(silu_add):
+    for shape in [(2, 3), (7,), (2, 3)]:
+        x, y = torch.randn(shape), torch.randn(shape)
+        torch.testing.assert_close(silu_add(x.to("tpu"), y.to("tpu")).cpu(), x * torch.sigmoid(x) + y)
+
+
 def test_pallas_kernel_in_interpret_mode(jax):
     pl = pytest.importorskip("jax.experimental.pallas")
 

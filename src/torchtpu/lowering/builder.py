@@ -150,6 +150,8 @@ class Builder:
         # transpose results -> (operand, permutation): a later convert moves before the
         # transpose, a transpose of it composes, and dots fold it (see convert, transpose)
         self._transposes: dict[str, tuple[Value, list[int]]] = {}
+        # extra top-level functions of the module (custom kernels, torchtpu.kernels): name -> text
+        self._functions: dict[str, str] = {}
 
     # -- bookkeeping ---------------------------------------------------------
     def _fresh(self) -> str:
@@ -255,6 +257,17 @@ class Builder:
         header = ", ".join(f"{p.name}: {p.type}" for p in pvals)
         return "{\n" + f"{self._indent}  ^bb0({header}):\n" + body_text + "\n" + self._indent + "}"
 
+    def add_functions(self, name: str, text: str) -> str:
+        """Add private top-level ``func.func``\\ s (``text``, already renamed apart, see
+        torchtpu.kernels) under ``name`` once per program; returns ``name``."""
+        self._functions.setdefault(name, text)
+        return name
+
+    def call(self, callee: str, operands: Sequence[Value],
+             result_shapes: Sequence[tuple[Sequence[int], torch.dtype]]) -> list[Value]:
+        """``func.call @callee(operands)``: a function added with :meth:`add_functions`."""
+        return self.op("func.call", operands, result_shapes, attrs=f"callee = @{callee}")
+
     def module(self, results: Sequence[Value], name: str = "torchtpu") -> str:
         # Every parameter and result is pinned to the default (row-major) layout. Unpinned, a
         # TPU compiler picks the layouts that suit it (a transpose becomes a column-major
@@ -271,7 +284,7 @@ class Builder:
         return (
             f"module @{name} {{\n"
             f"  func.func public @main({', '.join(args)}) -> ({rdecls}) {{\n"
-            f"{body}\n{ret}\n  }}\n}}\n"
+            f"{body}\n{ret}\n  }}\n{''.join(self._functions.values())}}}\n"
         )
 
     # -- constants and types -------------------------------------------------

@@ -1,0 +1,209 @@
+"""torchtpu.kernels: StableHLO modules and JAX functions as custom ops on ``tpu``."""
+
+import sys
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from torchtpu import kernels
+from torchtpu.engine import deferred
+
+# A module as JAX prints one: module attributes, argument/result attributes, a private helper
+# called from @main, and debug locations, all of which the inlining renames or strips.
+_MODULE = """#loc1 = loc("x")
+module @jit_f attributes {jax.uses_shape_polymorphism = false, mhlo.num_partitions = 1 : i32} {
+  func.func public @main(%arg0: tensor<2x3xf32> {mhlo.sharding = "{replicated}"} loc("x"), %arg1: tensor<3xf32> loc("y")) -> (tensor<2x3xf32> {jax.result_info = "result[0]"}, tensor<f32> {jax.result_info = "result[1]"}) {
+    %0 = stablehlo.broadcast_in_dim %arg1, dims = [1] : (tensor<3xf32>) -> tensor<2x3xf32> loc(#loc1)
+    %1 = call @helper(%arg0, %0) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32> loc(callsite("f"("a.py":1:2) at "g"("b.py":3:4)))
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %2 = stablehlo.reduce(%1 init: %cst) applies stablehlo.add across dimensions = [0, 1] : (tensor<2x3xf32>, tensor<f32>) -> tensor<f32>
+    return %1, %2 : tensor<2x3xf32>, tensor<f32>
+  } loc(#loc1)
+  func.func private @helper(%arg0: tensor<2x3xf32>, %arg1: tensor<2x3xf32>) -> tensor<2x3xf32> {
+    %0 = stablehlo.multiply %arg0, %arg1 : tensor<2x3xf32>
+    return %0 : tensor<2x3xf32>
+  }
+}
+#loc2 = loc("jit(f)/mul"(#loc1))
+"""
+
+
+def test_stablehlo_op_inlines_main_and_helpers():
+    f = kernels.stablehlo_op(_MODULE, [((2, 3), torch.float32), ((), torch.float32)], name="mul_sum")
+    x, w = torch.randn(2, 3), torch.randn(3)
+    y, s = f(x.to("tpu"), w.to("tpu"))
+    torch.testing.assert_close(y.cpu(), x * w)
+    torch.testing.assert_close(s.cpu(), (x * w).sum())
+    assert f.op is torch.ops.torchtpu_kernels.mul_sum.default
+
+
+def test_inline_module_renames_and_strips():
+    funcs, main, args, results = kernels.inline_module(_MODULE, "k_1")
+    assert main == "k_1_main"
+    assert args == ["tensor<2x3xf32>", "tensor<3xf32>"] and results == ["tensor<2x3xf32>", "tensor<f32>"]
+    assert "@k_1_helper(" in funcs and "call @k_1_helper" in funcs
+    for gone in ("loc(", "mhlo.sharding", "jax.result_info", "public", "num_partitions", "@main", "@helper"):
+        assert gone not in funcs, gone
+
+
+def test_stablehlo_op_wrong_declared_shape():
+    f = kernels.stablehlo_op(_MODULE, [((3, 2), torch.float32), ((), torch.float32)], name="bad_shape")
+    with pytest.raises(kernels.KernelError, match=r"returns \(tensor<2x3xf32>, tensor<f32>\) but its outputs "
+                                                  r"were declared as \(tensor<3x2xf32>, tensor<f32>\)"):
+        f(torch.randn(2, 3).to("tpu"), torch.randn(3).to("tpu"))
+
+
+def test_missing_jax_is_a_clear_error(monkeypatch):
+    @kernels.custom_jax_kernel(name="needs_jax")
+    def k(x):
+        return x
+
+    monkeypatch.delitem(sys.modules, "jax", raising=False)
+    monkeypatch.setitem(sys.modules, "jax", None)  # import jax -> ImportError
+    with pytest.raises(ImportError, match="needs JAX, which is not installed"):
+        k(torch.ones(2).to("tpu"))
+
+
+# -- JAX ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def jax():
+    return pytest.importorskip("jax", reason="JAX is an optional dependency (the dev extra installs it)")
+
+
+@pytest.fixture(scope="module")
+def silu_add(jax):
+    @kernels.custom_jax_kernel
+    def silu_add(x, y):
+        return x * jax.nn.sigmoid(x) + y
+
+    return silu_add
+
+
+def _reference(x, y):
+    x, y = x.clone().requires_grad_(), y.clone().requires_grad_()
+    out = x * torch.sigmoid(x) + y
+    (out * out).sum().backward()
+    return out.detach(), x.grad, y.grad
+
+
+def _run(fn, x, y):
+    xt, yt = x.to("tpu").requires_grad_(), y.to("tpu").requires_grad_()
+    out = fn(xt, yt)
+    (out * out).sum().backward()
+    return out.detach().cpu(), xt.grad.cpu(), yt.grad.cpu()
+
+
+def test_jax_kernel_strict_forward_backward(silu_add):
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    for got, want in zip(_run(silu_add, x, y), _reference(x, y)):
+        torch.testing.assert_close(got, want)
+
+
+def test_jax_kernel_fuses_in_defer_and_fuse(silu_add):
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        xt, yt = x.to("tpu"), y.to("tpu")
+        flushes = deferred.stats["flushes"]
+        out = silu_add(xt.sin(), yt).exp()
+        assert deferred.has_pending()  # recorded with its neighbours, not run
+        host = out.cpu()
+        assert deferred.stats["flushes"] == flushes + 1  # one fused program
+        torch.testing.assert_close(host, (x.sin() * torch.sigmoid(x.sin()) + y).exp())
+        for got, want in zip(_run(silu_add, x, y), _reference(x, y)):
+            torch.testing.assert_close(got, want)
+
+
+def test_jax_kernel_under_compile_without_graph_break(silu_add):
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    counters.clear()
+    compiled = torch.compile(lambda a, b: silu_add(a, b), backend="tpu")
+    for got, want in zip(_run(compiled, x, y), _reference(x, y)):
+        torch.testing.assert_close(got, want)
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_lax_kernel_with_user_backward_and_static_args(jax):
+    lax = jax.lax
+
+    # deliberately not the true derivative of k*cos(x): the user's formula wins
+    @kernels.custom_jax_kernel(static_argnums=(1,), backward=lambda x, g: (g * 2.0,))
+    def scaled_cos(x, k):
+        return lax.cos(x) * k
+
+    x = torch.randn(6)
+    xt = x.to("tpu").requires_grad_()
+    out = scaled_cos(xt, 3.0)
+    torch.testing.assert_close(out.detach().cpu(), torch.cos(x) * 3.0)
+    out.sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), torch.full((6,), 2.0))
+    torch.testing.assert_close(scaled_cos(x.to("tpu"), 0.5).cpu(), torch.cos(x) * 0.5)
+
+
+def test_jax_kernel_several_outputs(jax):
+    jnp = jax.numpy
+
+    @kernels.custom_jax_kernel
+    def two(x):
+        return jnp.tanh(x), x.sum(axis=0)
+
+    x = torch.randn(3, 4)
+    a, b = two(x.to("tpu"))
+    torch.testing.assert_close(a.cpu(), torch.tanh(x))
+    torch.testing.assert_close(b.cpu(), x.sum(0))
+
+
+def test_fresh_tuple_kernel_first_called_under_compile(jax):
+    jnp = jax.numpy
+
+    @kernels.custom_jax_kernel(static_argnums=(1,))
+    def tanh_and_sum(x, k):
+        return jnp.tanh(x) * k, x.sum(axis=0)
+
+    def f(x):
+        a, b = tanh_and_sum(x, 2.0)
+        return a.sum() + b.sum()
+
+    counters.clear()
+    x = torch.randn(3, 4)
+    xt = x.to("tpu").requires_grad_()
+    torch.compile(f, backend="tpu")(xt).backward()
+    assert dict(counters["graph_break"]) == {}
+    xc = x.clone().requires_grad_()
+    ((torch.tanh(xc) * 2).sum() + xc.sum(0).sum()).backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+
+
+def test_new_shapes_export_again(silu_add):
+    for shape in [(2, 3), (7,), (2, 3)]:
+        x, y = torch.randn(shape), torch.randn(shape)
+        torch.testing.assert_close(silu_add(x.to("tpu"), y.to("tpu")).cpu(), x * torch.sigmoid(x) + y)
+
+
+def test_pallas_kernel_in_interpret_mode(jax):
+    pl = pytest.importorskip("jax.experimental.pallas")
+
+    def body(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0 + y_ref[...]
+
+    @kernels.custom_jax_kernel
+    def pallas_axpy(x, y):
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True)(x, y)
+
+    x, y = torch.randn(8, 128), torch.randn(8, 128)
+    torch.testing.assert_close(pallas_axpy(x.to("tpu"), y.to("tpu")).cpu(), 2 * x + y)
+
+
+def test_too_new_stablehlo_is_a_clear_error(jax, monkeypatch):
+    jnp = jax.numpy
+
+    @kernels.custom_jax_kernel(name="too_new")
+    def k(x):
+        return jnp.exp(x)
+
+    monkeypatch.setattr(kernels, "_plugin_stablehlo", lambda: (0, 1, 0))
+    with pytest.raises(kernels.KernelError, match=r"is newer than the plugin accepts \(StableHLO 0\.1\.0\)"):
+        k(torch.ones(3).to("tpu"))

@@ -4,6 +4,7 @@ import sys
 
 import pytest
 import torch
+from helpers import run_python
 from torch._dynamo.utils import counters
 
 from torchtpu import kernels
@@ -207,3 +208,49 @@ def test_too_new_stablehlo_is_a_clear_error(jax, monkeypatch):
     monkeypatch.setattr(kernels, "_plugin_stablehlo", lambda: (0, 1, 0))
     with pytest.raises(kernels.KernelError, match=r"is newer than the plugin accepts \(StableHLO 0\.1\.0\)"):
         k(torch.ones(3).to("tpu"))
+
+
+@pytest.mark.fresh_process
+def test_a_second_process_takes_the_kernel_program_from_tier_3(jax, tmp_path):
+    """A kernel's program is cached like any other: a second process with the same tier-3 directory
+    (tier 2 off, so the hit is tier 3's) compiles nothing for it."""
+    code = """
+        import jax.numpy as jnp
+        import torch
+        from torchtpu.kernels import custom_jax_kernel
+
+        @custom_jax_kernel
+        def scaled_sin(x):
+            return jnp.sin(x) * 2
+
+        x = torch.arange(8.0, device="tpu")
+        got = scaled_sin(x).cpu()
+        torch.testing.assert_close(got, torch.sin(torch.arange(8.0)) * 2)
+        s = torch.tpu.compile_cache_stats()
+        print(s["compiles"], s["tier3_hits"], s["tier3_writes"])
+    """
+    env = {"TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(tmp_path), "TORCH_TPU_TIER2_COMPILATION_CACHE": "disabled"}
+    first, second = run_python(code, env), run_python(code, env)
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr[-1500:], second.stderr[-1500:])
+    compiles1, hits1, writes1 = map(int, first.stdout.split())
+    compiles2, hits2, writes2 = map(int, second.stdout.split())
+    assert writes2 == 0, second.stdout
+    assert compiles1 >= 1 and writes1 >= 1 and hits1 == 0, first.stdout
+    assert compiles2 == 0 and hits2 == compiles1, (first.stdout, second.stdout)
+
+
+def test_a_chosen_name_is_the_ops_name_and_taken_once():
+    """name= is the op's name (torch.ops.torchtpu_kernels.<name>): a second kernel of that name is an
+    error, not silently renamed; kernels named after their functions are numbered apart."""
+    spec = [((2, 3), torch.float32), ((), torch.float32)]
+    kernels.stablehlo_op(_MODULE, spec, name="chosen_once")
+    assert hasattr(torch.ops.torchtpu_kernels, "chosen_once")
+    with pytest.raises(ValueError, match="'chosen_once' exists already"):
+        kernels.stablehlo_op(_MODULE, spec, name="chosen_once")
+    with pytest.raises(ValueError, match="must be an identifier"):
+        kernels.stablehlo_op(_MODULE, spec, name="not a name")
+    first, second = kernels.stablehlo_op(_MODULE, spec), kernels.stablehlo_op(_MODULE, spec)
+    assert first.op is not second.op
+    x, w = torch.randn(2, 3), torch.randn(3)
+    for f in (first, second):
+        torch.testing.assert_close(f(x.to("tpu"), w.to("tpu"))[0].cpu(), x * w)

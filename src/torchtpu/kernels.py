@@ -263,6 +263,16 @@ def _define(kernel: _Kernel) -> Any:
     return op
 
 
+def _kernel_name(name: str | None, default: str) -> str:
+    """A name the user chose is the op's name (``torch.ops.torchtpu_kernels.<name>``): taken, it is
+    an error (_define). Without one, the function's name, numbered apart from earlier kernels."""
+    if name is None:
+        return _unique_name(default)
+    if not name.isidentifier():
+        raise ValueError(f"torchtpu.kernels: a kernel name must be an identifier, got {name!r}")
+    return name
+
+
 def _unique_name(base: str) -> str:
     base = re.sub(r"\W", "_", base) or "kernel"
     name, n = base, 1
@@ -293,7 +303,7 @@ def stablehlo_op(module_text: str, out_specs: Sequence[tuple[Sequence[int], torc
     for _, dt in specs:
         if dt not in ELEMENT_TYPES:
             raise TypeError(f"torchtpu.kernels.stablehlo_op: unsupported dtype {dt}")
-    kernel = _StableHLOKernel(_unique_name(name or "stablehlo_op"), module_text, specs)
+    kernel = _StableHLOKernel(_kernel_name(name, "stablehlo_op"), module_text, specs)
     op = _define(kernel)
     single = len(specs) == 1
 
@@ -418,7 +428,7 @@ def custom_jax_kernel(jax_fn: Callable[..., Any] | None = None, *, name: str | N
     if jax_fn is None:
         return lambda f: custom_jax_kernel(f, name=name, static_argnums=static_argnums, backward=backward)
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-    base = _unique_name(name or getattr(jax_fn, "__name__", "jax_kernel"))
+    base = _kernel_name(name, getattr(jax_fn, "__name__", "jax_kernel"))
     kernel = _JaxKernel(base, jax_fn, nums)
     op = _define(kernel)
 

@@ -360,6 +360,69 @@ def scenario_ddp(rank: int, world: int) -> None:
                   [p.detach().cpu() for p in reference.parameters()], rtol=1e-5, atol=1e-6)
 
 
+# -- MPMD: ranks running different code -----------------------------------------------------------
+
+def scenario_mpmd(rank: int, world: int) -> None:
+    """Rank 0 evaluates and logs every other step (ops and reads rank 1 never runs) between the
+    collectives both make; then a 2-stage pipeline, each rank one stage of a small MLP, sends
+    activations forward and their gradients back. Nothing hangs (in DeferAndFuse each rank's
+    recorded work differs until the collective materializes it); results equal one process's."""
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(8, 8, generator=gen)
+    x = torch.randn(4, 8, generator=gen)
+    torch.set_float32_matmul_precision("highest")  # products as the CPU reference's
+    state = x.to("tpu")
+    logged = []
+    for step in range(4):
+        state = torch.tanh(state @ w.to("tpu")) + rank  # each rank's own work
+        if rank == 0 and step % 2 == 0:  # evaluation only rank 0 does, with reads
+            logged.append(round(float((state * state).mean().item()), 4))
+        total = state.clone()
+        dist.all_reduce(total)
+        want = sum(_mpmd_state(x, w, r, step) for r in range(world))
+        check(f"mpmd step {step} all_reduce", total, want, rtol=1e-5, atol=1e-5)
+        state = total / world
+    check("mpmd evaluation ran on rank 0 only", len(logged), 2 if rank == 0 else 0)
+
+    # pipeline: rank 0 holds layer 1, rank 1 layer 2 and the loss
+    w1, w2 = torch.randn(8, 16, generator=gen), torch.randn(16, 3, generator=gen)
+    xb, yb = torch.randn(6, 8, generator=gen), torch.randint(0, 3, (6,), generator=gen)
+    ref = [w1.clone().requires_grad_(), w2.clone().requires_grad_()]
+    ref_loss = torch.nn.functional.cross_entropy(torch.relu(xb @ ref[0]) @ ref[1], yb)
+    ref_loss.backward()
+    with torch.tpu.precision("highest"):
+        if rank == 0:
+            p1 = w1.to("tpu").requires_grad_()
+            h = torch.relu(xb.to("tpu") @ p1)
+            dist.send(h.detach(), dst=1)
+            grad_h = torch.empty_like(h)
+            dist.recv(grad_h, src=1)
+            h.backward(grad_h)
+            check("pipeline stage 1 gradient", p1.grad, ref[0].grad, rtol=1e-5, atol=1e-6)
+        elif rank == 1:
+            h = torch.empty(6, 16, device="tpu")
+            dist.recv(h, src=0)
+            h.requires_grad_()
+            p2 = w2.to("tpu").requires_grad_()
+            loss = torch.nn.functional.cross_entropy(h @ p2, yb.to("tpu"))
+            loss.backward()
+            dist.send(h.grad, dst=0)
+            check("pipeline loss", loss.detach(), ref_loss.detach(), rtol=1e-5, atol=1e-6)
+            check("pipeline stage 2 gradient", p2.grad, ref[1].grad, rtol=1e-5, atol=1e-6)
+
+
+def _mpmd_state(x: torch.Tensor, w: torch.Tensor, rank: int, step: int) -> torch.Tensor:
+    """Rank ``rank``'s state after ``step`` + 1 rounds of the MPMD loop, on the CPU (all ranks
+    average their states each round, so each round starts from the same mean)."""
+    state = x
+    for s in range(step + 1):
+        mine = [torch.tanh(state @ w) + r for r in range(2)]
+        if s == step:
+            return mine[rank]
+        state = sum(mine) / 2
+    raise AssertionError("unreachable")
+
+
 # -- failure -------------------------------------------------------------------------------------
 
 def scenario_dead_peer(rank: int, world: int) -> None:

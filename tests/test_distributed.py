@@ -76,6 +76,17 @@ def test_ddp_matches_one_process_on_the_global_batch(tmp_path):
 
 @pytest.mark.fresh_process
 @pytest.mark.emulator_only(TWO_RANKS)
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_ranks_running_different_code_meet(tmp_path, mode):
+    """MPMD: rank 0 evaluates and reads every other step while rank 1 does not, between collectives
+    both make; then a 2-stage pipeline (send/recv of activations and their gradients). Neither
+    hangs; the all-reduces and the pipeline's loss and gradients equal one process's."""
+    env = {"TORCH_TPU_DEFER_AND_FUSE": "1"} if mode == "defer_and_fuse" else {}
+    run_ranks("mpmd", tmp_path, env)
+
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
 def test_device_id_and_device_mesh_pick_tpu_dist(tmp_path):
     """init_process_group(device_id=torch.device("tpu", rank)) with no backend picks tpu_dist, on
     the rank's own device (TORCH_TPU_NUM_DEVICES=2 makes tpu:1 exist); init_device_mesh("tpu")

@@ -12,7 +12,7 @@ EXAMPLES = pathlib.Path(__file__).parents[1] / "examples"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"example_{name.replace('/', '_')}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -48,3 +48,12 @@ def test_finetune_llama_trainer():
 def test_profile_training_step(mode, tmp_path):
     result = _load("profile_training_step").main(["--tiny", "--mode", mode, "--trace", str(tmp_path / "t.json")])
     assert result["device_rows"] == ["tpu:0"] and result["programs"] > 0 and result["device_ms"] > 0
+
+
+def test_pallas_rmsnorm_in_a_llama_block():
+    pytest.importorskip("jax", reason="JAX is an optional dependency (the dev extra installs it)")
+    pytest.importorskip("jax.experimental.pallas")
+    result = _load("kernels/rmsnorm_llama").main(["--tiny", "--steps", "6"])
+    # the kernel's block against PyTorch's F.rms_norm block on the CPU, float32 products
+    assert result["output_max_abs_diff"] < 1e-5 and result["grad_max_abs_diff"] < 1e-5, result
+    assert result["losses"][-1] < result["losses"][0]

@@ -119,10 +119,10 @@ class TpuProcessGroup(dist.ProcessGroup):
     # -- helpers ----------------------------------------------------------------------------------
 
     def _run(self, staged: Staged, launch: Callable[[], dist.Work], result: Any) -> dist.Work:
-        """Run a Gloo collective on staged host tensors to completion, then copy results back."""
-        launch().wait()
-        staged.finish()
-        return completed(result)
+        """Start a Gloo collective on staged host tensors; its results reach the device tensors
+        when the Work is waited on (c10d waits at once for a synchronous call; ``async_op=True``
+        lets the exchange, on Gloo's threads, overlap the device work that follows)."""
+        return StagedWork(launch(), staged.finish, result)
 
     # -- collectives ------------------------------------------------------------------------------
 

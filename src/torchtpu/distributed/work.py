@@ -1,11 +1,12 @@
 """Work handles of ``tpu_dist`` collectives.
 
-Collectives finish before they return (the host staging is synchronous), so they return an
-already-completed c10d Work: ``wait()``, ``is_completed()`` and ``get_future()`` behave as for any
-backend, and DDP's reducer chains on the future. Point-to-point operations cannot finish before
-they return (a ``batch_isend_irecv`` of two ranks that each receive first would deadlock), so a
-receive returns a :class:`StagedWork` that copies the received data to the device when it is
-waited on, as a cuda tensor received by NCCL is valid once its work is waited on.
+A collective's inputs are read to host memory when it is called; Gloo then exchanges them on its
+own threads, and the results reach the device tensors when the Work is waited on
+(:class:`StagedWork`), as a cuda tensor written by NCCL is valid once its work is waited on. A
+synchronous call (c10d waits at once) sees no difference; ``async_op=True`` overlaps the exchange
+with the device work that follows, and point-to-point operations cannot deadlock on each other (a
+``batch_isend_irecv`` of two ranks that each receive first). :func:`completed` is the Work of
+calls that finished before returning.
 """
 
 from __future__ import annotations

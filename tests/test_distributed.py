@@ -67,11 +67,14 @@ def test_collectives_match_gloo_on_cpu(tmp_path, mode):
 
 @pytest.mark.fresh_process
 @pytest.mark.emulator_only(TWO_RANKS)
-def test_ddp_matches_one_process_on_the_global_batch(tmp_path):
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_ddp_matches_one_process_on_the_global_batch(tmp_path, mode):
     """DDP of a small GPT on 2 ranks (different initial weights: construction broadcasts rank 0's;
     several gradient buckets) equals one process training on the whole batch, step by step, at
-    precision "highest", to 1e-5 relative."""
-    run_ranks("ddp", tmp_path)
+    precision "highest", to 1e-5 relative, in Strict and DeferAndFuse. (Under torch.compile, Dynamo
+    stops at the Python process group: UnsafeScriptObjectError; not supported yet.)"""
+    env = {"TORCH_TPU_DEFER_AND_FUSE": "1"} if mode == "defer_and_fuse" else {}
+    run_ranks("ddp", tmp_path, env)
 
 
 @pytest.mark.fresh_process

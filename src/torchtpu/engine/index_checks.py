@@ -76,8 +76,6 @@ def current_flag(device: torch.device) -> torch.Tensor:
         if flag is None:
             # a transfer, not a zeros op: in DeferAndFuse that op would join the graph being
             # recorded, and were that graph to fail, this cached flag would never have a value
-            # a transfer, not a zeros op: in DeferAndFuse that op would join the graph being
-            # recorded, and were that graph to fail, this cached flag would never have a value
             flag = _zeros[device] = torch.zeros(3, dtype=torch.int64).to(device)
     return flag
 

@@ -156,12 +156,16 @@ class TpuProcessGroup(dist.ProcessGroup):
         hosts = s.hosts(tensors)
         return self._run(s, lambda: self._gloo.reduce(hosts, opts), tensors)
 
-    def allgather(self, output_tensors: list[Tensors], input_tensors: Tensors,
-                  opts: AllgatherOptions) -> dist.Work:
+    def _gather_lists(self, gloo_op: Callable[..., dist.Work], output_lists: list[Tensors],
+                      input_tensors: Tensors, opts: AllgatherOptions) -> dist.Work:
         s = Staged()
         ins = s.hosts(input_tensors, written=False)
-        outs = [s.outputs(o) for o in output_tensors]
-        return self._run(s, lambda: self._gloo.allgather(outs, ins, opts), output_tensors)
+        outs = [s.outputs(o) for o in output_lists]
+        return self._run(s, lambda: gloo_op(outs, ins, opts), output_lists)
+
+    def allgather(self, output_tensors: list[Tensors], input_tensors: Tensors,
+                  opts: AllgatherOptions) -> dist.Work:
+        return self._gather_lists(self._gloo.allgather, output_tensors, input_tensors, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: AllgatherOptions) -> dist.Work:
@@ -173,10 +177,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list[Tensors], input_tensors: Tensors,
                             opts: AllgatherOptions) -> dist.Work:
-        s = Staged()
-        ins = s.hosts(input_tensors, written=False)
-        outs = [s.outputs(o) for o in output_lists]
-        return self._run(s, lambda: self._gloo.allgather_coalesced(outs, ins, opts), output_lists)
+        return self._gather_lists(self._gloo.allgather_coalesced, output_lists, input_tensors, opts)
 
     def _pairwise(self, s: Staged, outputs: Tensors, inputs: Tensors, single: Any, opts: Any) -> dist.Work:
         """A coalesced call as one Gloo call per (output, input) pair: Gloo has no coalesced form."""

@@ -359,7 +359,7 @@ def _flat_mutated(plan: OpPlan, values: list[Any]) -> list[torch.Tensor]:
 # compile
 # ---------------------------------------------------------------------------
 def _meta_value(spec: Any, value: Any) -> Any:
-    kind = spec[0] if isinstance(spec, tuple) and spec else None
+    kind = _spec_kind(spec)
     if kind == "T":
         return torch.empty_strided(spec[3], spec[4], dtype=spec[2], device="meta")
     if kind == "C":
@@ -429,16 +429,19 @@ def _call_meta(plan: OpPlan, meta_args: list[Any], func_args: list[Any]) -> Any:
     return call_op(plan.functional, func_args if adapt is None else adapt(*func_args))
 
 
+def _spec_kind(spec: Any) -> str | None:
+    """A spec's kind letter ("T" tensor, "C" CPU 0-dim tensor, "L" list, ...), None for a plain value."""
+    return spec[0] if isinstance(spec, tuple) and spec else None
+
+
 def _cpu_scalar_refused(error: RuntimeError, specs: list) -> bool:
     message = str(error)
     return ("meta" in message and "cpu" in message and "device" in message
-            and any(isinstance(s, tuple) and s and s[0] == "C" for s in specs))
+            and any(_spec_kind(s) == "C" for s in specs))
 
 
 def _cpu_scalars_to_meta(spec: Any, value: Any) -> Any:
-    if isinstance(spec, tuple) and spec and spec[0] == "C" and isinstance(value, torch.Tensor):
-        return value.to("meta")
-    return value
+    return value.to("meta") if _spec_kind(spec) == "C" and isinstance(value, torch.Tensor) else value
 
 
 def op_metas(plan: OpPlan, values: list[Any], specs: list) -> tuple[list[Any], list[Any]]:

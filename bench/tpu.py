@@ -625,6 +625,12 @@ def platforms(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, list[s
     return {k: sorted(v) for k, v in seen.items()}
 
 
+def write_results(path: str, info: dict[str, Any], results: dict[str, dict[str, dict[str, Any]]],
+                  total_s: float) -> None:
+    info = {**info, "total_s": total_s, "platforms": platforms(results)}
+    Path(path).write_text(json.dumps({"meta": info, "results": results, "table": build_table(results)}, indent=1) + "\n")
+
+
 def driver_main(args: argparse.Namespace) -> int:
     names = list(WORKLOADS) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in WORKLOADS]
@@ -633,9 +639,13 @@ def driver_main(args: argparse.Namespace) -> int:
         return 2
     t0 = time.perf_counter()
     no_jax = jax_missing()
-    results = {name: run_workload(name, args, no_jax) for name in names}
-    table = build_table(results)
     info = meta(args, no_jax is None)
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in names:
+        results[name] = run_workload(name, args, no_jax)
+        # written after each workload: a run cut short (a TPU lease's call limit) keeps what finished
+        write_results(args.out, info, results, time.perf_counter() - t0)
+    table = build_table(results)
     info["total_s"] = time.perf_counter() - t0
     info["platforms"] = platforms(results)
     print(format_table(table))
@@ -644,7 +654,7 @@ def driver_main(args: argparse.Namespace) -> int:
           "\n*: XLA compiled during the timed windows (not a steady state; see timed_compiles in the JSON).")
     print(f"platforms: {info['platforms']}; commit {info['commit']}; libtpu {info['libtpu']}; "
           f"jax {info['jax']}; {info['total_s']:.0f} s in all")
-    Path(args.out).write_text(json.dumps({"meta": info, "results": results, "table": table}, indent=1) + "\n")
+    write_results(args.out, info, results, info["total_s"])
     print(f"wrote {args.out}")
     return 0
 

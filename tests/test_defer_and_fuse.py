@@ -291,6 +291,27 @@ def test_an_error_while_emitting_names_the_users_line(monkeypatch):
             y.cpu()
 
 
+def test_indexing_works_after_a_graph_that_failed(monkeypatch):
+    # regression: the failed graph held the device's index-check flag, and every later indexing
+    # op chained onto that never-computed value ("AssertionError: stale pending storage")
+    compile_fused, failures = deferred._compile_fused, []
+
+    def fail_once(*args):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("injected compile failure")
+        return compile_fused(*args)
+
+    monkeypatch.setattr(deferred, "_compile_fused", fail_once)
+    with torch.tpu.defer_and_fuse():
+        x, i = torch.arange(5.0).to("tpu"), torch.tensor([1, 3]).to("tpu")
+        with pytest.raises(RuntimeError, match="injected compile failure"):
+            torch.gather(x * 2, 0, i).cpu()
+        assert torch.gather(x * 2, 0, i).cpu().tolist() == [2.0, 6.0]
+        with pytest.raises(RuntimeError, match="index 5 is out of bounds"):  # the checks still run
+            torch.gather(x, 0, torch.tensor([5]).to("tpu")).cpu()
+
+
 def test_ops_keep_the_precision_they_were_recorded_under():
     # regression: the fused program was emitted at the precision current at the read
     torch.manual_seed(0)

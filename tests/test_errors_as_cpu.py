@@ -249,6 +249,13 @@ CASES = {
                                                for lo, hi in ((float("nan"), 0.5), (0.0, float("nan")), (3.0, 1.0))]),
     "clamp nan tensor bound": lambda d: torch.tensor([1.0, 2.0]).to(d).clamp(
         torch.tensor([float("nan"), 3e38]).to(d), torch.tensor([3e38, 1.0]).to(d)),
+    # found by test_fuzz_as_cpu: all/any over dim=() reduce nothing (tpu reduced everything), and
+    # a gather from a size-0 dim did not compile (every index is out of range there)
+    "all no dims": lambda d: torch.stack([torch.tensor([False, True]).to(d).all(dim=()),
+                                          torch.tensor([False, True]).to(d).any(dim=[])]),
+    "all no dims uint8 keepdim": lambda d: torch.tensor([0, 2], dtype=torch.uint8).to(d).all(dim=(), keepdim=True),
+    "gather from size 0": lambda d: torch.gather(torch.zeros(0, dtype=torch.bool).to(d), 0,
+                                                 torch.tensor([0]).to(d)),
 }
 
 

@@ -71,6 +71,11 @@ def check_on_device(bounds: Sequence[Bound]) -> None:
 def current_flag(device: torch.device) -> torch.Tensor:
     """The device's flag to fold the next checks into (a compiled graph takes it as an input)."""
     flag = _flags.get(device)
+    if flag is not None and _never_computed(flag):
+        # the DeferAndFuse graph folding the last checks failed, and raised that: those checks
+        # never ran, and chaining onto a value that will never exist would fail every later op
+        del _flags[device]
+        flag = None
     if flag is None:
         flag = _zeros.get(device)
         if flag is None:
@@ -78,6 +83,13 @@ def current_flag(device: torch.device) -> torch.Tensor:
             # recorded, and were that graph to fail, this cached flag would never have a value
             flag = _zeros[device] = torch.zeros(3, dtype=torch.int64).to(device)
     return flag
+
+
+def _never_computed(flag: torch.Tensor) -> bool:
+    from . import deferred
+
+    buf = st.storage_buffer(flag.untyped_storage())
+    return isinstance(buf, deferred.Pending) and deferred.failure_of(buf) is not None
 
 
 def set_flag(device: torch.device, flag: torch.Tensor) -> None:

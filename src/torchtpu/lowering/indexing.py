@@ -130,6 +130,8 @@ def _gather(ctx: LoweringContext, x: Value, dim: int, index: Value, sparse_grad:
     if x.rank == 0:
         return b.broadcast_to(x, index.shape)
     d = dim % x.rank
+    if x.shape[d] == 0:
+        return b.constant(0, x.dtype, index.shape)  # every index is out of range: the index checks report it
     idx = b.convert(index, torch.int64)
     zero = b.constant(0, torch.int64, idx.shape)
     idx = b.select(b.compare(idx, zero, "LT"), b.add(idx, b.constant(x.shape[d], torch.int64, idx.shape)), idx)

@@ -182,8 +182,11 @@ def _argmax(ctx: LoweringContext, x: Value, dim: int | None = None, keepdim: boo
 @register(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
 def _any_all(ctx: LoweringContext, x: Value, dim: Any = None, keepdim: bool = False) -> Value:
     b = ctx.b
-    d = norm_dims(dim, x.rank)
     v = b.convert(x, torch.bool)
+    if isinstance(dim, (list, tuple)) and not dim:
+        # any/all.dims with dim=() reduce nothing on CPU (sum's dim=() reduces everything)
+        return b.convert(v, ctx.out_dtype())
+    d = norm_dims(dim, x.rank)
     is_any = ctx.op.overloadpacket is aten.any
     r = b.reduce(v, d, b.constant(not is_any, torch.bool), "stablehlo.or" if is_any else "stablehlo.and")
     return b.convert(_keep(b, r, x.shape, d, keepdim), ctx.out_dtype())

@@ -254,6 +254,7 @@ CASES = {
     "all no dims": lambda d: torch.stack([torch.tensor([False, True]).to(d).all(dim=()),
                                           torch.tensor([False, True]).to(d).any(dim=[])]),
     "all no dims uint8 keepdim": lambda d: torch.tensor([0, 2], dtype=torch.uint8).to(d).all(dim=(), keepdim=True),
+    "index_select 1-d empty x oob": lambda d: torch.zeros(0).to(d).index_select(0, torch.tensor([0]).to(d)),
     "gather from size 0": lambda d: torch.gather(torch.zeros(0, dtype=torch.bool).to(d), 0,
                                                  torch.tensor([0]).to(d)),
 }

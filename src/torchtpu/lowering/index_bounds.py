@@ -126,10 +126,10 @@ def _embedding_bag_bounds(weight: torch.Tensor, indices: torch.Tensor, offsets: 
 @register_index_bounds(aten.index_select.default, aten.index_reduce.default)
 def _index_select_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any) -> list[Bound]:
     d, size = _dim_size(x, dim)
-    if rest == () and ((x.dim() > 1 and d == 1) or x.numel() == 0):
+    if rest == () and x.dim() > 1 and (d == 1 or x.numel() == 0):
         # CPU's index_select takes a fast path for dim 1 of a matrix or more, and another for an
         # empty x, each with a RuntimeError of its own (index_select_out_cpu_dim1_; regression:
-        # tpu raised the IndexError)
+        # tpu raised the IndexError); a 0-d or 1-d x takes neither
         return [Bound(index, 0, size, RuntimeError, f"INDICES element is out of DATA bounds, id={{value}} "
                       f"axis_dim={size}")]
     return [Bound(index, 0, size, IndexError, "index out of range in self")]

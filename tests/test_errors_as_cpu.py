@@ -255,6 +255,16 @@ CASES = {
                                           torch.tensor([False, True]).to(d).any(dim=[])]),
     "all no dims uint8 keepdim": lambda d: torch.tensor([0, 2], dtype=torch.uint8).to(d).all(dim=(), keepdim=True),
     "index_select 1-d empty x oob": lambda d: torch.zeros(0).to(d).index_select(0, torch.tensor([0]).to(d)),
+    "index int32 into size 0": lambda d: torch.zeros(0, 2, 0, dtype=torch.int32).to(d)[
+        torch.tensor([0], dtype=torch.int32).to(d)],
+    "index after a mask into size 0": lambda d: torch.zeros(2, 0).to(d)[torch.tensor([True, False]).to(d),
+                                                                          torch.tensor([0]).to(d)],
+    "scatter nan into int32 at no index": lambda d: torch.zeros(3, 3, dtype=torch.int32).to(d).scatter(
+        0, torch.zeros(3, 0, dtype=torch.long).to(d), float("nan")),
+    "index into size 0 broadcast to nothing": lambda d: torch.zeros(0, 0, 3).long().to(d)[
+        torch.zeros(1, 3, dtype=torch.int32).to(d), torch.zeros(0, 1).long().to(d)],
+    "index shapes that do not broadcast": lambda d: torch.zeros(3, 3, 3).to(d)[
+        :, torch.tensor([[0, 1]]).to(d), torch.tensor([0, 1, 2]).to(d)],
     "gather from size 0": lambda d: torch.gather(torch.zeros(0, dtype=torch.bool).to(d), 0,
                                                  torch.tensor([0]).to(d)),
 }

@@ -184,6 +184,13 @@ def _index_add_bounds(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: Any
     return [Bound(index, 0, size, IndexError, "index out of range in self")]
 
 
+def _broadcast_or_none(shapes: list) -> tuple:
+    try:
+        return tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        return ()  # (the meta kernel has reported it already)
+
+
 @register_index_bounds(aten.index.Tensor, aten.index_put.default)
 def _advanced_index_bounds(x: torch.Tensor, indices: list, *rest: Any) -> list[Bound]:
     """Negative indices count from the end; a boolean mask takes as many dims as it has.
@@ -200,9 +207,11 @@ def _advanced_index_bounds(x: torch.Tensor, indices: list, *rest: Any) -> list[B
         d += t.dim() if t is not None and t.dtype in (torch.bool, torch.uint8) else 1
     free += range(d, x.dim())
     d = 0
-    if any(x.shape[i] == 0 for i in free if i < x.dim()):
+    given = [t.shape for t in indices if t is not None and t.dtype not in (torch.bool, torch.uint8)]
+    if any(x.shape[i] == 0 for i in free if i < x.dim()) or (given and 0 in _broadcast_or_none(given)):
         # the result (or the written part) has no elements: CPU's kernel checks no index
-        # (regression: x[i] of an x of shape [2, 0, 4] raised on tpu)
+        # (regression: x[i] of an x of shape [2, 0, 4] raised on tpu; so did x[i, j] with i and j
+        # broadcasting to nothing)
         return []
     for t in indices:
         if t is not None and t.dtype in (torch.bool, torch.uint8):

@@ -439,6 +439,28 @@ def _index_dtypes(x: torch.Tensor, indices: Any, *rest: Any) -> None:
         if index is not None and index.dtype not in _INDEX_DTYPES:
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
     check_mask_shapes(x, indices)
+    check_integer_indices(x, indices)
+
+
+def check_integer_indices(x: torch.Tensor, indices: Any) -> None:
+    """Integer indices must broadcast together (CPU's IndexError; the meta kernel's is a
+    RuntimeError), and one into a size-0 dim is out of range whatever its values: CPU says so
+    before it computes anything, even when the result is empty (regression: x[i] of a [0, 2, 0] x
+    returned an empty [1, 2, 0] on tpu). Not when the indices broadcast to nothing: nothing is
+    indexed then. Masks are left to the host kernels, which turn them into integer indices first."""
+    given = [i for i in indices if i is not None]
+    if not given or any(i.dtype in (torch.bool, torch.uint8) for i in given):
+        return
+    try:
+        shape = torch.broadcast_shapes(*(i.shape for i in given))
+    except RuntimeError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
+                         + ", ".join(str(list(i.shape)) for i in given)) from None
+    if math.prod(shape) == 0:
+        return
+    for d, index in enumerate(indices):
+        if index is not None and d < x.dim() and x.shape[d] == 0:
+            raise IndexError("index is out of bounds for dimension with size 0")
 
 
 def check_mask_shapes(x: torch.Tensor, indices: Any) -> None:
@@ -459,10 +481,7 @@ def check_mask_shapes(x: torch.Tensor, indices: Any) -> None:
 
 @register_meta_check(aten.index_put.default, aten._index_put_impl.default)
 def _index_put(x: torch.Tensor, indices: Any, values: torch.Tensor, *rest: Any) -> None:
-    _index_dtypes(x, indices)
-    for d, index in enumerate(indices):  # (CPU computes the indexing before it checks the dtypes)
-        if index is not None and d < x.dim() and x.shape[d] == 0 and index.numel() > 0:
-            raise IndexError("index is out of bounds for dimension with size 0")
+    _index_dtypes(x, indices)  # (CPU computes the indexing before it checks the dtypes)
     if values.dtype != x.dtype:  # regression: a float value was written into an int64 tensor on tpu
         raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
                            f"{scalar_type_name(x.dtype)} for the destination and {scalar_type_name(values.dtype)} "
@@ -707,7 +726,8 @@ def _masked_fill_value(x: torch.Tensor, mask: torch.Tensor, value: Any) -> None:
 @register_argument_check(aten.scatter.value)
 def _scatter_value(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> None:
     check_dim(x, dim)
-    _check_fill_value(value, x.dtype)  # regression: scatter(uint8, value=inf) wrote 255
+    if index.numel():  # (CPU returns before converting the value when there is nothing to write)
+        _check_fill_value(value, x.dtype)  # regression: scatter(uint8, value=inf) wrote 255
 
 
 @register_argument_check(aten.index_fill.int_Scalar)

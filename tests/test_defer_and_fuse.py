@@ -170,6 +170,32 @@ def test_repeated_ops_cut_graphs_at_the_period():
     torch.testing.assert_close(out, ref)
 
 
+def test_training_steps_without_reads_reuse_a_few_programs():
+    # regression: repeats were sought within one graph, which chunking cuts every CHUNK_NODES ops,
+    # so a training step (longer than a chunk) was never found; the chunk cut points then drifted
+    # with the step's length and every step compiled new programs until each phase had been seen
+    # (38 programs for this loop; 30 more after each read)
+    deferred.cache_clear()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab=64, seq=16, d_model=32, layers=2, heads=2)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x, y = (t.to("tpu") for t in make_batch(model.cfg, 8, torch.Generator().manual_seed(0)))
+    compiles = []
+    with torch.tpu.defer_and_fuse():
+        for window in range(3):
+            start = deferred.stats["compiles"]
+            for _ in range(15):
+                loss = model.loss(x, y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            torch.tpu.synchronize()  # the only read: at the end of each window
+            compiles.append(deferred.stats["compiles"] - start)
+    assert compiles[0] <= 14, compiles
+    assert compiles[1] + compiles[2] <= 3, compiles  # a window after a read reuses them
+    assert float(loss.cpu()) < 4.0
+
+
 def test_donation_keeps_peak_memory_at_or_below_strict():
     torch.manual_seed(0)
     cfg = GPTConfig(seq=32, d_model=64, layers=2)
@@ -706,14 +732,13 @@ def test_native_fast_path_puts_factory_ops_on_the_device_asked_for():
 
 
 def _reference_repeats(keys: list[int], state: dict) -> bool:
-    """The repeated-ops heuristic as first written in Python (deferred._repeats before it moved to
-    csrc/defer.cpp): the oracle of the test below."""
+    """The repeated-ops heuristic in Python, the oracle of the test below: ``keys`` are the op keys
+    since the last repeat cut. Off the period, repeats are sought again."""
     n = len(keys)
-    if state["period"] is not None:
-        if state["on_period"] and n <= len(state["period"]) and keys[-1] == state["period"][n - 1]:
+    if state["period"] is not None and state["on_period"]:
+        if n <= len(state["period"]) and keys[-1] == state["period"][n - 1]:
             return n == len(state["period"])
         state["on_period"] = False
-        return False
     earlier = state["occurrences"].get(keys[-1])
     if earlier is None:
         state["occurrences"][keys[-1]] = [n - 1]
@@ -754,6 +779,7 @@ def test_native_repeat_detection_matches_the_python_heuristic(monkeypatch):
         if trial % 5 == 0:
             seq = [rng.randrange(8) for _ in seq]  # many short coincidences
         monkeypatch.setattr(deferred, "_period", None)
+        deferred._reset_history()
         g, state = deferred._Graph(), {"period": None, "on_period": True, "occurrences": {}}
         expected, got = [], []
         for key in seq:
@@ -764,7 +790,7 @@ def test_native_repeat_detection_matches_the_python_heuristic(monkeypatch):
             expected.append(cut_ref)
             got.append(bool(cuts))
             assert deferred._period == state["period"]
-            if cut_ref:  # a cut starts a new graph
+            if cut_ref:  # a cut starts a new graph, and the history over
                 g = deferred._Graph()
                 state["occurrences"], state["on_period"] = {}, True
         assert got == expected, (trial, seq)

@@ -29,7 +29,7 @@ PyObject *g_deferred, *g_config, *g_missing, *g_eligible;
 PyObject *s_defer_and_fuse, *s_launch_blocking, *s_debug_checks_override, *s_graph, *s_native_record,
     *s_lock, *s_acquire, *s_release, *s_names, *s_defaults, *s_runtime_scalar, *s_mutated, *s_returns,
     *s_returns_list, *s_arg, *s_since_sync, *s_period, *s_stats, *s_period_cuts, *s_chunk_nodes, *s_max_nodes,
-    *s_min_period, *s_min_cut_nodes, *s_flush, *s_cut;
+    *s_min_period, *s_min_cut_nodes, *s_flush, *s_cut, *s_history, *s_history_occurrences, *s_on_period;
 
 // deferred's globals and config's settings, read per recorded op. Module globals and plain
 // instance attributes live in a dict: reading that dict skips the generic attribute lookup
@@ -223,29 +223,45 @@ void count_period_cut() {
   check(PyDict_SetItem(stats.ptr(), s_period_cuts, steal(PyNumber_Add(n, py::int_(1).ptr())).ptr()));
 }
 
-// The repeated-ops heuristic, after each recorded node: true when graph g should be cut at a
-// repeat boundary. Two copies of the same sequence of op keys (successive steps or blocks,
-// at least MIN_PERIOD ops) ending at the last node make it the period (repeated to hold
-// MIN_CUT_NODES ops: a flush and launch cost about as much as recording 10-20 ops); from
-// then on a graph is cut once it has recorded one period.
+// The repeat history (deferred._history: the op keys recorded since the last read or period
+// cut, across the graphs chunking cut in between) starts over.
+void reset_history() {
+  py::object keys = module_get(s_history);
+  check(PyList_SetSlice(keys.ptr(), 0, PyList_GET_SIZE(keys.ptr()), nullptr));
+  PyDict_Clear(module_get(s_history_occurrences).ptr());
+  check(PyDict_SetItem(g_deferred_dict, s_on_period, Py_True));
+}
+
+// The repeated-ops heuristic, after each recorded node: true when the graph should be cut at a
+// repeat boundary. Two copies of the same sequence of op keys (successive steps or blocks, at
+// least MIN_PERIOD ops) ending at the last node make it the period (repeated to hold
+// MIN_CUT_NODES ops: a flush and launch cost about as much as recording 10-20 ops); from then on
+// a graph is cut each time the history has recorded one period. The history spans chunk cuts:
+// a training step is longer than a chunk, and were repeats sought within one graph, a step would
+// never be found, the chunk cut points would drift from step to step with the step's length, and
+// each step would compile new programs until every phase had been seen (38 programs for the demo
+// GPT where 4 do).
 bool repeats(py::handle g) {
-  py::object keys = graph_field(g, GraphField::kKeys);
+  py::object graph_keys = graph_field(g, GraphField::kKeys);
+  py::object keys = module_get(s_history);
+  check(PyList_Append(keys.ptr(), PyList_GET_ITEM(graph_keys.ptr(), PyList_GET_SIZE(graph_keys.ptr()) - 1)));
   const Py_ssize_t n = PyList_GET_SIZE(keys.ptr());
   py::object period = module_get(s_period);
-  if (!period.is_none()) {
-    const bool on = PyObject_IsTrue(graph_field(g, GraphField::kOnPeriod).ptr()) == 1;
-    if (on && n <= PyList_GET_SIZE(period.ptr()) && item_long(keys.ptr(), n - 1) == item_long(period.ptr(), n - 1)) {
+  if (!period.is_none() && PyObject_IsTrue(module_get(s_on_period).ptr()) == 1) {
+    if (n <= PyList_GET_SIZE(period.ptr()) && item_long(keys.ptr(), n - 1) == item_long(period.ptr(), n - 1)) {
       if (n == PyList_GET_SIZE(period.ptr())) {
         count_period_cut();
+        reset_history();
         return true;
       }
       return false;
     }
-    set_graph_field(g, GraphField::kOnPeriod, Py_False);
-    return false;
+    // Off the period (a step's head after its repeated blocks): repeats are sought again, so
+    // the next cut falls at the same op of every step, and the chunk cuts counted from it too.
+    check(PyDict_SetItem(g_deferred_dict, s_on_period, Py_False));
   }
   PyObject* last = PyList_GET_ITEM(keys.ptr(), n - 1);
-  py::object occurrences = graph_field(g, GraphField::kOccurrences);
+  py::object occurrences = module_get(s_history_occurrences);
   PyObject* earlier = PyDict_GetItemWithError(occurrences.ptr(), last);  // borrowed
   if (earlier == nullptr) {
     if (PyErr_Occurred()) throw py::error_already_set();
@@ -272,11 +288,13 @@ bool repeats(py::handle g) {
       py::object one = steal(PyList_GetSlice(keys.ptr(), n - p, n));
       check(PyDict_SetItem(g_deferred_dict, s_period, steal(PySequence_Repeat(one.ptr(), copies)).ptr()));
       count_period_cut();
+      reset_history();
       return true;
     }
     if (++checked >= 8) break;
   }
   check(PyList_Append(earlier, steal(PyLong_FromSsize_t(n - 1)).ptr()));
+  if (n >= 2 * module_long(s_max_nodes)) reset_history();  // (no period that long is sought)
   return false;
 }
 
@@ -293,8 +311,12 @@ void after_record(py::handle g, long node_index) {
     const long chunk = module_long(s_chunk_nodes);
     cut = node_index + 1 >= module_long(s_max_nodes);
     if (!cut && chunk != 0 && since % chunk == 0) {
-      // a graph still repeating the period is left to the period cut
-      cut = module_get(s_period).is_none() || PyObject_IsTrue(graph_field(g, GraphField::kOnPeriod).ptr()) != 1;
+      // A graph following the period is cut by chunks only when the period is longer than a
+      // chunk (the chunks then fall at the same places in every period); a shorter one is left
+      // to the period cut.
+      py::object period = module_get(s_period);
+      cut = period.is_none() || PyObject_IsTrue(module_get(s_on_period).ptr()) != 1 ||
+            PyList_GET_SIZE(period.ptr()) > chunk;
     }
   }
   if (cut) {
@@ -425,7 +447,8 @@ void register_defer(py::module& m) {
                 {&s_since_sync, "_since_sync"}, {&s_period, "_period"}, {&s_stats, "stats"},
                 {&s_period_cuts, "period_cuts"}, {&s_chunk_nodes, "CHUNK_NODES"}, {&s_max_nodes, "MAX_NODES"},
                 {&s_min_period, "MIN_PERIOD"}, {&s_min_cut_nodes, "MIN_CUT_NODES"}, {&s_flush, "flush"},
-                {&s_cut, "cut"}});
+                {&s_cut, "cut"}, {&s_history, "_history"}, {&s_history_occurrences, "_history_occurrences"},
+                {&s_on_period, "_on_period"}});
   });
   m.def(
       "_remember_op_info",

@@ -61,8 +61,7 @@ void check_type(py::handle obj, PyObject* type, const char* what);
 
 // record.cpp: the fields of deferred._Graph (a slotted dataclass) read by their slots (a new
 // reference); both raise TypeError for anything but a _Graph.
-enum class GraphField { kNodes, kKeys, kOccurrences, kArgs, kArgOf, kWiring, kTouched, kHasLater, kOnPeriod, kInFlight,
-                        kCount };
+enum class GraphField { kNodes, kKeys, kArgs, kArgOf, kWiring, kTouched, kHasLater, kInFlight, kCount };
 void check_graph(py::handle g);
 py::object graph_field(py::handle g, GraphField field);
 void set_graph_field(py::handle g, GraphField field, PyObject* value);

@@ -376,10 +376,10 @@ void register_record(py::module& m) {
                             py::object info_type, py::object collector_type, py::str attr, py::object uninit,
                             py::object uninit_wire, py::object f32, py::object f64) {
     const std::pair<GraphField, const char*> graph_fields[] = {
-        {GraphField::kNodes, "nodes"}, {GraphField::kKeys, "keys"}, {GraphField::kOccurrences, "occurrences"},
+        {GraphField::kNodes, "nodes"}, {GraphField::kKeys, "keys"},
         {GraphField::kArgs, "args"}, {GraphField::kArgOf, "arg_of"}, {GraphField::kWiring, "wiring"},
         {GraphField::kTouched, "touched"}, {GraphField::kHasLater, "has_later"},
-        {GraphField::kOnPeriod, "on_period"}, {GraphField::kInFlight, "in_flight"}};
+        {GraphField::kInFlight, "in_flight"}};
     static_assert(sizeof(graph_fields) / sizeof(graph_fields[0]) == static_cast<size_t>(GraphField::kCount));
     for (const auto& [field, name] : graph_fields) {
       g_graph_slots[static_cast<int>(field)] = slot_offset(graph_type.ptr(), name);

@@ -47,12 +47,13 @@ from . import compile_cache, executor
 from .opplan import _MISSING
 
 MAX_NODES = 4096
-# Repeated-ops heuristic: a graph whose recorded ops are two copies of the same
-# sequence (successive steps or blocks, at least MIN_PERIOD ops long) is cut,
-# and from then on every graph is cut when it has recorded one such period, so
-# each period compiles once and is reused, and graphs never grow unbounded.
-# (After each recorded node, in csrc/defer.cpp: _C._after_record reads the settings
-# below, and _since_sync and _period, from this module.)
+# Repeated-ops heuristic: once the ops recorded since the last read end in two copies of the
+# same sequence (successive steps or blocks, at least MIN_PERIOD ops long), the graph is cut,
+# and from then on a graph is cut each time one such period has been recorded, so each period
+# compiles once and is reused, and graphs never grow unbounded. Repeats are sought across
+# chunk cuts (a training step is longer than a chunk). (After each recorded node, in
+# csrc/defer.cpp: _C._after_record reads the settings below, and _since_sync, _period and
+# the history, from this module.)
 MIN_PERIOD = 8
 MIN_CUT_NODES = 24  # graphs cut at a shorter period hold this many ops at least (whole periods)
 # Early launch: a graph is also cut every CHUNK_NODES ops counted from the last
@@ -99,7 +100,6 @@ class _Graph:
     nodes: list[_Node] = field(default_factory=list)
     touched: list[weakref.ref] = field(default_factory=list)
     keys: list[int] = field(default_factory=list)  # op key ids (see _OpInfo)
-    occurrences: dict[int, list[int]] = field(default_factory=dict)  # key id -> its positions in keys
     # Built while recording (flush then only looks up the program): the program's
     # arguments, id(Buffer) -> argument position (a buffer read twice is one argument),
     # and per node (key id, wires), a wire being ("p", node, output) for a value of this
@@ -108,7 +108,6 @@ class _Graph:
     arg_of: dict[int, int] = field(default_factory=dict)
     wiring: list[tuple] = field(default_factory=list)
     has_later: bool = False  # reads results of a cut graph still compiling (see _rewire)
-    on_period: bool = True  # its ops so far are a prefix of the repeat period (see MIN_PERIOD)
     in_flight: bool = False  # cut, its program compiling in the background
 
 
@@ -176,6 +175,11 @@ _compiler: ThreadPoolExecutor | None = None
 _cache: dict[_C.OpKey, _Fused] = {}  # graph key -> its fused program
 _period: list[int] | None = None
 _since_sync = 0  # ops recorded since the last read or period cut (see CHUNK_NODES)
+# The op keys recorded since the last read or period cut, across chunk cuts (where repeats are
+# sought), each key's positions in it, and whether they are a prefix of the period so far.
+_history: list[int] = []
+_history_occurrences: dict[int, list[int]] = {}
+_on_period = True
 stats = {"flushes": 0, "nodes": 0, "compiles": 0, "hits": 0, "period_cuts": 0, "background_compiles": 0}
 
 
@@ -419,6 +423,7 @@ def flush(cut: bool = False) -> None:
     with _lock:
         if not cut:
             _since_sync = 0
+            _reset_history()
         _launch_in_flight()
         g = _graph
         if not g.nodes:
@@ -705,8 +710,16 @@ def _collected_kinds(node: _Node) -> list[int | None]:
     return slots
 
 
+def _reset_history() -> None:
+    global _on_period
+    _history.clear()
+    _history_occurrences.clear()
+    _on_period = True
+
+
 def cache_clear() -> None:
     global _period
     with _lock:
         _cache.clear()
         _period = None
+        _reset_history()

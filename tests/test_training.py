@@ -329,6 +329,17 @@ def test_fused_optimizers_match_cpu(cls, kw, dtype, tensor_lr):
         torch.testing.assert_close(g, w, **tol)
 
 
+@pytest.mark.parametrize("cls,kw", [c for c in _FUSED_CASES if c[1].get("momentum") or c[1].get("lr_decay")])
+def test_fused_optimizers_with_a_scheduled_tensor_lr_in_defer_and_fuse(cls, kw):
+    """Regression: DeferAndFuse recorded a CPU scalar input (the tensor lr) as a view of its
+    memory, so steps recorded before a read used the lr the scheduler had set by then."""
+    want = _fused_run("cpu", cls, kw, torch.float32, True)
+    with torch.tpu.defer_and_fuse():
+        got = _fused_run("tpu", cls, kw, torch.float32, True)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("found_inf", [0.0, 1.0])
 @pytest.mark.parametrize("op", [torch._fused_adamw_, torch._fused_sgd_, torch._fused_adagrad_])
 def test_fused_step_grad_scale_and_found_inf_match_cpu(op, found_inf):

@@ -115,7 +115,10 @@ class _Collector:
         if idx is None:
             if t.dim() == 0 and dev.type == "cpu":
                 slot = len(self.inputs)
-                self.inputs.append(("host", st.to_numpy(t.detach().reshape(()))))
+                # copied: DeferAndFuse reads it when the graph runs, after the caller may have
+                # changed it in place (an LR scheduler's tensor lr; regression: fused SGD and
+                # Adagrad with a tensor lr stepped with the scheduler's later values)
+                self.inputs.append(("host", st.to_numpy(t.detach().reshape(())).copy()))
                 return ("C", slot, t.dtype)
             other = self.device if self.device is not None else 0
             raise RuntimeError(

@@ -2,6 +2,7 @@
 
 import copy
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -561,4 +562,106 @@ def test_dynamo_does_not_trace_host_kernels_run_under_compiled_code():
     traced = [str(w.message) for w in caught if "Dynamo" in str(w.message) and "torchtpu" in str(w.message)
               or "executor.py" in str(w.message)]
     assert not traced, traced
+    torch._dynamo.reset()
+
+
+# -- compiled graphs inside DeferAndFuse: recorded as one op (engine/graph_node.py) --------------
+
+def _launches(monkeypatch) -> list[int]:
+    """A counter of program launches from now on."""
+    from torchtpu.runtime import executable
+
+    count = [0]
+    execute = executable.Executable.execute
+
+    def counting(self, *args, **kwargs):
+        count[0] += 1
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(executable.Executable, "execute", counting)
+    return count
+
+
+def _compiled_gpt_losses(mode: str, steps: int, read_each_step: bool) -> tuple[list[float], Any]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab=64, seq=16, d_model=32, layers=2, heads=2)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    loss_fn = torch.compile(model.loss, backend="tpu")
+    x, y = (t.to("tpu") for t in make_batch(model.cfg, 8, torch.Generator().manual_seed(0)))
+    losses = []
+    with torch.tpu.eager_mode(mode):
+        for _ in range(steps):
+            loss = loss_fn(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item() if read_each_step else loss.detach())
+        torch.tpu.synchronize()
+    return [float(v) for v in losses], model
+
+
+def test_compiled_training_step_in_defer_and_fuse_is_one_launch(monkeypatch):
+    """The forward and backward graphs are recorded like eager ops, so with the eager optimizer
+    they make one program: one launch per step with a read per step, fewer without (Strict:
+    one per graph and per optimizer op). The losses are Strict's."""
+    strict, _ = _compiled_gpt_losses("strict", 6, read_each_step=True)
+    launches = _launches(monkeypatch)
+    fused, _ = _compiled_gpt_losses("defer_and_fuse", 6, read_each_step=True)
+    torch.testing.assert_close(fused, strict, rtol=2e-3, atol=2e-3)
+    per_step = launches[0]
+    launches[0] = 0
+    _compiled_gpt_losses("defer_and_fuse", 6, read_each_step=False)
+    assert per_step <= 6 + 2, per_step  # (+2: the parameters' and inputs' first transfers' programs)
+    assert launches[0] < 6, launches[0]
+
+
+def test_compiled_graph_writing_its_inputs_in_defer_and_fuse():
+    """A graph that writes its inputs (BatchNorm's running statistics) writes them when recorded."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU())
+    x = torch.randn(16, 6)
+    results = {}
+    for mode in ("strict", "defer_and_fuse"):
+        torch._dynamo.reset()
+        m = copy.deepcopy(base).to("tpu")
+        f = torch.compile(m, backend="tpu")
+        with torch.tpu.eager_mode(mode):
+            for _ in range(3):
+                out = f(x.to("tpu"))
+            results[mode] = (out.cpu(), m[1].running_mean.cpu(), m[1].running_var.cpu(),
+                             int(m[1].num_batches_tracked.cpu()))
+    for a, b in zip(results["defer_and_fuse"], results["strict"]):
+        torch.testing.assert_close(a, b)
+    assert results["strict"][3] == 3
+
+
+def test_compiled_graph_index_checks_in_defer_and_fuse():
+    """The graph's index checks fold into the device's flag: a bad index raises at the read."""
+    torch._dynamo.reset()
+    emb = nn.Embedding(5, 3).to("tpu")
+    f = torch.compile(lambda i: emb(i) * 2, backend="tpu")
+    with torch.tpu.defer_and_fuse():
+        ok = f(torch.tensor([0, 4]).to("tpu")).cpu()
+        torch.testing.assert_close(ok, emb.weight.detach().cpu()[[0, 4]] * 2)
+        with pytest.raises(IndexError, match="index out of range in self"):
+            f(torch.tensor([1, 5]).to("tpu")).cpu()
+
+
+def test_compiled_graph_that_does_not_lower_in_defer_and_fuse_runs_as_before(monkeypatch):
+    """A graph with a node that has no lowering (a mask assignment whose values depend on the
+    mask's count) is not recorded: it takes Strict's path, which runs it op by op once warned."""
+    made = _programs(monkeypatch)
+    torch._dynamo.reset()
+
+    def f(x):
+        y = x.clone()
+        y[x > 0] = x[x > 0] * 2
+        return y + 1
+
+    x = torch.randn(5, 4)
+    with torch.tpu.defer_and_fuse(), pytest.warns(UserWarning, match="runs op by op"):
+        got = torch.compile(f, backend="tpu")(x.to("tpu")).cpu()
+    torch.testing.assert_close(got, f(x))
+    assert any(p._node is None for p in made)  # (the graph with the mask assignment)
     torch._dynamo.reset()

@@ -16,7 +16,7 @@ import torch
 
 from . import _C, nested, sync_debug
 from . import storage as st
-from .engine import deferred, executor, index_checks
+from .engine import deferred, executor, graph_node, index_checks
 from .engine.opplan import plan_for
 from .lowering import registry
 from .lowering.index_bounds import INDEX_BOUNDS_FLAG
@@ -275,6 +275,7 @@ def register_kernels() -> None:
     _C._register_kernel_front("aten", fronts)
     # the library's own ops (lowering/index_bounds.py)
     _C._register_kernel_front("torchtpu", [("index_bounds_flag", functools.partial(plan_for, INDEX_BOUNDS_FLAG))])
+    graph_node.register_kernel()
     nested.register()
     fb = torch.library.Library("_", "IMPL")
     _libs.append(fb)

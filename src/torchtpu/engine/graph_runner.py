@@ -33,7 +33,7 @@ from ..lowering.views import (
     read_view,
     write_view,
 )
-from . import bucketing, compile_cache, executor, index_checks
+from . import bucketing, compile_cache, executor, graph_node, index_checks
 from . import precision as precision_mod
 from .opplan import normalize_args, plan_for
 
@@ -82,10 +82,18 @@ class GraphProgram:
         # torch.compiler.disable: Dynamo's frame hook is live while a compiled function runs, and
         # would trace the module's code, and our kernels under it, as a new frame.
         self._eager: Any = None
+        # The graph as one recordable op, for DeferAndFuse (engine/graph_node.py); None where it
+        # must run as its own program.
+        self._node: Any = False  # False: not built yet
 
     def __call__(self, args: list[Any]) -> Any:
         if self._eager is not None:
             return self._eager(*args)
+        if graph_node.recording() and graph_node.takes(args):
+            if self._node is False:
+                self._node = graph_node.inlined(self)
+            if self._node is not None:
+                return self._node(args)
         try:
             if self.symbolic and bucketing.enabled():
                 plan = self._bucket_plan()
@@ -409,8 +417,9 @@ def _view_base(node: torch.fx.Node) -> torch.fx.Node:
     return n
 
 
-def _shared_bases(out_nodes: list[Any], env: dict) -> dict[torch.fx.Node, torch.fx.Node]:
-    """Output node -> the intermediate it views, where its views among the outputs cover it."""
+def _shared_bases(out_nodes: list[Any], env: dict | None) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Output node -> the intermediate it views, where its views among the outputs cover it.
+    ``env``: the nodes' lowered values, where known (a base must be one value)."""
     views: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     for node in out_nodes:
         if not isinstance(node, torch.fx.Node) or node.op != "call_function":
@@ -421,7 +430,7 @@ def _shared_bases(out_nodes: list[Any], env: dict) -> dict[torch.fx.Node, torch.
     shared = {}
     for base, nodes in views.items():
         bval = base.meta.get("val")
-        if not isinstance(bval, torch.Tensor) or not isinstance(env.get(base), Value):
+        if not isinstance(bval, torch.Tensor) or (env is not None and not isinstance(env.get(base), Value)):
             continue
         if not is_dense_permutation(tuple(bval.shape), tuple(bval.stride())) or bval.storage_offset() != 0:
             continue

@@ -1,0 +1,244 @@
+"""A ``torch.compile`` graph as one op, so that DeferAndFuse records it like any other.
+
+In Strict mode a compiled graph (AOTAutograd's forward, backward or inference graph) runs as its
+own program (engine/graph_runner.py). In DeferAndFuse mode it is instead called as the op
+``torchtpu::compiled_graph``: recorded as one node whose lowering inlines the whole graph, so the
+fused program of a training step holds the forward, the backward and the eager optimizer ops
+between and after them, and the step is one launch instead of one per graph plus one per
+optimizer op.
+
+A graph qualifies when every input is a tpu tensor and it draws no random numbers and has no
+symbolic shapes; others run as their own program, as in Strict mode. What a graph program does
+besides computing new tensors is done around the op, with recorded ops: an output that is an
+input, or a view of one, is handed out as that input or a view of it; an input the graph writes
+(``copy_`` into a placeholder: an in-graph optimizer step, BatchNorm's running statistics) gets
+its new value as one more result of the op, copied in afterwards; and the graph's index checks
+fold into the device's index-check flag, which the op takes and returns.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from .._config import config
+from ..lowering import decompose, registry
+from ..lowering.builder import Builder, Value
+from . import precision as precision_mod
+
+_lib = torch.library.Library("torchtpu", "FRAGMENT")
+# ``graph``: the graph's number in _GRAPHS. No default (see kernels._define).
+_lib.define("compiled_graph(Tensor[] inputs, int graph) -> Tensor[]")
+COMPILED_GRAPH = torch.ops.torchtpu.compiled_graph.default
+
+
+@dataclass(frozen=True)
+class Result:
+    """One of the graph's results: ``kind`` "new" (the op's output ``index``), "input" (input
+    ``index`` itself), "input_view" / "output_view" (a view of input / output ``index``: ``view``
+    is (shape, stride, offset)) or "value" (``value``, a non-tensor)."""
+
+    kind: str
+    index: int = 0
+    view: tuple | None = None
+    value: Any = None
+
+
+class InlinedGraph:
+    """How a graph runs as ``torchtpu::compiled_graph``: its results and the op's outputs."""
+
+    def __init__(self, program: Any, number: int) -> None:
+        from .graph_runner import _shared_bases, _viewed_input
+
+        self.program = program
+        self.number = number
+        placeholders = program.placeholders
+        position = {n: i for i, n in enumerate(placeholders)}
+        # The inputs the graph writes, in placeholder order: their new values follow the outputs.
+        self.mutated = sorted({position[n.args[0]] for n in program.graph.nodes
+                               if n.op == "call_function" and n.target is torch.ops.aten.copy_.default
+                               and n.args[0] in position})
+        self.results: list[Result] = []
+        self.new_nodes: list[torch.fx.Node] = []  # the nodes whose values are the op's outputs
+        # Outputs viewing one intermediate that they cover (q, k and v of one projection) are
+        # views of one output, as eager's are (see graph_runner._shared_bases).
+        shared = _shared_bases(program.out_nodes, None)
+        output_of: dict[torch.fx.Node, int] = {}
+
+        def output(node: torch.fx.Node) -> int:
+            if node not in output_of:
+                output_of[node] = len(self.new_nodes)
+                self.new_nodes.append(node)
+            return output_of[node]
+
+        for node in program.out_nodes:
+            if isinstance(node, torch.fx.Node) and node.op == "placeholder":
+                self.results.append(Result("input", position[node]))
+                continue
+            val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+            if not isinstance(node, torch.fx.Node) or not isinstance(val, torch.Tensor):
+                self.results.append(Result("value", value=node))
+                continue
+            view = (tuple(val.shape), tuple(val.stride()), val.storage_offset())
+            source = _viewed_input(node, val)
+            if source is not None:
+                self.results.append(Result("input_view", position[source], view))
+            elif node in shared:
+                self.results.append(Result("output_view", output(shared[node]), view))
+            else:
+                self.results.append(Result("new", output(node)))
+        self.checks = bool(program.bounded)
+
+    def out_metas(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The op's outputs as meta tensors: the new values, the written inputs' new values, the flag."""
+        outs = []
+        for node in self.new_nodes:
+            val = node.meta["val"]
+            outs.append(torch.empty_strided(tuple(val.shape), _dense_stride(val), dtype=val.dtype, device="meta"))
+        for pos in self.mutated:
+            x = inputs[pos]
+            outs.append(torch.empty(tuple(x.shape), dtype=x.dtype, device="meta"))
+        if self.checks:
+            outs.append(torch.empty(3, dtype=torch.int64, device="meta"))
+        return outs
+
+    def lower(self, b: Builder, inputs: list[Value], precision: str) -> list[Value]:
+        """The graph inlined into the program being built: the op's outputs. Raises
+        NotImplementedError where a node has no lowering."""
+        graph_inputs = inputs[: len(self.program.placeholders)]
+        env: dict[torch.fx.Node, Any] = {}
+        mutations: dict[int, Value] = {}
+        decompose.lower_graph(b, self.program.graph, graph_inputs, precision, {}, mutations, None, None, env)
+        outs = []
+        for node in self.new_nodes:
+            val, v = node.meta["val"], env[node]
+            if not isinstance(v, Value):
+                raise NotImplementedError(f"torchtpu: graph output {node} is not one value")
+            v = b.convert(v, val.dtype)
+            shape = tuple(int(d) for d in val.shape)
+            if v.shape != shape:
+                v = b.reshape(v, shape) if v.numel == val.numel() else b.broadcast_to(v, shape)
+            outs.append(v)
+        for pos in self.mutated:
+            outs.append(mutations.get(pos, graph_inputs[pos]))
+        if self.checks:
+            outs.append(self.program._fold_bounds(b, inputs[-1], env, None, None))
+        return outs
+
+    def lowers(self) -> bool:
+        """Whether every node lowers (tried once, into a program thrown away): a graph that does
+        not runs as its own program, whose fallback runs it op by op."""
+        b = Builder()
+        inputs = [b.arg(tuple(n.meta["val"].shape), n.meta["val"].dtype) for n in self.program.placeholders]
+        if self.checks:
+            inputs.append(b.arg((3,), torch.int64))
+        try:
+            self.lower(b, inputs, precision_mod.current())
+        except NotImplementedError:
+            return False
+        return True
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        from . import index_checks
+
+        inputs = list(args)
+        device = args[0].device
+        if self.checks:
+            inputs.append(index_checks.current_flag(device))
+        outs = COMPILED_GRAPH(inputs, self.number)
+        if self.checks:
+            index_checks.set_flag(device, outs[-1])
+        written = outs[len(self.new_nodes): len(self.new_nodes) + len(self.mutated)]
+        for pos, new in zip(self.mutated, written):
+            args[pos].copy_(new)
+        results = []
+        for r in self.results:
+            if r.kind == "new":
+                results.append(outs[r.index])
+            elif r.kind == "input":
+                results.append(args[r.index])
+            elif r.kind == "input_view":
+                results.append(args[r.index].as_strided(*r.view))
+            elif r.kind == "output_view":
+                results.append(outs[r.index].as_strided(*r.view))
+            else:
+                results.append(r.value)
+        return results
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _dense_stride(val: torch.Tensor) -> tuple[int, ...]:
+    """The value's stride where it is a dense permutation (a transposed result), else contiguous."""
+    from ..lowering.views import contiguous_strides, is_dense_permutation
+
+    shape, stride = tuple(int(d) for d in val.shape), tuple(int(d) for d in val.stride())
+    return stride if is_dense_permutation(shape, stride) else contiguous_strides(shape)
+
+
+_GRAPHS: dict[int, InlinedGraph] = {}
+_numbers = itertools.count()
+
+
+def inlined(program: Any) -> InlinedGraph | None:
+    """The graph as ``torchtpu::compiled_graph``, or None where it must run as its own program."""
+    if program.random or program.symbolic:
+        return None
+    if not all(isinstance(n.meta.get("val"), torch.Tensor) for n in program.placeholders):
+        return None
+    number = next(_numbers)
+    graph = InlinedGraph(program, number)
+    if not graph.lowers():
+        return None
+    _GRAPHS[number] = graph
+    return graph
+
+
+def recording() -> bool:
+    """Whether ops are being recorded (DeferAndFuse mode, not Debug)."""
+    return config.defer_and_fuse and not config.launch_blocking
+
+
+def takes(args: list[Any]) -> bool:
+    """Whether a call's arguments suit the op: tpu tensors only, on one device."""
+    if not args:
+        return False
+    device = None
+    for a in args:
+        if not isinstance(a, torch.Tensor) or a.device.type != "tpu":
+            return False
+        if device is None:
+            device = a.device
+        elif a.device != device:
+            return False
+    return True
+
+
+def _meta(inputs: list[torch.Tensor], graph: int) -> list[torch.Tensor]:
+    return _GRAPHS[graph].out_metas(inputs)
+
+
+torch.library.register_fake("torchtpu::compiled_graph", _meta, lib=_lib)
+
+
+@registry.register(COMPILED_GRAPH)
+def _lower(ctx: registry.LoweringContext, inputs: list[Value], graph: int) -> list[Value]:
+    return _GRAPHS[graph].lower(ctx.b, inputs, ctx.precision)
+
+
+def register_kernel() -> None:
+    """The op's tpu kernel: the native kernel front, as every lowered op has (torchtpu._kernels)."""
+    from .. import _C
+    from .opplan import plan_for
+
+    _C._register_kernel_front("torchtpu", [("compiled_graph", functools.partial(plan_for, COMPILED_GRAPH))])

@@ -10,7 +10,9 @@ or runs past ``--timeout`` becomes an error cell holding the last line of its st
 
 Modes: ``jax_jit`` (the JAX peer in ``bench/peers``, jitted), ``jax_eager`` (JAX op by op, no jit),
 ``strict`` (torchtpu's default eager mode), ``defer`` (DeferAndFuse: ``TORCH_TPU_DEFER_AND_FUSE=1``)
-and ``compiled`` (``torch.compile(..., backend="tpu")``; the optimizer runs in Strict eager).
+``compiled`` (``torch.compile(..., backend="tpu")``; the optimizer runs in Strict eager) and
+``compiled_defer`` (the same in DeferAndFuse mode: the compiled graphs are recorded with the eager
+optimizer, one program per step or per few steps).
 
 Workloads (``--small`` shrinks each to tiny sizes and few steps, for the CPU emulator):
 - ``op_chain``: 1,000 tiny dependent elementwise ops then one read, µs per op. Its ratios are to
@@ -66,11 +68,12 @@ from pathlib import Path
 from typing import Any
 
 RESULT_PREFIX = "BENCH_RESULT "
-MODES = ("jax_jit", "jax_eager", "strict", "defer", "compiled")
+MODES = ("jax_jit", "jax_eager", "strict", "defer", "compiled", "compiled_defer")
 MODE_LABELS = {"jax_jit": "JAX jit", "jax_eager": "JAX op-by-op", "strict": "Strict",
-               "defer": "DeferAndFuse", "compiled": "compiled"}
+               "defer": "DeferAndFuse", "compiled": "compiled", "compiled_defer": "compiled+Defer"}
 JAX_MODES = ("jax_jit", "jax_eager")
-TORCH_EAGER_MODE = {"strict": "strict", "defer": "defer_and_fuse", "compiled": "strict"}
+TORCH_EAGER_MODE = {"strict": "strict", "defer": "defer_and_fuse", "compiled": "strict",
+                    "compiled_defer": "defer_and_fuse"}
 REPO = Path(__file__).resolve().parent.parent
 
 # ---------------------------------------------------------------------------------------------
@@ -131,7 +134,7 @@ class Workload:
 
 TRAIN_ROWS = (Row("step_ms", "train step ms", "lower"), Row("first_step_s", "first step s", "lower"))
 MFU_ROW = Row("mfu_pct", "MFU %", "higher")
-TRAIN_MODES = ("jax_jit", "strict", "defer", "compiled")
+TRAIN_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer")
 WORKLOADS: dict[str, Workload] = {
     "op_chain": Workload(("jax_jit", "jax_eager", "strict", "defer"),
                          (Row("us_per_op", "µs/op", "lower"),), ref="jax_eager"),
@@ -248,7 +251,7 @@ def torch_gpt_train(p: dict[str, Any], mode: str, bf16: bool) -> dict[str, Any]:
     from torchtpu.examples.gpt import make_batch
 
     opt = torch.optim.AdamW(model.parameters(), lr=p["lr"])
-    loss_fn = torch.compile(model.loss, backend="tpu") if mode == "compiled" else model.loss
+    loss_fn = torch.compile(model.loss, backend="tpu") if mode.startswith("compiled") else model.loss
     x, y = (t.to("tpu") for t in make_batch(model.cfg, p["batch"], torch.Generator().manual_seed(0)))
 
     def step() -> Any:
@@ -462,7 +465,7 @@ def worker_env(mode: str, tmp: str, persistent: bool) -> dict[str, str]:
     env = dict(os.environ)
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "torchinductor")
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "1"
-    env["TORCH_TPU_DEFER_AND_FUSE"] = "1" if mode == "defer" else "0"
+    env["TORCH_TPU_DEFER_AND_FUSE"] = "1" if TORCH_EAGER_MODE.get(mode) == "defer_and_fuse" else "0"
     env.pop("TPU_DEFER_AND_FUSE", None)  # the alias would override nothing, but keep it unambiguous
     env["TORCH_TPU_TIER2_COMPILATION_CACHE"] = "disabled"
     env["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = cache_dir or "disabled"

@@ -579,3 +579,22 @@ def test_python_m_torchtpu_cache_lists_and_clears(tiers, capsys):
     assert f"{tiers['t2']}: 0 entries" in out and f"{tiers['t3']}: 1 entries" in out, out
     assert main(["--clear-cache", "all"]) == 0
     assert f"{tiers['t3']}: 0 entries" in capsys.readouterr().out
+
+
+def test_program_caches_drop_their_oldest_entries_past_the_bound(monkeypatch):
+    """Regression: every compiled program stayed cached, each holding a few memory mappings of XLA's
+    JIT code, so a process compiling ~21,000 (eager ops over ever-new shapes) failed with XLA's
+    "Cannot allocate memory". Past the bound the oldest quarter goes; results stay right."""
+    import torch
+
+    from torchtpu.engine import bounded, executor
+
+    monkeypatch.setattr(bounded, "MAX_PROGRAMS", 8)
+    before = bounded.BoundedCache.evictions
+    for n in range(1, 30):
+        x = torch.arange(float(n)).to("tpu")
+        assert (x * 3 + 1).cpu().tolist() == [3 * i + 1 for i in range(n)]
+        assert executor.cache_size() <= 8
+        assert torch.tpu.compile_cache_stats()["tier1_entries"] <= 8
+    assert bounded.BoundedCache.evictions > before
+    assert torch.tpu.compile_cache_stats()["evicted_programs"] > before

@@ -65,6 +65,7 @@ from ..backend_config import backend
 from ..runtime import env, host_cpu
 from ..runtime.errors import RESOURCE_EXHAUSTED
 from . import cache_dir
+from .bounded import BoundedCache
 
 __all__ = [
     "ENV_TIER2",
@@ -156,7 +157,8 @@ def _add(name: str, value: float = 1) -> None:
 def stats() -> dict[str, float]:
     """Counters since start (or ``reset_stats``): per tier hits/misses/seconds.
 
-    ``compiles``/``compile_seconds``: real XLA compilations. ``tierN_load_seconds``:
+    ``compiles``/``compile_seconds``: real XLA compilations. ``evicted_programs``: entries the
+    in-memory caches dropped past ``TORCH_TPU_MAX_CACHED_PROGRAMS``. ``tierN_load_seconds``:
     time in tier-N lookups (read, verify, deserialize). ``tierN_errors``: corrupt,
     refused or unreadable entries. ``tierN_enabled``: 1 if the tier is in use now.
     """
@@ -164,6 +166,7 @@ def stats() -> dict[str, float]:
         out = dict(_stats)
     with _tier1_lock:
         out["tier1_entries"] = len(_tier1)
+    out["evicted_programs"] = BoundedCache.evictions  # (engine/bounded.py, all in-memory caches)
     t2, t3 = _tier2(), _tier3()
     out["tier2_enabled"] = int(t2 is not None and t2.usable)
     out["tier3_enabled"] = int(t3 is not None and t3.usable)
@@ -650,7 +653,7 @@ def _compile_and_store(text: str | bytes, key: str, client: runtime.Client, opti
 
 
 _tier1_lock = threading.Lock()
-_tier1: dict[tuple[int, bytes, str], Future] = {}
+_tier1: dict[tuple[int, bytes, str], Future] = BoundedCache()  # (the oldest dropped past a bound)
 
 
 def compile(

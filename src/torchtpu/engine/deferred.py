@@ -44,6 +44,7 @@ from ..lowering.builder import Builder, Value
 from ..lowering.views import dense_buffer_shape
 from ..runtime import env
 from . import compile_cache, executor
+from .bounded import BoundedCache
 from .opplan import _MISSING
 
 MAX_NODES = 4096
@@ -172,7 +173,7 @@ _lock = threading.RLock()
 _graph = _Graph()
 _in_flight: deque[_InFlight] = deque()
 _compiler: ThreadPoolExecutor | None = None
-_cache: dict[_C.OpKey, _Fused] = {}  # graph key -> its fused program
+_cache: dict[_C.OpKey, _Fused] = BoundedCache()  # graph key -> its fused program (bounded: engine/bounded.py)
 _period: list[int] | None = None
 _since_sync = 0  # ops recorded since the last read or period cut (see CHUNK_NODES)
 # The op keys recorded since the last read or period cut, across chunk cuts (where repeats are

@@ -46,6 +46,7 @@ from ..lowering.views import (
 from ..runtime import Buffer, release_donated
 from . import compile_cache, device_trace, index_checks
 from . import precision as precision_mod
+from .bounded import BoundedCache
 from .opplan import OpPlan, call_op, normalize_args, plan_for
 
 _FLOAT_KIND = torch.float32
@@ -77,7 +78,7 @@ class Entry:
     donate: tuple[int, ...] = ()
 
 
-_cache: dict[_C.OpKey, Entry] = {}  # op key -> its program
+_cache: dict[_C.OpKey, Entry] = BoundedCache()  # op key -> its program (the oldest dropped past a bound)
 _cache_lock = threading.Lock()
 # device index -> an output of its latest launch, held until synchronize(). A device runs its
 # launches in order (PJRT's CPU client queues them: a tiny program launched behind a 130 ms one

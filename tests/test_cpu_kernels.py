@@ -407,3 +407,24 @@ print("ok")
 """
     r = run_python(code, env={"TORCH_TPU_CPU_KERNELS": "0"})
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr
+
+
+@pytest.mark.fresh_process
+def test_lapack_kernels_come_with_a_later_client_of_the_same_plugin():
+    """Regression: when a process's first client of the CPU plugin came from the runtime API (before
+    the tpu device set up LAPACK), the plugin counted as registered, and the device then ran its
+    eigh, svd, lu, qr and cholesky without the LAPACK kernels for the whole process (an xdist worker
+    whose first test was a runtime test failed every LAPACK test)."""
+    r = run_python("""
+from torchtpu import runtime
+from torchtpu._config import config
+from torchtpu.runtime import cpu_kernels
+plugin = runtime.load_plugin(runtime.resolve_plugin_path(config.plugin))
+runtime.Client(plugin, runtime.default_client_options("cpu", 1))
+print(cpu_kernels.linalg_targets() is not None)
+import torch
+torch.zeros(1, device="tpu")
+print(cpu_kernels.linalg_targets() is not None)
+""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True"], r.stdout

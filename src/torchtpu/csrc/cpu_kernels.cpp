@@ -346,7 +346,9 @@ int torchtpu_lapack_available();
 // LAPACK was supplied. Returns which (1: transpose, 2: LAPACK's), or -1 when the plugin
 // has no FFI extension; a PJRT error from the plugin is handed back through *error for the
 // caller to read and destroy.
-__attribute__((visibility("default"))) int torchtpu_register_cpu_kernels(const void* api, void** error) {
+// Registers the kernels of ``kinds`` (1: the transpose, 2: the LAPACK ones, each once per plugin:
+// the caller asks again only for what is missing) and returns the kinds registered.
+__attribute__((visibility("default"))) int torchtpu_register_cpu_kernels(const void* api, int kinds, void** error) {
   *error = nullptr;
   const auto* prefix = static_cast<const PjrtApiPrefix*>(api);
   const ExtensionBase* ext = prefix->extension_start;
@@ -366,11 +368,11 @@ __attribute__((visibility("default"))) int torchtpu_register_cpu_kernels(const v
     return *error == nullptr;
   };
   int registered = 0;
-  if (FeaturesAvailable()) {
+  if ((kinds & 1) && FeaturesAvailable()) {
     if (!add("torchtpu_transpose_v1", &torchtpu_transpose)) return registered;
     registered |= 1;
   }
-  if (torchtpu_lapack_available()) {
+  if ((kinds & 2) && torchtpu_lapack_available()) {
     if (!add("torchtpu_eigh_v1", &torchtpu_eigh) || !add("torchtpu_svd_v1", &torchtpu_svd) ||
         !add("torchtpu_lu_v1", &torchtpu_lu) || !add("torchtpu_geqrf_v1", &torchtpu_geqrf) ||
         !add("torchtpu_orgqr_v1", &torchtpu_orgqr) || !add("torchtpu_cholesky_v1", &torchtpu_cholesky))

@@ -22,14 +22,15 @@ MAX_PROGRAMS = int(env.read("TORCH_TPU_MAX_CACHED_PROGRAMS"))
 
 
 class BoundedCache(dict):
-    """A dict that, past ``MAX_PROGRAMS`` entries (0: no bound), drops its oldest quarter."""
+    """A dict that, at ``MAX_PROGRAMS`` entries (0: no bound), drops its oldest to three quarters."""
 
     evictions = 0  # entries dropped, over all caches (compile_cache_stats)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         bound = MAX_PROGRAMS
         if bound and len(self) >= bound and key not in self:
-            for old in list(self)[: max(bound // 4, 1)]:
+            # down to three quarters of the bound (a bound lowered at run time takes effect at once)
+            for old in list(self)[: len(self) - bound + max(bound // 4, 1)]:
                 del self[old]
                 BoundedCache.evictions += 1
         super().__setitem__(key, value)

@@ -64,7 +64,7 @@ def _load() -> Any:
     lib = ctypes.CDLL(paths[0])
     lib.torchtpu_cpu_kernels_available.restype = ctypes.c_int
     lib.torchtpu_register_cpu_kernels.restype = ctypes.c_int
-    lib.torchtpu_register_cpu_kernels.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.torchtpu_register_cpu_kernels.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
     lib.torchtpu_transpose_host.restype = ctypes.c_int
     lib.torchtpu_transpose_host.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                             ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
@@ -106,17 +106,22 @@ def register(plugin: Any) -> bool:
 
     key = int(ffi.cast("uintptr_t", plugin.api))
     with _lock:
-        if key in _registered:
-            return True
+        have = _registered.get(key, 0)
+        # The LAPACK kernels come once set_lapack has run: a plugin whose first client came before
+        # (a runtime-level client, then the tpu device's) gets them with its next client
+        # (regression: the device then ran without them for the whole process).
+        missing = (_TRANSPOSE | _LINALG) & ~have
+        if not (missing & _TRANSPOSE and lib.torchtpu_cpu_kernels_available()
+                or missing & _LINALG and lib.torchtpu_lapack_available()):
+            return bool(have)
         err = ctypes.c_void_p()
-        rc = lib.torchtpu_register_cpu_kernels(ctypes.c_void_p(key), ctypes.byref(err))
+        rc = lib.torchtpu_register_cpu_kernels(ctypes.c_void_p(key), missing, ctypes.byref(err))
         if err.value:
             message = str(plugin.take_error(ffi.cast("PJRT_Error*", err.value)))
             warnings.warn(f"torchtpu: CPU kernels not registered ({message}); using XLA's own", stacklevel=2)
-        if rc <= 0:
-            return False
-        _registered[key] = rc
-        return True
+        if rc > 0:
+            _registered[key] = have | rc
+        return bool(_registered.get(key, 0))
 
 
 def _registered_with_all(kind: int) -> bool:

@@ -1,8 +1,10 @@
 """A dict of compiled programs with a bound on its size.
 
 Every program a process compiles stays in memory while a cache holds it, and each costs the
-process a few memory mappings on the CPU plugin (XLA:CPU's JIT code): about 21,000 programs
-exhaust Linux's default 65,530 mappings, after which XLA fails with "Cannot allocate memory".
+process memory mappings on the CPU plugin (XLA:CPU's JIT code, about 8 per program measured over
+test_ops): some 8,000 programs exhaust Linux's default 65,530 mappings, after which XLA fails with
+"Cannot allocate memory" or "Failed to materialize symbols". The bound applies to each of three
+caches whose programs overlap (the op cache, the tier-1 text cache, the DeferAndFuse graph cache).
 Eager code over ever-new shapes (generation without a static cache, a fuzz test) gets there. So
 each program cache drops its oldest entries past ``TORCH_TPU_MAX_CACHED_PROGRAMS``; a program
 needed again is compiled again, or loaded from the tier-2/3 caches.

@@ -370,3 +370,60 @@ def test_fused_step_grad_scale_and_found_inf_match_cpu(op, found_inf):
         results.append([t.cpu() for t in tensors])
     for w, g in zip(*results):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+
+
+def _adamw_steps(steps: int, fuse: bool, monkeypatch) -> tuple[list[torch.Tensor], int]:
+    """Parameters after ``steps`` AdamW steps in Strict mode, and the launches of the last step."""
+    from torchtpu import optimizer_steps
+    from torchtpu.runtime import executable
+
+    monkeypatch.setattr(optimizer_steps, "_FUSE", fuse)
+    launches = [0]
+    execute = executable.Executable.execute
+
+    def counting(self, *args, **kwargs):
+        launches[0] += 1
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(executable.Executable, "execute", counting)
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(s, generator=g).to("tpu").requires_grad_() for s in [(6, 5), (5,), (3, 6)]]
+    grads = [[torch.randn(p.shape, generator=g).to("tpu") for p in params] for _ in range(steps)]
+    opt = torch.optim.AdamW(params, lr=0.01, weight_decay=0.1)
+    for k in range(steps):
+        for p, grad in zip(params, grads[k]):
+            p.grad = grad
+        torch.tpu.synchronize()
+        launches[0] = 0
+        opt.step()
+        torch.tpu.synchronize()
+    return [p.detach().cpu() for p in params], launches[0]
+
+
+def test_an_optimizer_step_in_strict_mode_is_one_program(monkeypatch):
+    """AdamW's default (foreach) step is ~10 ops a step; over tpu parameters in Strict mode it is
+    recorded and run as one program, with the values of the op-by-op step."""
+    assert torch.tpu.get_eager_mode() == "strict"
+    fused, launches = _adamw_steps(3, True, monkeypatch)
+    op_by_op, launches_op_by_op = _adamw_steps(3, False, monkeypatch)
+    assert launches == 1 and launches_op_by_op >= 8, (launches, launches_op_by_op)
+    for a, b in zip(fused, op_by_op):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert torch.tpu.get_eager_mode() == "strict"
+
+
+def test_an_optimizer_step_that_raises_leaves_strict_mode_at_the_next_step():
+    class Failing(torch.optim.SGD):
+        def step(self, closure=None):
+            super().step()
+            raise ValueError("the step failed")
+
+    Failing.step = torch.optim.Optimizer.profile_hook_step(Failing.step)
+    p = torch.ones(3).to("tpu").requires_grad_()
+    p.grad = torch.ones(3).to("tpu")
+    with pytest.raises(ValueError, match="the step failed"):
+        Failing([p], lr=0.5).step()
+    assert p.cpu().tolist() == [0.5, 0.5, 0.5]  # the step's ops ran (at the read)
+    torch.optim.SGD([p], lr=0.5).step()  # its hook ends the failed step's recording first
+    assert torch.tpu.get_eager_mode() == "strict"
+    assert p.cpu().tolist() == [0.0, 0.0, 0.0]

@@ -64,6 +64,8 @@ _VARIABLES = (
     Variable("TORCH_TPU_DEFER_CHUNK_NODES", "int", 40,
              "DeferAndFuse: launch a program every N recorded ops (0: only at reads, syncs and repeats)",
              minimum=0),
+    Variable("TORCH_TPU_FUSE_OPTIMIZER_STEPS", "flag", True,
+             "Strict mode: record a torch.optim step over tpu parameters and run it as one program"),
     Variable("TORCH_TPU_MAX_CACHED_PROGRAMS", "int", 1500,
              "compiled programs each in-memory cache keeps (oldest dropped first; 0: no bound): each "
              "costs memory mappings, of which Linux allows 65,530 by default", minimum=0),

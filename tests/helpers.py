@@ -81,3 +81,18 @@ def xla_tanh_tolerance() -> dict[str, float]:
 def float64_rtol(dtype: torch.dtype) -> float:
     """The relative tolerance of a result that must equal the CPU's bit for bit on the emulator."""
     return TPU_FLOAT64_RTOL if on_tpu() and dtype in (torch.float64, torch.complex128) else 0.0
+
+
+def count_launches(monkeypatch) -> list[int]:
+    """A counter of program launches from now on (``[n]``; set it to 0 to restart it)."""
+    from torchtpu.runtime import executable
+
+    count = [0]
+    execute = executable.Executable.execute
+
+    def counting(self, *args, **kwargs):
+        count[0] += 1
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(executable.Executable, "execute", counting)
+    return count

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import count_launches
 from torch import nn
 
 from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
@@ -567,21 +568,6 @@ def test_dynamo_does_not_trace_host_kernels_run_under_compiled_code():
 
 # -- compiled graphs inside DeferAndFuse: recorded as one op (engine/graph_node.py) --------------
 
-def _launches(monkeypatch) -> list[int]:
-    """A counter of program launches from now on."""
-    from torchtpu.runtime import executable
-
-    count = [0]
-    execute = executable.Executable.execute
-
-    def counting(self, *args, **kwargs):
-        count[0] += 1
-        return execute(self, *args, **kwargs)
-
-    monkeypatch.setattr(executable.Executable, "execute", counting)
-    return count
-
-
 def _compiled_gpt_losses(mode: str, steps: int, read_each_step: bool) -> tuple[list[float], Any]:
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -606,7 +592,7 @@ def test_compiled_training_step_in_defer_and_fuse_is_one_launch(monkeypatch):
     they make one program: one launch per step with a read per step, fewer without (Strict:
     one per graph and per optimizer op). The losses are Strict's."""
     strict, _ = _compiled_gpt_losses("strict", 6, read_each_step=True)
-    launches = _launches(monkeypatch)
+    launches = count_launches(monkeypatch)
     fused, _ = _compiled_gpt_losses("defer_and_fuse", 6, read_each_step=True)
     torch.testing.assert_close(fused, strict, rtol=2e-3, atol=2e-3)
     per_step = launches[0]

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import float64_rtol
+from helpers import count_launches, float64_rtol
 from torch import nn
 
 from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
@@ -375,17 +375,9 @@ def test_fused_step_grad_scale_and_found_inf_match_cpu(op, found_inf):
 def _adamw_steps(steps: int, fuse: bool, monkeypatch) -> tuple[list[torch.Tensor], int]:
     """Parameters after ``steps`` AdamW steps in Strict mode, and the launches of the last step."""
     from torchtpu import optimizer_steps
-    from torchtpu.runtime import executable
 
     monkeypatch.setattr(optimizer_steps, "_FUSE", fuse)
-    launches = [0]
-    execute = executable.Executable.execute
-
-    def counting(self, *args, **kwargs):
-        launches[0] += 1
-        return execute(self, *args, **kwargs)
-
-    monkeypatch.setattr(executable.Executable, "execute", counting)
+    launches = count_launches(monkeypatch)
     g = torch.Generator().manual_seed(0)
     params = [torch.randn(s, generator=g).to("tpu").requires_grad_() for s in [(6, 5), (5,), (3, 6)]]
     grads = [[torch.randn(p.shape, generator=g).to("tpu") for p in params] for _ in range(steps)]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,23 +36,11 @@ _lib.define("compiled_graph(Tensor[] inputs, int graph) -> Tensor[]")
 COMPILED_GRAPH = torch.ops.torchtpu.compiled_graph.default
 
 
-@dataclass(frozen=True)
-class Result:
-    """One of the graph's results: ``kind`` "new" (the op's output ``index``), "input" (input
-    ``index`` itself), "input_view" / "output_view" (a view of input / output ``index``: ``view``
-    is (shape, stride, offset)) or "value" (``value``, a non-tensor)."""
-
-    kind: str
-    index: int = 0
-    view: tuple | None = None
-    value: Any = None
-
-
 class InlinedGraph:
     """How a graph runs as ``torchtpu::compiled_graph``: its results and the op's outputs."""
 
     def __init__(self, program: Any, number: int) -> None:
-        from .graph_runner import _shared_bases, _viewed_input
+        from .graph_runner import OutSpec, _shared_bases, _viewed_input
 
         self.program = program
         self.number = number
@@ -63,7 +50,7 @@ class InlinedGraph:
         self.mutated = sorted({position[n.args[0]] for n in program.graph.nodes
                                if n.op == "call_function" and n.target is torch.ops.aten.copy_.default
                                and n.args[0] in position})
-        self.results: list[Result] = []
+        self.results: list[Any] = []  # graph_runner.OutSpec each
         self.new_nodes: list[torch.fx.Node] = []  # the nodes whose values are the op's outputs
         # Outputs viewing one intermediate that they cover (q, k and v of one projection) are
         # views of one output, as eager's are (see graph_runner._shared_bases).
@@ -78,20 +65,20 @@ class InlinedGraph:
 
         for node in program.out_nodes:
             if isinstance(node, torch.fx.Node) and node.op == "placeholder":
-                self.results.append(Result("input", position[node]))
+                self.results.append(OutSpec("input", position[node]))
                 continue
             val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
             if not isinstance(node, torch.fx.Node) or not isinstance(val, torch.Tensor):
-                self.results.append(Result("value", value=node))
+                self.results.append(OutSpec("value", value=node))
                 continue
             view = (tuple(val.shape), tuple(val.stride()), val.storage_offset())
             source = _viewed_input(node, val)
             if source is not None:
-                self.results.append(Result("input_view", position[source], view))
+                self.results.append(OutSpec("input_view", position[source], view))
             elif node in shared:
-                self.results.append(Result("output_view", output(shared[node]), view))
+                self.results.append(OutSpec("output_view", output(shared[node]), view))
             else:
-                self.results.append(Result("new", output(node)))
+                self.results.append(OutSpec("tensor", output(node)))
         self.checks = bool(program.bounded)
 
     def out_metas(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -144,7 +131,7 @@ class InlinedGraph:
         return True
 
     def __call__(self, args: list[Any]) -> list[Any]:
-        from . import index_checks
+        from . import graph_runner, index_checks
 
         inputs = list(args)
         device = args[0].device
@@ -156,19 +143,7 @@ class InlinedGraph:
         written = outs[len(self.new_nodes): len(self.new_nodes) + len(self.mutated)]
         for pos, new in zip(self.mutated, written):
             args[pos].copy_(new)
-        results = []
-        for r in self.results:
-            if r.kind == "new":
-                results.append(outs[r.index])
-            elif r.kind == "input":
-                results.append(args[r.index])
-            elif r.kind == "input_view":
-                results.append(args[r.index].as_strided(*r.view))
-            elif r.kind == "output_view":
-                results.append(outs[r.index].as_strided(*r.view))
-            else:
-                results.append(r.value)
-        return results
+        return graph_runner.assemble_results(self.results, outs, args)
 
 
 def _numel(shape: Any) -> int:

@@ -39,13 +39,30 @@ from .opplan import normalize_args, plan_for
 
 
 @dataclass
-class _OutSpec:
+class OutSpec:
     # "tensor" | "input" (an input returned as is) | "input_view" (a view of an input: value
     # holds its shape, stride and storage offset) | "output_view" (the same, of output
     # ``index``) | "value" (a non-tensor constant)
     kind: str
     index: int = 0
     value: Any = None
+
+
+def assemble_results(specs: list[OutSpec], outs: list[Any], args: list[Any]) -> list[Any]:
+    """A graph's results from its program's outputs and its arguments (views cut from either)."""
+    results = []
+    for spec in specs:
+        if spec.kind == "tensor":
+            results.append(outs[spec.index])
+        elif spec.kind == "input":
+            results.append(args[spec.index])
+        elif spec.kind == "input_view":
+            results.append(args[spec.index].as_strided(*spec.value))
+        elif spec.kind == "output_view":
+            results.append(outs[spec.index].as_strided(*spec.value))
+        else:
+            results.append(spec.value)
+    return results
 
 
 class _NotLowerable(Exception):
@@ -170,19 +187,7 @@ class GraphProgram:
             index_checks.set_flag(flag_device, new[entry.flag_output])  # type: ignore[attr-defined]
         for pos, k in entry.host_writes:  # type: ignore[attr-defined]
             args[pos].copy_(new[k].cpu())
-        results = []
-        for spec in entry.result_metas:
-            if spec.kind == "tensor":
-                results.append(new[spec.index])
-            elif spec.kind == "input":
-                results.append(args[spec.index])
-            elif spec.kind == "input_view":
-                results.append(args[spec.index].as_strided(*spec.value))
-            elif spec.kind == "output_view":
-                results.append(new[spec.index].as_strided(*spec.value))
-            else:
-                results.append(spec.value)
-        return results
+        return assemble_results(entry.result_metas, new, args)
 
     def _concrete_values(self, specs: list) -> dict:
         """Every node's value for these inputs' concrete sizes (meta tensors, no device work)."""
@@ -226,13 +231,13 @@ class GraphProgram:
             results = [results]
         outputs: list[tuple] = []
         out_values: list[Value] = []
-        result_specs: list[_OutSpec] = []
+        result_specs: list[OutSpec] = []
         compacted = plan.compacted if plan is not None else set()
         shared = _shared_bases(self.out_nodes, env) if vals is None and plan is None else {}
         base_outputs: dict[torch.fx.Node, int] = {}
         for out_index, (node, r) in enumerate(zip(self.out_nodes, results)):
             if isinstance(node, torch.fx.Node) and node.op == "placeholder":
-                result_specs.append(_OutSpec("input", self.placeholders.index(node)))
+                result_specs.append(OutSpec("input", self.placeholders.index(node)))
                 continue
             val = None
             if isinstance(node, torch.fx.Node):
@@ -241,7 +246,7 @@ class GraphProgram:
             if source is not None and specs[self.placeholders.index(source)][0] == "T":
                 # A view of an input (a weight's transpose saved for the backward): hand out the
                 # view instead of copying the input into a new output buffer.
-                result_specs.append(_OutSpec("input_view", self.placeholders.index(source),
+                result_specs.append(OutSpec("input_view", self.placeholders.index(source),
                                              (tuple(val.shape), val.stride(), val.storage_offset())))
                 continue
             base = shared.get(node)
@@ -256,7 +261,7 @@ class GraphProgram:
                     bstride = tuple(int(d) for d in bval.stride())
                     outputs.append(("new", bval.dtype, tuple(int(d) for d in bval.shape), bstride))
                     out_values.append(dense_to_storage(b, env[base], bstride))
-                result_specs.append(_OutSpec("output_view", k,
+                result_specs.append(OutSpec("output_view", k,
                                              (tuple(val.shape), val.stride(), val.storage_offset())))
                 continue
             if isinstance(r, Value) and isinstance(val, torch.Tensor):
@@ -267,7 +272,7 @@ class GraphProgram:
                 v = b.convert(r, val.dtype)
                 if v.shape != shape:
                     v = b.reshape(v, shape) if v.numel == val.numel() else b.broadcast_to(v, shape)
-                result_specs.append(_OutSpec("tensor", len(outputs)))
+                result_specs.append(OutSpec("tensor", len(outputs)))
                 if out_index in compacted:
                     outputs.append(("new", val.dtype, shape, contiguous_strides(shape)))
                     out_values.append(hook.compact(v, plan.output_layouts[out_index]))
@@ -275,7 +280,7 @@ class GraphProgram:
                 outputs.append(("new", val.dtype, shape, stride))
                 out_values.append(dense_to_storage(b, v, stride))
             else:
-                result_specs.append(_OutSpec("value", value=r if not isinstance(r, Value) else None))
+                result_specs.append(OutSpec("value", value=r if not isinstance(r, Value) else None))
         flag_output = None
         if flag_input:
             fs = specs[len(self.placeholders)]  # the flag: the input after the graph's own

@@ -9,13 +9,13 @@ asynchronous either way, and the parameters hold their new values for whatever r
 The step is recorded only when every parameter with a gradient is a tpu tensor and the mode is
 Strict (DeferAndFuse records it anyway; Debug stays synchronous, op by op), and never inside a
 ``torch.compile`` trace. ``TORCH_TPU_FUSE_OPTIMIZER_STEPS=0`` turns it off. A step that raises
-leaves the recording on until the next step's hook or read: the ops in between are deferred, with
-the same results.
+leaves the recording on until the next step's pre-hook: the ops in between are deferred (run at
+reads, as in DeferAndFuse), with the same results. The eager mode is process-wide, and so is the
+record of which step is recording.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -24,11 +24,8 @@ from ._config import config
 from .engine import deferred
 from .runtime import env
 
-_state = threading.local()  # .optimizer: the optimizer whose step is being recorded
-
-
-def enabled() -> bool:
-    return bool(env.read("TORCH_TPU_FUSE_OPTIMIZER_STEPS"))
+_FUSE = True  # TORCH_TPU_FUSE_OPTIMIZER_STEPS, read by install()
+_recording: torch.optim.Optimizer | None = None  # the optimizer whose step is being recorded
 
 
 def _on_tpu(optimizer: torch.optim.Optimizer) -> bool:
@@ -52,35 +49,34 @@ _lib.impl("optimizer_step", lambda: deferred.flush(), "CompositeExplicitAutograd
 
 
 def _end_recording() -> None:
-    _state.optimizer = None
+    global _recording
+    _recording = None
     torch.ops.torchtpu.optimizer_step()
     config.defer_and_fuse = False
 
 
 def _pre_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    global _recording
     if torch.compiler.is_compiling():
         return
-    if getattr(_state, "optimizer", None) is not None:  # an earlier step raised before its post-hook
+    if _recording is not None:  # an earlier step raised before its post-hook
         _end_recording()
     if config.defer_and_fuse or config.launch_blocking or not _FUSE or not _on_tpu(optimizer):
         return
     config.defer_and_fuse = True  # (nothing is pending in Strict mode: no flush needed first)
-    _state.optimizer = optimizer
+    _recording = optimizer
 
 
 def _post_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     if torch.compiler.is_compiling():
         return
-    if getattr(_state, "optimizer", None) is optimizer:
+    if _recording is optimizer:
         _end_recording()
-
-
-_FUSE = True
 
 
 def install() -> None:
     global _FUSE
-    _FUSE = enabled()
+    _FUSE = bool(env.read("TORCH_TPU_FUSE_OPTIMIZER_STEPS"))
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     register_optimizer_step_pre_hook(_pre_hook)

@@ -239,8 +239,8 @@ void reset_history() {
 // a graph is cut each time the history has recorded one period. The history spans chunk cuts:
 // a training step is longer than a chunk, and were repeats sought within one graph, a step would
 // never be found, the chunk cut points would drift from step to step with the step's length, and
-// each step would compile new programs until every phase had been seen (38 programs for the demo
-// GPT where 4 do).
+// each step would compile new programs until every phase had been seen (38 programs for a small
+// GPT loop where 9 do: tests/test_defer_and_fuse.py).
 bool repeats(py::handle g) {
   py::object graph_keys = graph_field(g, GraphField::kKeys);
   py::object keys = module_get(s_history);

@@ -28,6 +28,7 @@ import torch.fx
 from .._config import config
 from ..lowering import decompose, registry
 from ..lowering.builder import Builder, Value
+from . import graph_runner, index_checks
 from . import precision as precision_mod
 
 _lib = torch.library.Library("torchtpu", "FRAGMENT")
@@ -40,8 +41,6 @@ class InlinedGraph:
     """How a graph runs as ``torchtpu::compiled_graph``: its results and the op's outputs."""
 
     def __init__(self, program: Any, number: int) -> None:
-        from .graph_runner import OutSpec, _shared_bases, _viewed_input
-
         self.program = program
         self.number = number
         placeholders = program.placeholders
@@ -50,11 +49,11 @@ class InlinedGraph:
         self.mutated = sorted({position[n.args[0]] for n in program.graph.nodes
                                if n.op == "call_function" and n.target is torch.ops.aten.copy_.default
                                and n.args[0] in position})
-        self.results: list[Any] = []  # graph_runner.OutSpec each
+        self.results: list[graph_runner.OutSpec] = []
         self.new_nodes: list[torch.fx.Node] = []  # the nodes whose values are the op's outputs
         # Outputs viewing one intermediate that they cover (q, k and v of one projection) are
         # views of one output, as eager's are (see graph_runner._shared_bases).
-        shared = _shared_bases(program.out_nodes, None)
+        shared = graph_runner._shared_bases(program.out_nodes, None)
         output_of: dict[torch.fx.Node, int] = {}
 
         def output(node: torch.fx.Node) -> int:
@@ -65,20 +64,20 @@ class InlinedGraph:
 
         for node in program.out_nodes:
             if isinstance(node, torch.fx.Node) and node.op == "placeholder":
-                self.results.append(OutSpec("input", position[node]))
+                self.results.append(graph_runner.OutSpec("input", position[node]))
                 continue
             val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
             if not isinstance(node, torch.fx.Node) or not isinstance(val, torch.Tensor):
-                self.results.append(OutSpec("value", value=node))
+                self.results.append(graph_runner.OutSpec("value", value=node))
                 continue
             view = (tuple(val.shape), tuple(val.stride()), val.storage_offset())
-            source = _viewed_input(node, val)
+            source = graph_runner._viewed_input(node, val)
             if source is not None:
-                self.results.append(OutSpec("input_view", position[source], view))
+                self.results.append(graph_runner.OutSpec("input_view", position[source], view))
             elif node in shared:
-                self.results.append(OutSpec("output_view", output(shared[node]), view))
+                self.results.append(graph_runner.OutSpec("output_view", output(shared[node]), view))
             else:
-                self.results.append(OutSpec("tensor", output(node)))
+                self.results.append(graph_runner.OutSpec("tensor", output(node)))
         self.checks = bool(program.bounded)
 
     def out_metas(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -86,7 +85,7 @@ class InlinedGraph:
         outs = []
         for node in self.new_nodes:
             val = node.meta["val"]
-            outs.append(torch.empty_strided(tuple(val.shape), _dense_stride(val), dtype=val.dtype, device="meta"))
+            outs.append(torch.empty_strided(*graph_runner.output_layout(val), dtype=val.dtype, device="meta"))
         for pos in self.mutated:
             x = inputs[pos]
             outs.append(torch.empty(tuple(x.shape), dtype=x.dtype, device="meta"))
@@ -103,14 +102,9 @@ class InlinedGraph:
         decompose.lower_graph(b, self.program.graph, graph_inputs, precision, {}, mutations, None, None, env)
         outs = []
         for node in self.new_nodes:
-            val, v = node.meta["val"], env[node]
-            if not isinstance(v, Value):
+            if not isinstance(env[node], Value):
                 raise NotImplementedError(f"torchtpu: graph output {node} is not one value")
-            v = b.convert(v, val.dtype)
-            shape = tuple(int(d) for d in val.shape)
-            if v.shape != shape:
-                v = b.reshape(v, shape) if v.numel == val.numel() else b.broadcast_to(v, shape)
-            outs.append(v)
+            outs.append(graph_runner.output_value(b, env[node], node.meta["val"]))
         for pos in self.mutated:
             outs.append(mutations.get(pos, graph_inputs[pos]))
         if self.checks:
@@ -131,8 +125,6 @@ class InlinedGraph:
         return True
 
     def __call__(self, args: list[Any]) -> list[Any]:
-        from . import graph_runner, index_checks
-
         inputs = list(args)
         device = args[0].device
         if self.checks:
@@ -144,21 +136,6 @@ class InlinedGraph:
         for pos, new in zip(self.mutated, written):
             args[pos].copy_(new)
         return graph_runner.assemble_results(self.results, outs, args)
-
-
-def _numel(shape: Any) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
-def _dense_stride(val: torch.Tensor) -> tuple[int, ...]:
-    """The value's stride where it is a dense permutation (a transposed result), else contiguous."""
-    from ..lowering.views import contiguous_strides, is_dense_permutation
-
-    shape, stride = tuple(int(d) for d in val.shape), tuple(int(d) for d in val.stride())
-    return stride if is_dense_permutation(shape, stride) else contiguous_strides(shape)
 
 
 _GRAPHS: dict[int, InlinedGraph] = {}

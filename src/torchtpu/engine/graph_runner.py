@@ -65,6 +65,22 @@ def assemble_results(specs: list[OutSpec], outs: list[Any], args: list[Any]) -> 
     return results
 
 
+def output_layout(val: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A graph output's buffer shape and stride: the example value's where it is a dense
+    permutation (a transposed result), else contiguous."""
+    shape, stride = tuple(int(d) for d in val.shape), tuple(int(d) for d in val.stride())
+    return shape, stride if is_dense_permutation(shape, stride) else contiguous_strides(shape)
+
+
+def output_value(b: Builder, r: Value, val: torch.Tensor) -> Value:
+    """A lowered graph output as its example value's dtype and shape."""
+    v = b.convert(r, val.dtype)
+    shape = tuple(int(d) for d in val.shape)
+    if v.shape != shape:
+        v = b.reshape(v, shape) if v.numel == val.numel() else b.broadcast_to(v, shape)
+    return v
+
+
 class _NotLowerable(Exception):
     """A graph node has no lowering for these inputs (raised from the lowering's NotImplementedError)."""
 
@@ -265,13 +281,8 @@ class GraphProgram:
                                              (tuple(val.shape), val.stride(), val.storage_offset())))
                 continue
             if isinstance(r, Value) and isinstance(val, torch.Tensor):
-                shape = tuple(int(d) for d in val.shape)
-                stride = tuple(int(d) for d in val.stride())
-                if not is_dense_permutation(shape, stride):
-                    stride = contiguous_strides(shape)
-                v = b.convert(r, val.dtype)
-                if v.shape != shape:
-                    v = b.reshape(v, shape) if v.numel == val.numel() else b.broadcast_to(v, shape)
+                shape, stride = output_layout(val)
+                v = output_value(b, r, val)
                 result_specs.append(OutSpec("tensor", len(outputs)))
                 if out_index in compacted:
                     outputs.append(("new", val.dtype, shape, contiguous_strides(shape)))

@@ -1,6 +1,6 @@
 """torchtpu vs JAX on one TPU host: one command, every workload, ratios to JAX jit in one table.
 
-    python bench/tpu.py [--small] [--only NAME,...] [--out results.json] [--peak-tflops 197]
+    python bench/tpu.py [--small] [--only NAME,...] [--modes MODE,...] [--out results.json] [--peak-tflops 197]
                         [--timeout 600]
 
 Each (workload, mode) runs in its own process, one after another (only one process may hold a
@@ -519,6 +519,8 @@ def run_workload(name: str, args: argparse.Namespace, no_jax: str | None) -> dic
     wl = WORKLOADS[name]
     out: dict[str, dict[str, Any]] = {}
     for mode in wl.modes:
+        if args.modes and mode not in args.modes:
+            continue
         if mode in JAX_MODES and no_jax:
             out[mode] = {"error": no_jax}
             continue
@@ -669,9 +671,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="tpu_bench.json", help="the JSON results file")
     p.add_argument("--peak-tflops", type=float, default=197.0, help="MFU's peak (v5e bf16: 197)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per worker process")
+    p.add_argument("--modes", type=lambda v: [m.strip() for m in v.split(",") if m.strip()], default=[],
+                   help=f"comma-separated modes of {','.join(MODES)} (default: each workload's all)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if unknown := [m for m in args.modes if m not in MODES]:
+        p.error(f"unknown modes {unknown}; choose from {list(MODES)}")
     if args.worker:
         worker_main(args.worker, args.mode, args.small, args.peak_tflops)
         return 0

@@ -602,6 +602,94 @@ def test_compiled_training_step_in_defer_and_fuse_is_one_launch(monkeypatch):
     assert launches[0] < 6, launches[0]
 
 
+def test_compiled_training_step_in_strict_mode_is_one_launch(monkeypatch):
+    """Strict mode records a compiled training step from its forward graph to the end of the
+    optimizer step (step_recording.py): one launch per step instead of four (forward graph,
+    autograd's gradient seed, backward graph, optimizer step), with the op-by-op losses, and the
+    mode still reads "strict"."""
+    from torchtpu import step_recording
+
+    monkeypatch.setattr(step_recording, "_FUSE_COMPILED", False)
+    launches = count_launches(monkeypatch)
+    separate, _ = _compiled_gpt_losses("strict", 6, read_each_step=True)
+    per_step_separate = launches[0]
+    monkeypatch.setattr(step_recording, "_FUSE_COMPILED", True)
+    launches[0] = 0
+    one, _ = _compiled_gpt_losses("strict", 6, read_each_step=True)
+    torch.testing.assert_close(one, separate, rtol=2e-3, atol=2e-3)
+    assert per_step_separate >= 4 * 6, per_step_separate
+    assert launches[0] <= 6 + 2, launches[0]  # (+2: the parameters' and inputs' first transfers' programs)
+    assert torch.tpu.get_eager_mode() == "strict" and not step_recording.recording()
+
+
+def _strict_steps(model: nn.Module, steps: list[str], fuse: bool, monkeypatch) -> tuple[list[float], list]:
+    """Losses and parameters after compiled training steps in Strict mode, each step the ``steps``
+    entry: "outside" (zero_grad before backward, set_to_none=False), "inside" (after the step),
+    "read" (the loss read between forward and backward), "accumulate" (two micro-batches)."""
+    from torchtpu import step_recording
+
+    monkeypatch.setattr(step_recording, "_FUSE_COMPILED", fuse)
+    torch._dynamo.reset()
+    m = copy.deepcopy(model).to("tpu")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    f = torch.compile(m, backend="tpu")
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for kind in steps:
+        if kind == "outside":
+            opt.zero_grad(set_to_none=False)
+        for _ in range(2 if kind == "accumulate" else 1):
+            x = torch.randn(8, 6, generator=g).to("tpu")
+            loss = f(x).square().mean()
+            if kind == "read":
+                losses.append(loss.item())
+                assert not step_recording.recording()  # a read ends the recording
+            loss.backward()
+        assert torch.tpu.get_eager_mode() == "strict"
+        opt.step()
+        assert not step_recording.recording()
+        if kind != "outside":
+            opt.zero_grad(set_to_none=kind != "inside")
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in m.parameters()]
+
+
+def test_compiled_steps_in_strict_mode_match_op_by_op_with_zero_grad_inside_or_outside(monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 3))
+    kinds = ["inside", "outside", "outside", "read", "accumulate", "inside", "accumulate", "read"]
+    with torch.tpu.precision("highest"):
+        fused = _strict_steps(model, kinds, True, monkeypatch)
+        separate = _strict_steps(model, kinds, False, monkeypatch)
+    torch.testing.assert_close(fused, separate, rtol=1e-5, atol=1e-6)
+
+
+def test_strict_step_recording_ends_at_a_read_and_eager_ops_run_at_once(monkeypatch):
+    """A compiled training forward begins recording; a read ends it, and later ops launch one by
+    one again (an inference graph never begins it)."""
+    from torchtpu import step_recording
+
+    torch._dynamo.reset()
+    m = nn.Linear(4, 4).to("tpu")
+    f = torch.compile(m, backend="tpu")
+    x = torch.randn(2, 4).to("tpu")
+    f(x).sum().item()  # compiles
+    launches = count_launches(monkeypatch)
+    y = f(x)
+    assert step_recording.recording() and launches[0] == 0
+    assert torch.tpu.get_eager_mode() == "strict"
+    z = y.detach() * 2
+    assert launches[0] == 0  # recorded with the graph
+    torch.testing.assert_close(z.cpu(), m(x).detach().cpu() * 2)
+    assert not step_recording.recording()
+    launches[0] = 0
+    w = z + 1
+    assert launches[0] == 1  # Strict again: launched at once
+    with torch.no_grad():
+        f(w)
+    assert not step_recording.recording() and launches[0] == 2
+
+
 def test_compiled_graph_writing_its_inputs_in_defer_and_fuse():
     """A graph that writes its inputs (BatchNorm's running statistics) writes them when recorded."""
     torch.manual_seed(0)

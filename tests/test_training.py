@@ -374,9 +374,9 @@ def test_fused_step_grad_scale_and_found_inf_match_cpu(op, found_inf):
 
 def _adamw_steps(steps: int, fuse: bool, monkeypatch) -> tuple[list[torch.Tensor], int]:
     """Parameters after ``steps`` AdamW steps in Strict mode, and the launches of the last step."""
-    from torchtpu import optimizer_steps
+    from torchtpu import step_recording
 
-    monkeypatch.setattr(optimizer_steps, "_FUSE", fuse)
+    monkeypatch.setattr(step_recording, "_FUSE_OPTIMIZER", fuse)
     launches = count_launches(monkeypatch)
     g = torch.Generator().manual_seed(0)
     params = [torch.randn(s, generator=g).to("tpu").requires_grad_() for s in [(6, 5), (5,), (3, 6)]]

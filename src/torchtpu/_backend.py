@@ -61,10 +61,10 @@ def install() -> None:
         from .compile import route_default_compile
 
         route_default_compile()
-        from . import optimizer_steps, parallel
+        from . import parallel, step_recording
 
         parallel.install()
-        optimizer_steps.install()
+        step_recording.install()
         from . import distributed
 
         # c10d learns the "tpu_dist" backend now, so init_process_group picks it for tpu as it

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from . import _C, _device_state, amp, sync_debug  # noqa: F401  (amp: torch.tpu.amp)
+from . import _C, _device_state, amp, step_recording, sync_debug  # noqa: F401  (amp: torch.tpu.amp)
 from ._config import config
 from .engine import deferred, executor
 from .engine import precision as _precision
@@ -494,7 +494,7 @@ EAGER_MODES = ("strict", "debug", "defer_and_fuse")
 def get_eager_mode() -> str:
     if config.launch_blocking:
         return "debug"
-    return "defer_and_fuse" if config.defer_and_fuse else "strict"
+    return "defer_and_fuse" if config.defer_and_fuse and not step_recording.recording() else "strict"
 
 
 def set_eager_mode(mode: str) -> None:

@@ -171,6 +171,9 @@ _ATTR = st._ATTR
 _new_tensor = executor._new_tensor
 _lock = threading.RLock()
 _graph = _Graph()
+# Called at the start of every flush that is not a cut (a materialization point): Strict mode's
+# step recording ends there (step_recording._ended).
+on_materialize: Any = None
 _in_flight: deque[_InFlight] = deque()
 _compiler: ThreadPoolExecutor | None = None
 _cache: dict[_C.OpKey, _Fused] = BoundedCache()  # graph key -> its fused program (bounded: engine/bounded.py)
@@ -421,6 +424,8 @@ def flush(cut: bool = False) -> None:
     in the background (see the module docstring).
     """
     global _graph, _since_sync
+    if not cut and on_materialize is not None:
+        on_materialize()
     with _lock:
         if not cut:
             _since_sync = 0
@@ -445,7 +450,7 @@ def flush(cut: bool = False) -> None:
         fused = _cache.get(key)
         if fused is None and cut:
             text, layout, aliases = _emit(g, args, live, key)
-            future = _background().submit(_compile_fused, text, live, layout, aliases)
+            future = _background().submit(_compile_fused, text, live, layout, aliases, _label(g))
             g.in_flight = True
             _in_flight.append(_InFlight(future, key, args, g.nodes[0].device, holders))
             stats["background_compiles"] += 1
@@ -454,7 +459,7 @@ def flush(cut: bool = False) -> None:
         try:
             if fused is None:
                 text, layout, aliases = _emit(g, args, live, key)
-                fused = _compile_fused(text, live, layout, aliases)
+                fused = _compile_fused(text, live, layout, aliases, _label(g))
                 _cache[key] = fused
             else:
                 stats["hits"] += 1
@@ -586,10 +591,20 @@ def _background() -> ThreadPoolExecutor:
     return _compiler
 
 
+def _label(g: _Graph) -> str:
+    """The program's name on the profiler's device row: the compiled graphs it holds, if any."""
+    from . import graph_node  # (it imports graph_runner, which imports this module)
+
+    names = [graph_node.name_of(n.info.values) for n in g.nodes if n.info.plan.op is graph_node.COMPILED_GRAPH]
+    if not names:
+        return "a fused DeferAndFuse graph"
+    return f"the compiled graphs {', '.join(names)} fused with {len(g.nodes) - len(names)} ops"
+
+
 def _compile_fused(text: str, live: list[tuple[int, int]], layout: _ParamLayout,
-                   aliases: list[tuple[int, int]]) -> _Fused:
+                   aliases: list[tuple[int, int]], label: str) -> _Fused:
     start = time.perf_counter()
-    exe = compile_cache.compile_program(text, "a fused DeferAndFuse graph")
+    exe = compile_cache.compile_program(text, label)
     stats["compiles"] += 1
     executor.stats.misses += 1
     executor.stats.compile_seconds += time.perf_counter() - start

@@ -139,6 +139,11 @@ class InlinedGraph:
 
 
 _GRAPHS: dict[int, InlinedGraph] = {}
+
+
+def name_of(values: list[Any]) -> str:
+    """The graph's name ("forward", "backward", "inference") from a recorded call's non-tensor values."""
+    return _GRAPHS[values[-1]].program.name
 _numbers = itertools.count()
 
 
@@ -159,6 +164,26 @@ def inlined(program: Any) -> InlinedGraph | None:
 def recording() -> bool:
     """Whether ops are being recorded (DeferAndFuse mode, not Debug)."""
     return config.defer_and_fuse and not config.launch_blocking
+
+
+def _never(graph: str) -> bool:
+    return False
+
+
+# Strict mode's step recording (step_recording.py, which installs these): whether a step may begin
+# recording at a graph named ``graph`` ("forward", "backward" or "inference"), and its beginning.
+may_begin_at: Any = _never
+begin_at: Any = _never
+
+
+def may_record(graph: str) -> bool:
+    """Whether a call of ``graph`` would be recorded, were it recordable as one op."""
+    return recording() or may_begin_at(graph)
+
+
+def record(graph: str) -> bool:
+    """Before a recordable call of ``graph``: whether it is recorded (Strict mode may begin here)."""
+    return recording() or begin_at(graph)
 
 
 def takes(args: list[Any]) -> bool:

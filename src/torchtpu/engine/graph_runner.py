@@ -122,10 +122,11 @@ class GraphProgram:
     def __call__(self, args: list[Any]) -> Any:
         if self._eager is not None:
             return self._eager(*args)
-        if graph_node.recording() and graph_node.takes(args):
+        if graph_node.may_record(self.name) and graph_node.takes(args):
             if self._node is False:
                 self._node = graph_node.inlined(self)
-            if self._node is not None:
+            # (Strict mode records a training step from its first graph: step_recording.py)
+            if self._node is not None and graph_node.record(self.name):
                 return self._node(args)
         try:
             if self.symbolic and bucketing.enabled():

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -49,9 +50,13 @@ def test_tpu_refused_without_tpu(monkeypatch):
 
 def test_tpu_lookup_when_present(monkeypatch, tmp_path):
     (tmp_path / "libtpu").mkdir()
+    # a regular package: on a TPU host the installed libtpu (a regular package, perhaps imported
+    # already) would otherwise win over a namespace directory earlier on the path
+    (tmp_path / "libtpu" / "__init__.py").write_text("")
     so = tmp_path / "libtpu" / "libtpu.so"
     so.write_bytes(b"")
     monkeypatch.setattr(plugins, "tpu_present", lambda: True)
+    monkeypatch.delitem(sys.modules, "libtpu", raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert plugins.resolve_plugin_path("tpu") == str(so)
 

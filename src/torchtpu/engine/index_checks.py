@@ -33,6 +33,8 @@ _ASYNC_NOTE = (" (torchtpu: detected on the device by an earlier op and reported
 _lock = threading.Lock()
 _flags: dict[torch.device, torch.Tensor] = {}  # device -> its latest flag, while unread
 _zeros: dict[torch.device, torch.Tensor] = {}  # device -> a clear flag, the start of each chain
+# device -> the flag a compiled graph took last (see set_flag)
+_graph_inputs: dict[torch.device, torch.Tensor] = {}
 # code -> (exception type, message); a check's code depends only on what it reports, so the
 # same op call records the same program (and hits the same cached executable) every time
 _reports: list[tuple[type[Exception], str]] = [(RuntimeError, "")]
@@ -95,6 +97,10 @@ def _never_computed(flag: torch.Tensor) -> bool:
 def set_flag(device: torch.device, flag: torch.Tensor) -> None:
     """A compiled graph's flag output: ``current_flag(device)`` with the graph's checks folded in."""
     with _lock:
+        # The flag the graph took stays held until the next graph's: otherwise it is a dead input
+        # (donated) when it came from an earlier graph and a live one when it is the clear flag of
+        # _zeros, and a recorded step's program would compile in both variants (step_recording.py).
+        _graph_inputs[device] = _flags.get(device, _zeros.get(device))
         _flags[device] = flag
 
 

@@ -66,9 +66,11 @@ _VARIABLES = (
              minimum=0),
     Variable("TORCH_TPU_FUSE_OPTIMIZER_STEPS", "flag", True,
              "Strict mode: record a torch.optim step over tpu parameters and run it as one program"),
-    Variable("TORCH_TPU_FUSE_COMPILED_STEPS", "flag", True,
-             "Strict mode: record a training step from its first torch.compile graph to the end of its "
-             "optimizer step (or a read) and run it as one program"),
+    Variable("TORCH_TPU_FUSE_COMPILED_STEPS", "choice", "backward",
+             "Strict mode: record a training step from its first torch.compile graph through its backward "
+             "(`backward`: the optimizer step is a second program) or through its optimizer step "
+             "(`optimizer`: one program, whose first-step and later variants both compile), or `off`; "
+             "a read ends the recording", choices=("backward", "optimizer", "off")),
     Variable("TORCH_TPU_MAX_CACHED_PROGRAMS", "int", 1500,
              "compiled programs each in-memory cache keeps (oldest dropped first; 0: no bound): each "
              "costs memory mappings, of which Linux allows 65,530 by default", minimum=0),

@@ -726,6 +726,19 @@ def _collected_kinds(node: _Node) -> list[int | None]:
     return slots
 
 
+def cut_before_step() -> None:
+    """A training step's first compiled graph is about to be recorded: cut the graph here, and
+    count chunks from here. Without a read between steps, chunk cuts counted from the last read
+    fell at other ops of each step until its period was found, and each new cut point made a new
+    program holding whole graphs (a 12-layer GPT: two windows of ~45 s of compiles)."""
+    global _since_sync
+    with _lock:
+        if _graph.nodes:
+            flush(cut=True)
+        _since_sync = 0
+        _reset_history()  # the steps' cuts are these: repeats found elsewhere would cut again
+
+
 def _reset_history() -> None:
     global _on_period
     _history.clear()

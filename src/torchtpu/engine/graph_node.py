@@ -28,7 +28,7 @@ import torch.fx
 from .._config import config
 from ..lowering import decompose, registry
 from ..lowering.builder import Builder, Value
-from . import graph_runner, index_checks
+from . import deferred, graph_runner, index_checks
 from . import precision as precision_mod
 
 _lib = torch.library.Library("torchtpu", "FRAGMENT")
@@ -125,6 +125,8 @@ class InlinedGraph:
         return True
 
     def __call__(self, args: list[Any]) -> list[Any]:
+        if self.program.name == "forward":
+            deferred.cut_before_step()
         inputs = list(args)
         device = args[0].device
         if self.checks:

@@ -570,20 +570,31 @@ def test_dynamo_does_not_trace_host_kernels_run_under_compiled_code():
 
 # -- compiled graphs inside DeferAndFuse: recorded as one op (engine/graph_node.py) --------------
 
-def _compiled_gpt_losses(mode: str, steps: int, read_each_step: bool) -> tuple[list[float], Any]:
+def _compiled_gpt_step(layers: int, batch: int) -> tuple[GPT, Any]:
+    """A small GPT on tpu and its training step (compiled loss, AdamW), returning the loss."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab=64, seq=16, d_model=32, layers=2, heads=2)).to("tpu")
+    model = GPT(GPTConfig(vocab=64, seq=16, d_model=32, layers=layers, heads=2)).to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     loss_fn = torch.compile(model.loss, backend="tpu")
-    x, y = (t.to("tpu") for t in make_batch(model.cfg, 8, torch.Generator().manual_seed(0)))
+    x, y = (t.to("tpu") for t in make_batch(model.cfg, batch, torch.Generator().manual_seed(0)))
+
+    def step() -> torch.Tensor:
+        loss = loss_fn(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return model, step
+
+
+def _compiled_gpt_losses(mode: str, steps: int, read_each_step: bool) -> tuple[list[float], Any]:
+    model, step = _compiled_gpt_step(layers=2, batch=8)
     losses = []
     with torch.tpu.eager_mode(mode):
         for _ in range(steps):
-            loss = loss_fn(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loss = step()
             losses.append(loss.item() if read_each_step else loss.detach())
         torch.tpu.synchronize()
     return [float(v) for v in losses], model
@@ -612,21 +623,13 @@ def test_compiled_steps_in_defer_and_fuse_without_reads_compile_few_programs(mon
     second window on."""
     from torchtpu.engine import deferred
 
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab=64, seq=16, d_model=32, layers=4, heads=2)).to("tpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loss_fn = torch.compile(model.loss, backend="tpu")
-    x, y = (t.to("tpu") for t in make_batch(model.cfg, 4, torch.Generator().manual_seed(0)))
+    _, step = _compiled_gpt_step(layers=4, batch=4)
     with torch.tpu.defer_and_fuse():
         compiles = []
         for _ in range(4):
             before = deferred.stats["compiles"]
             for _ in range(5):
-                loss = loss_fn(x, y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                step()
             torch.tpu.synchronize()
             compiles.append(deferred.stats["compiles"] - before)
     assert sum(compiles[1:]) <= 2 and compiles[-1] == 0, compiles
@@ -661,20 +664,7 @@ def test_recorded_compiled_steps_without_reads_make_one_program_variant(monkeypa
     from torchtpu.engine import deferred
 
     monkeypatch.setattr(step_recording, "_FUSE_COMPILED", "backward")
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab=64, seq=16, d_model=32, layers=1, heads=2)).to("tpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loss_fn = torch.compile(model.loss, backend="tpu")
-    x, y = (t.to("tpu") for t in make_batch(model.cfg, 4, torch.Generator().manual_seed(0)))
-
-    def step() -> torch.Tensor:
-        loss = loss_fn(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
+    _, step = _compiled_gpt_step(layers=1, batch=4)
     step().item()  # the first step: its programs, the optimizer's state created
     before = deferred.stats["compiles"]
     for _ in range(5):

@@ -94,7 +94,7 @@ def test_precision_config_attribute():
         builder_mod.precision_config("FAST")
 
 
-def _run_for_tpu(code: str) -> str:
+def _run_for_tpu(code: str, env: dict | None = None) -> str:
     r = run_python("""
         import re, torch, torch.nn.functional as F
         from torchtpu.engine import compile_cache
@@ -105,7 +105,7 @@ def _run_for_tpu(code: str) -> str:
             n = len(texts)
             out = fn()
             return out, texts[n:]
-    """ + code, env={"TORCH_TPU_LOWER_FOR": "tpu", "TORCH_TPU_TIER2_COMPILATION_CACHE": "disabled"})
+    """ + code, env={"TORCH_TPU_LOWER_FOR": "tpu", "TORCH_TPU_TIER2_COMPILATION_CACHE": "disabled", **(env or {})})
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
 
@@ -215,6 +215,18 @@ def test_tpu_transcendentals_ask_for_their_accurate_forms():
         assert got.item() == (1 - torch.pow(torch.tensor(0.999), step)).item()
         print("ok")
     """)
+    assert out.split()[-1] == "ok"
+
+
+@pytest.mark.fresh_process
+def test_tpu_transcendentals_fast_forms_on_request():
+    """TORCH_TPU_ACCURATE_TRANSCENDENTALS=0 gives a TPU's fast forms back (to measure what the
+    accurate ones cost there, or to trade them for speed); unset, they are accurate (above)."""
+    out = _run_for_tpu("""
+        got, made = new_texts(lambda: torch.exp(torch.rand(64).to("tpu")).cpu())
+        assert any("stablehlo.exponential" in t for t in made) and not any("result_accuracy" in t for t in made)
+        print("ok")
+    """, env={"TORCH_TPU_ACCURATE_TRANSCENDENTALS": "0"})
     assert out.split()[-1] == "ok"
 
 

@@ -85,11 +85,18 @@ def _host_multiplies_bf16() -> bool:
     return any(flag in flags for flag in _NATIVE_BF16_FLAGS)
 
 
+_ACCURATE: list[bool] = []
+
+
 def accurate_transcendentals() -> bool:
     """Whether elementwise functions (exp, log, tanh, logistic...) ask the compiler for their
     accurate forms (``result_accuracy`` HIGHEST). A TPU's compiler otherwise emits fast
-    approximations; XLA's CPU backend is accurate anyway."""
-    return tpu()
+    approximations; XLA's CPU backend is accurate anyway. TORCH_TPU_ACCURATE_TRANSCENDENTALS
+    overrides (to measure what the accurate forms cost on a TPU, or to give them up there)."""
+    if not _ACCURATE:
+        chosen = env.read("TORCH_TPU_ACCURATE_TRANSCENDENTALS")
+        _ACCURATE.append(tpu() if chosen is None else bool(chosen))
+    return _ACCURATE[0]
 
 
 def wide_float_power() -> bool:

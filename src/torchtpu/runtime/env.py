@@ -89,6 +89,10 @@ _VARIABLES = (
     Variable("TORCH_TPU_COMPILE_CACHE_PLUGIN_ID", "choice", "stat",
              "how cache keys name the plugin: `stat` (size and mtime of its file) or `content` (sha256)",
              choices=("stat", "content")),
+    Variable("TORCH_TPU_ACCURATE_TRANSCENDENTALS", "flag", None,
+             "ask the compiler for accurate float32 exp, log, tanh, logistic... (`result_accuracy` HIGHEST); "
+             "unset: on a TPU, whose default forms are fast approximations (docs/tpu.md), not elsewhere; "
+             "off on a TPU trades that accuracy for speed"),
     Variable("TORCH_TPU_LOWER_FOR", "choice", None,
              "build programs for this platform instead of the plugin's (`tpu`: a TPU's programs on the CPU "
              "plugin, for tests)", choices=("cpu", "tpu", "cuda")),

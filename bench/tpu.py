@@ -617,7 +617,9 @@ def meta(args: argparse.Namespace, have_jax: bool) -> dict[str, Any]:
             "jaxlib": version_of("jaxlib") if have_jax else None, "torch": version_of("torch"),
             "python": platform.python_version(), "host": platform.node(), "small": args.small,
             "peak_tflops": args.peak_tflops, "timeout_s": args.timeout,
-            "pjrt_plugin": os.environ.get("TORCH_TPU_PJRT_PLUGIN"), "argv": sys.argv[1:]}
+            "pjrt_plugin": os.environ.get("TORCH_TPU_PJRT_PLUGIN"), "argv": sys.argv[1:],
+            # the workers inherit these (A/B runs: TORCH_TPU_ACCURATE_TRANSCENDENTALS=0 python bench/tpu.py ...)
+            "torch_tpu_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TORCH_TPU_")}}
 
 
 def platforms(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, list[str]]:

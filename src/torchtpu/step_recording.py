@@ -1,4 +1,4 @@
-"""Strict mode runs a training step's compiled graphs and optimizer step as one program.
+"""Strict mode runs a training step's compiled graphs and optimizer step as one or two programs.
 
 In Strict mode each op, and each ``torch.compile`` graph, is its own launch. A training step is
 then many: a ``torch.optim`` step is a dozen or more small ops over every parameter (AdamW's
@@ -16,7 +16,7 @@ has the same ops). Recording
   program of its own: two launches per training step. Through the optimizer step (``=optimizer``)
   a step is one launch, but a model's first step (which creates the optimizer's state) and later
   steps are two variants of the whole step's program, and both compile: measured on the emulator
-  for a 12-layer GPT, 17 s to reach speed instead of 10 s, where the two-program step compiles
+  for a 12-layer GPT, 13 s to reach speed instead of 10 s, where the two-program step compiles
   its large program once.
 
 Nothing waits for the device: Strict is asynchronous either way, and the parameters hold their

@@ -35,24 +35,9 @@ import tpu as bench_tpu  # bench/tpu.py: the workloads' sizes and step
 
 
 def build_step(workload: str, mode: str, small: bool) -> tuple[Any, Callable[[], Any]]:
-    """torch, and one training step of ``workload`` in ``mode`` (after bench/tpu.py's worker)."""
+    """torch, and bench/tpu.py's training step of ``workload`` in ``mode``."""
     os.environ["TORCH_TPU_DEFER_AND_FUSE"] = "1" if bench_tpu.TORCH_EAGER_MODE[mode] == "defer_and_fuse" else "0"
-    torch = bench_tpu._torch()
-    from torchtpu.examples.gpt import make_batch
-
-    p = bench_tpu.sizes(workload, small)
-    _, model = bench_tpu._torch_gpt(p, train=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=p["lr"])
-    loss_fn = torch.compile(model.loss, backend="tpu") if mode.startswith("compiled") else model.loss
-    x, y = (t.to("tpu") for t in make_batch(model.cfg, p["batch"], torch.Generator().manual_seed(0)))
-
-    def step() -> Any:
-        loss = loss_fn(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
+    torch, _, step = bench_tpu.torch_gpt_step(bench_tpu.sizes(workload, small), mode, bf16=False)
     return torch, step
 
 

@@ -246,7 +246,8 @@ def _torch_gpt(p: dict[str, Any], train: bool) -> tuple[Any, Any]:
     return torch, model if train else model.eval()
 
 
-def torch_gpt_train(p: dict[str, Any], mode: str, bf16: bool) -> dict[str, Any]:
+def torch_gpt_step(p: dict[str, Any], mode: str, bf16: bool) -> tuple[Any, Any, Callable[[], Any]]:
+    """torch, the model, and one training step of it in ``mode`` (forward, backward, AdamW)."""
     torch, model = _torch_gpt(p, train=True)
     from torchtpu.examples.gpt import make_batch
 
@@ -263,6 +264,11 @@ def torch_gpt_train(p: dict[str, Any], mode: str, bf16: bool) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         return loss
 
+    return torch, model, step
+
+
+def torch_gpt_train(p: dict[str, Any], mode: str, bf16: bool) -> dict[str, Any]:
+    torch, model, step = torch_gpt_step(p, mode, bf16)
     out = time_train(step, torch.tpu.synchronize, lambda: torch.tpu.compile_cache_stats()["compiles"],
                      p["warmup"], p["windows"], p["steps"])
     out["params"] = sum(t.numel() for t in model.parameters())

@@ -417,6 +417,20 @@ def _check_version(exported: Any) -> None:
             f"{hlo.get_current_version()}) is newer than the plugin accepts (StableHLO {plugin}): {e}") from e
 
 
+def _jax_op(jax_fn: Callable[..., Any], name: str, static_argnums: tuple[int, ...]) -> tuple[Any, _JaxKernel]:
+    """The op ``torch.ops.torchtpu_kernels.<name>(inputs: list[Tensor], static: str) -> list[Tensor]``
+    running ``jax_fn``, without autograd (the caller registers it); ``static`` is the repr of the
+    tuple of static arguments, or "" for none."""
+    kernel = _JaxKernel(name, jax_fn, static_argnums)
+    return _define(kernel), kernel
+
+
+def jax_op(jax_fn: Callable[..., Any], *, name: str, static_argnums: Sequence[int] = ()) -> Any:
+    """A JAX function as a raw op, for library code that registers its own backward: called as
+    ``op(list_of_tensors, repr(static_args_tuple))``, returns the list of result tensors."""
+    return _jax_op(jax_fn, _kernel_name(name, name), tuple(static_argnums))[0]
+
+
 def custom_jax_kernel(jax_fn: Callable[..., Any] | None = None, *, name: str | None = None,
                       static_argnums: Sequence[int] | int = (),
                       backward: Callable[..., Any] | None = None) -> Any:
@@ -429,8 +443,7 @@ def custom_jax_kernel(jax_fn: Callable[..., Any] | None = None, *, name: str | N
         return lambda f: custom_jax_kernel(f, name=name, static_argnums=static_argnums, backward=backward)
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     base = _kernel_name(name, getattr(jax_fn, "__name__", "jax_kernel"))
-    kernel = _JaxKernel(base, jax_fn, nums)
-    op = _define(kernel)
+    op, kernel = _jax_op(jax_fn, base, nums)
 
     k = len(nums)
 
@@ -447,8 +460,7 @@ def custom_jax_kernel(jax_fn: Callable[..., Any] | None = None, *, name: str | N
             grads = pullback(tuple(cts) if kernel.returns_tuple else cts[0])
         return tuple(grads) if isinstance(grads, (tuple, list)) else (grads,)
 
-    bwd = _JaxKernel(_unique_name(base + "_backward"), vjp_fn, tuple(range(k + 1)))
-    bwd_op = _define(bwd)
+    bwd_op, _ = _jax_op(vjp_fn, _unique_name(base + "_backward"), tuple(range(k + 1)))
 
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         tensors, static = inputs

@@ -93,6 +93,10 @@ _VARIABLES = (
              "ask the compiler for accurate float32 exp, log, tanh, logistic... (`result_accuracy` HIGHEST); "
              "unset: on a TPU, whose default forms are fast approximations (docs/tpu.md), not elsewhere; "
              "off on a TPU trades that accuracy for speed"),
+    Variable("TORCH_TPU_FLASH_ATTENTION", "flag", None,
+             "F.scaled_dot_product_attention through a Pallas flash-attention kernel where the shapes qualify "
+             "(needs JAX); unset: on a TPU, not on the CPU emulator (where it runs in Pallas' slow interpret "
+             "mode); `torch.nn.attention.sdpa_kernel(SDPBackend.MATH)` turns it off locally"),
     Variable("TORCH_TPU_LOWER_FOR", "choice", None,
              "build programs for this platform instead of the plugin's (`tpu`: a TPU's programs on the CPU "
              "plugin, for tests)", choices=("cpu", "tpu", "cuda")),

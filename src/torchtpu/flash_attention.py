@@ -1,0 +1,244 @@
+"""``F.scaled_dot_product_attention`` on tpu through a Pallas flash-attention kernel.
+
+The math lowering of attention materializes the [B, H, L, S] score tensor (and its softmax, and
+their gradients) in device memory; a flash kernel streams key/value blocks through on-chip memory
+with an online softmax, so memory grows with L * S no more and the matrix unit stays busy. The
+kernel is JAX's own Pallas TPU flash attention (``jax.experimental.pallas.ops.tpu``), lowered by
+``torchtpu.kernels`` (exported with ``jax.export``, inlined into torchtpu's program, so it fuses
+with its neighbours in DeferAndFuse and is one node of a ``torch.compile`` graph). On a TPU it is a
+Mosaic kernel; on the CPU emulator Pallas' interpret mode lowers the same kernel to plain HLO loops
+(exact, slow: off there unless ``TORCH_TPU_FLASH_ATTENTION=1``).
+
+Which calls take it (:func:`qualifies`): 4-D float32 or bfloat16 query/key/value with equal batch,
+heads and head dim, no dropout, a key length that is a multiple of 128 (the kernel's lane width),
+a query length that is a multiple of 8 (and of 128 beyond 128), a head dim of 64, 128 or a multiple
+of 128; causal (square) or not; with a floating additive mask or none (a boolean mask, whose fully
+masked rows PyTorch sets to 0, takes the math path). Everything else, and everything under
+``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)``, takes PyTorch's own composite path, which
+torchtpu lowers as plain matmul/softmax programs.
+
+Precision: at ``medium`` (the default) float32 inputs enter the kernel as bfloat16, the one bf16
+pass per product that ``medium`` means for every other matmul; scores, softmax and accumulation stay
+float32 inside the kernel. At ``high`` and ``highest`` the kernel multiplies float32 operands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import math
+from typing import Any
+
+import torch
+
+from .runtime import env
+
+_BLOCK = 128  # the kernel's lane width: key lengths and key blocks are multiples of it
+# Block edges along queries and keys (clipped to the lengths): JAX's defaults. The kernel's grid
+# has one step per (batch, head, query block, key block); bench/flash_attention.py compares sizes.
+BLOCK_Q = 128
+BLOCK_K = 128
+_HEAD_DIMS = (64, 128)  # below 128: the sizes the kernel is tested with; beyond: multiples of 128
+
+
+# -- where it runs ---------------------------------------------------------------------------------
+
+@functools.cache
+def _jax_present() -> bool:
+    return importlib.util.find_spec("jax") is not None
+
+
+def enabled() -> bool:
+    """Whether qualifying attention calls use the flash kernel now: TORCH_TPU_FLASH_ATTENTION (unset:
+    on a TPU only), JAX installed, and PyTorch's fused SDPA backends not switched off
+    (``sdpa_kernel([SDPBackend.MATH])`` turns flash and "overrideable" off)."""
+    chosen = env.read("TORCH_TPU_FLASH_ATTENTION")
+    if chosen is None:
+        from .lowering import target
+
+        chosen = target.tpu()
+    if not chosen or not _jax_present():
+        return False
+    return torch._C._get_flash_sdp_enabled() or torch._C._get_overrideable_sdp_enabled()
+
+
+def qualifies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+              dropout_p: float, is_causal: bool, enable_gqa: bool = False) -> bool:
+    """Whether the flash kernel computes this call (shapes and options; see the module docstring)."""
+    if dropout_p != 0.0 or query.is_nested or key.is_nested or value.is_nested:
+        return False
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return False
+    if query.dtype not in (torch.float32, torch.bfloat16) or key.dtype != query.dtype or value.dtype != query.dtype:
+        return False
+    b, h, q_len, d = query.shape
+    if tuple(key.shape) != tuple(value.shape) or key.shape[0] != b or key.shape[1] != h or key.shape[3] != d:
+        return False
+    kv_len = key.shape[2]
+    if kv_len == 0 or kv_len % _BLOCK or q_len == 0 or q_len % 8 or (q_len > _BLOCK and q_len % _BLOCK):
+        return False
+    if d not in _HEAD_DIMS and (d < _BLOCK or d % _BLOCK):
+        return False
+    if is_causal and (attn_mask is not None or q_len != kv_len):
+        return False
+    if attn_mask is not None:
+        if not attn_mask.is_floating_point() or attn_mask.dim() > 4:
+            return False
+        try:
+            torch.broadcast_shapes(attn_mask.shape, (b, h, q_len, kv_len))
+        except RuntimeError:
+            return False
+    return True
+
+
+# -- the kernel, as JAX functions ------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _lowering_mode() -> Any:
+    """Pallas interpret mode while lowering for the CPU emulator (plain HLO loops); on a TPU, Mosaic."""
+    from .kernels import _export_platform
+
+    if _export_platform() == "tpu":
+        yield
+        return
+    from jax._src import config
+
+    flag = config.pallas_tpu_interpret_mode_context_manager
+    previous = flag.swap_local(True)
+    try:
+        yield
+    finally:
+        flag.set_local(previous)
+
+
+def _library() -> Any:
+    from jax.experimental.pallas.ops.tpu import flash_attention
+
+    return flash_attention
+
+
+def _edge(length: int, wanted: int) -> int:
+    """A block edge along a length: the wanted one if it divides the length, else 128 (which
+    divides every qualifying length over 128) or the whole length."""
+    edge = min(wanted, length)
+    return edge if length % edge == 0 else min(_BLOCK, length)
+
+
+def _block_sizes(fa: Any, bq: int, bk: int) -> Any:
+    return fa.BlockSizes(block_q=bq, block_k_major=bk, block_k=bk, block_b=1,
+                         block_q_major_dkv=bq, block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq,
+                         block_k_major_dq=bk, block_k_dq=bk, block_q_dq=bq)
+
+
+def _operands(causal: bool, scale: float, low: bool, q: Any, k: Any, v: Any, mask: Any) -> tuple:
+    """The kernel's (q, k, v, bias, sm_scale). The kernel computes ``(q.k + bias) * sm_scale``;
+    PyTorch ``q.k * scale + mask``: with a mask, q is scaled first and sm_scale is 1."""
+    import jax.numpy as jnp
+
+    sm_scale = scale
+    if mask is not None:
+        q, sm_scale = q * jnp.asarray(scale, q.dtype), 1.0
+    if low:
+        q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    return q, k, v, mask, sm_scale
+
+
+def _forward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], q: Any, k: Any, v: Any,
+             *mask: Any) -> tuple:
+    """(output, logsumexp of each query row's scaled scores)."""
+    import jax.numpy as jnp
+
+    fa = _library()
+    out_dtype = q.dtype
+    qk, kk, vk, bias, sm_scale = _operands(causal, scale, low, q, k, v, mask[0] if mask else None)
+    with _lowering_mode():
+        o, l, m = fa._flash_attention(qk, kk, vk, bias, None, True, causal, sm_scale,
+                                      _block_sizes(fa, *blocks), False)
+    return o.astype(out_dtype), m + jnp.log(l)
+
+
+def _backward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], q: Any, k: Any, v: Any,
+              *rest: Any) -> tuple:
+    """Gradients of q, k, v (and of the mask, when there is one) from (…, out, logsumexp, grad_out)."""
+    import jax.numpy as jnp
+
+    fa = _library()
+    mask = rest[0] if len(rest) == 4 else None
+    out, lse, grad_out = rest[-3:]
+    dtype = q.dtype
+    qk, kk, vk, bias, sm_scale = _operands(causal, scale, low, q, k, v, mask)
+    if low:
+        grad_out = grad_out.astype(jnp.bfloat16)
+    # The kernel's residuals are the row max m and row sum l of exp(s - m); with m = logsumexp
+    # and l = 1 it computes the same probabilities exp(s - lse).
+    residuals = (qk, kk, vk, bias, None, out, jnp.ones_like(lse), lse)
+    with _lowering_mode():
+        dq, dk, dv, dbias, _ = fa._flash_attention_bwd(False, causal, sm_scale,
+                                                       _block_sizes(fa, *blocks), False,
+                                                       residuals, grad_out)
+    if mask is not None:
+        dq = dq.astype(jnp.float32) * scale
+        return dq.astype(dtype), dk.astype(dtype), dv.astype(dtype), dbias.astype(mask.dtype)
+    return dq.astype(dtype), dk.astype(dtype), dv.astype(dtype)
+
+
+# -- the ops ---------------------------------------------------------------------------------------
+
+@functools.cache
+def _ops() -> tuple[Any, Any]:
+    """The forward and backward ops (``torch.ops.torchtpu_kernels.flash_attention[_backward]``),
+    defined at first use, with the forward's autograd."""
+    from . import kernels
+
+    forward = kernels.jax_op(_forward, name="flash_attention", static_argnums=(0, 1, 2, 3))
+    backward = kernels.jax_op(_backward, name="flash_attention_backward", static_argnums=(0, 1, 2, 3))
+
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        tensors, static = inputs
+        ctx.save_for_backward(*tensors, *output)
+        ctx.static = static
+
+    def backward_fn(ctx: Any, grads: list) -> tuple:
+        *inputs, out, lse = ctx.saved_tensors
+        grad_out = grads[0] if grads[0] is not None else torch.zeros_like(out)
+        return list(backward([*inputs, out, lse, grad_out], ctx.static)), None
+
+    torch.library.register_autograd(forward._schema.name, backward_fn, setup_context=setup_context,
+                                    lib=kernels._lib)
+    return forward, backward
+
+
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+              is_causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """Attention through the flash kernel (the caller checked :func:`qualifies`)."""
+    from .engine import precision
+
+    b, h, q_len, d = query.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    low = query.dtype == torch.float32 and precision.current() == "medium"
+    inputs = [query, key, value]
+    if attn_mask is not None:
+        inputs.append(attn_mask.to(torch.float32).expand(b, h, q_len, key.shape[2]))
+    blocks = (_edge(q_len, BLOCK_Q), _edge(key.shape[2], BLOCK_K))
+    forward, _ = _ops()
+    return forward(inputs, repr((bool(is_causal), scale, low, blocks)))[0]
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, *, scale: float | None = None,
+                                 enable_gqa: bool = False) -> torch.Tensor:
+    """``aten::scaled_dot_product_attention`` for tpu tensors: the flash kernel where it is enabled
+    and the call qualifies, else PyTorch's own composite (math) path."""
+    if enabled() and qualifies(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+        return attention(query, key, value, attn_mask, is_causal, scale)
+    return torch.ops.aten.scaled_dot_product_attention.default.decompose(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def register(lib: torch.library.Library) -> None:
+    """Take ``aten::scaled_dot_product_attention`` for tpu tensors, with and without autograd (the
+    composite it replaces would otherwise fill both keys)."""
+    for key in ("AutogradPrivateUse1", "PrivateUse1"):
+        lib.impl("scaled_dot_product_attention", scaled_dot_product_attention, key)

@@ -57,16 +57,14 @@ def enabled() -> bool:
     (``sdpa_kernel([SDPBackend.MATH])`` turns flash and "overrideable" off)."""
     chosen = env.read("TORCH_TPU_FLASH_ATTENTION")
     if chosen is None:
-        from .lowering import target
-
-        chosen = target.tpu()
+        chosen = _tpu()
     if not chosen or not _jax_present():
         return False
     return torch._C._get_flash_sdp_enabled() or torch._C._get_overrideable_sdp_enabled()
 
 
 def qualifies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
-              dropout_p: float, is_causal: bool, enable_gqa: bool = False) -> bool:
+              dropout_p: float, is_causal: bool) -> bool:
     """Whether the flash kernel computes this call (shapes and options; see the module docstring)."""
     if dropout_p != 0.0 or query.is_nested or key.is_nested or value.is_nested:
         return False
@@ -230,11 +228,9 @@ def _ops() -> tuple[Any, Any]:
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
               is_causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """Attention through the flash kernel (the caller checked :func:`qualifies`)."""
-    from .engine import precision
-
     b, h, q_len, d = query.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    low = query.dtype == torch.float32 and precision.current() == "medium"
+    low = query.dtype == torch.float32 and _precision() == "medium"
     inputs = [query, key, value]
     if attn_mask is not None:
         inputs.append(attn_mask.to(torch.float32).expand(b, h, q_len, key.shape[2]))
@@ -249,7 +245,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                  enable_gqa: bool = False) -> torch.Tensor:
     """``aten::scaled_dot_product_attention`` for tpu tensors: the flash kernel where it is enabled
     and the call qualifies, else PyTorch's own composite (math) path."""
-    if enabled() and qualifies(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+    if enabled() and qualifies(query, key, value, attn_mask, dropout_p, is_causal):  # (GQA: unequal heads)
         return attention(query, key, value, attn_mask, is_causal, scale)
     return torch.ops.aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
+#   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
+#   bash tools/tpu_suite/steps.sh demo|fresh|bench SECONDS
+#   bash tools/tpu_suite/steps.sh conf SECONDS N K    # conformance shards K, K+1, ... of N while time is left
+# Results go to $OUT; the list of tests run stays in /tmp/done.txt while the host is warm.
+set -uo pipefail
+step=$1; secs=$2; end=$(( $(date +%s) + secs ))
+left() { echo $(( end - $(date +%s) )); }
+[ -e .tpu/hf.tgz ] && [ ! -e /tmp/torchtpu-site/transformers ] && tar xzf .tpu/hf.tgz -C /tmp/torchtpu-site  # pack_packages.py
+mkdir -p .tpu/suite && cp tools/tpu_suite/* .tpu/suite/ && touch /tmp/done.txt && cp /tmp/done.txt .tpu/suite/done.txt
+python3 -c "import importlib.metadata as m; print('libtpu', m.version('libtpu'), 'jax', m.version('jax'))" 2>&1 | tee -a $OUT/versions.txt
+git log -1 --format=%h 2>/dev/null | tee -a $OUT/versions.txt
+case $step in
+suite)  # pytest arguments follow SECONDS
+  shift 2; bash .tpu/suite/suite_run.sh suite $(( $(left) - 5 )) "$@"
+  cp $OUT/done.txt /tmp/done.txt ;;
+demo)
+  for m in strict debug defer_and_fuse; do
+    [ "$(left)" -lt 70 ] && break
+    timeout $(( $(left) - 10 )) python3 -m torchtpu.demo --mode $m 2>&1 | tr "\r" "\n" | grep -v "step/s" | tail -6 | tee $OUT/demo_$m.log
+  done ;;
+fresh)
+  bash .tpu/suite/suite_run.sh fresh $(( $(left) - 5 )) -m "fresh_process and not slow" tests
+  cp $OUT/done.txt /tmp/done.txt ;;
+bench)
+  export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=
+  timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes compiled,jax_jit --timeout 150 --out $OUT/b100.json 2>&1 | tail -20 | tee $OUT/bench1.log
+  TORCH_TPU_ACCURATE_TRANSCENDENTALS=0 timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes compiled --timeout 150 --out $OUT/b100fast.json 2>&1 | tail -8 | tee $OUT/bench2.log
+  timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m_bf16,gpt_demo --modes compiled,jax_jit --timeout 120 --out $OUT/bmix.json 2>&1 | tail -12 | tee $OUT/bench3.log ;;
+conf)
+  n=$3; k=$4
+  while [ "$(left)" -gt 150 ] && [ "$k" -le "$n" ]; do
+    timeout $(( $(left) - 10 )) python3 -m torchtpu.conformance --shard $k/$n --out $OUT/conf 2>&1 | tail -3 | tee -a $OUT/conf.log
+    k=$((k + 1))
+  done
+  echo "next shard: $k" | tee -a $OUT/conf.log ;;
+esac

@@ -230,6 +230,9 @@ CASES = {
     "masked_fill uint8 tensor -1": lambda d: torch.tensor([2], dtype=torch.uint8).to(d).masked_fill(
         torch.tensor([True]).to(d), torch.tensor(-1).to(d)),
     "softmax int empty": lambda d: torch.ones(2, 0).long().to(d).softmax(0),
+    # (CPU returns an empty bool input as it is; the meta decomposition subtracted bools)
+    "log_softmax bool empty": lambda d: torch.ones(0, 3, dtype=torch.bool).to(d).log_softmax(1),
+    "softmax bool empty": lambda d: torch.ones(2, 0, dtype=torch.bool).to(d).softmax(0),
     "argmin empty": lambda d: torch.ones(3, 0).long().to(d).argmin(),
     "logcumsumexp bool bad dim": lambda d: b.to(d).logcumsumexp(-2),
     "clamp_ broadcast": lambda d: torch.zeros(0, 0).to(d).clamp_(torch.ones(3, 1, 1).to(d)),

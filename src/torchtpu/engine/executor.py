@@ -429,6 +429,11 @@ def check_no_input_overlap(plan: OpPlan, specs: list) -> None:
 def _call_meta(plan: OpPlan, meta_args: list[Any], func_args: list[Any]) -> Any:
     if plan.mutated:
         call_op(plan.op, _args_for(plan.op, meta_args))
+    early = registry.meta_outputs(plan.functional)
+    if early is not None:
+        out = early(*func_args)
+        if out is not None:
+            return out
     adapt = registry.meta_arguments(plan.functional)
     return call_op(plan.functional, func_args if adapt is None else adapt(*func_args))
 

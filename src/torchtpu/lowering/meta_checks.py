@@ -16,7 +16,12 @@ from typing import Any
 
 import torch
 
-from .registry import register_argument_check, register_meta_arguments, register_meta_check
+from .registry import (
+    register_argument_check,
+    register_meta_arguments,
+    register_meta_check,
+    register_meta_outputs,
+)
 
 aten = torch.ops.aten
 
@@ -426,6 +431,13 @@ def _softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> None:
 @register_meta_check(aten._log_softmax.default)
 def _log_softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> None:
     _check_softmax("log_softmax", x, dim)
+
+
+@register_meta_outputs(aten._softmax.default, aten._log_softmax.default)
+def _softmax_of_empty_bool(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor | None:
+    """CPU returns an empty input before its dtype dispatch, bool included; the decomposition
+    behind the meta kernel subtracts bools and raises (regression: tpu raised a RuntimeError)."""
+    return torch.empty_like(x) if x.dtype == torch.bool and x.numel() == 0 else None
 
 
 # -- indexing, convolution, losses, normalization: CPU's types and wording ----------------

@@ -43,6 +43,10 @@ _OUTPUT_LAYOUTS: dict[Any, Callable[..., list]] = {}
 # ``where``, a uint8 target of ``nll_loss``): ``fn(*meta_args)`` returns the meta arguments to
 # call the meta kernel with. The lowering gets the original arguments.
 _META_ARGUMENTS: dict[Any, Callable[..., list]] = {}
+# Calls that CPU's kernel answers before its type checks and PyTorch's meta kernel refuses (the
+# softmax of an empty bool tensor: CPU returns it as it is, the decomposition subtracts bools):
+# ``fn(*meta_args)`` returns the output meta(s), or None to call the meta kernel as usual.
+_META_OUTPUTS: dict[Any, Callable[..., Any]] = {}
 # Higher-order ops of compiled graphs (torch.cond, while_loop): ``fn(b, args, val, precision,
 # extras, vals)`` lowers the node (``val``: its example value), its subgraphs included, into the
 # builder (``vals``: concrete values of the graph's nodes, subgraphs' too, for symbolic graphs).
@@ -112,6 +116,7 @@ register_argument_check = _registrar(_ARGUMENT_CHECKS)
 register_index_bounds = _registrar(_INDEX_BOUNDS)
 register_output_layout = _registrar(_OUTPUT_LAYOUTS)
 register_meta_arguments = _registrar(_META_ARGUMENTS)
+register_meta_outputs = _registrar(_META_OUTPUTS)
 register_higher_order = _registrar(_HIGHER_ORDER)
 
 
@@ -141,6 +146,10 @@ def output_layout(op: torch._ops.OpOverload) -> Callable[..., list] | None:
 
 def meta_arguments(op: torch._ops.OpOverload) -> Callable[..., list] | None:
     return _META_ARGUMENTS.get(op)
+
+
+def meta_outputs(op: torch._ops.OpOverload) -> Callable[..., Any] | None:
+    return _META_OUTPUTS.get(op)
 
 
 def higher_order(op: Any) -> Callable[..., Any] | None:

@@ -360,6 +360,78 @@ def scenario_ddp(rank: int, world: int) -> None:
                   [p.detach().cpu() for p in reference.parameters()], rtol=1e-5, atol=1e-6)
 
 
+# -- FSDP2 ---------------------------------------------------------------------------------------
+
+def scenario_fsdp2(rank: int, world: int) -> None:
+    """FSDP2 (``fully_shard`` per block and at the root: parameters sharded as DTensors, gathered
+    for forward and backward, gradients reduce-scattered) on 2 ranks, half the batch each, against
+    one process training on the whole batch."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
+
+    cfg = GPTConfig(vocab=32, seq=8, d_model=16, heads=2, layers=2)
+    with torch.tpu.precision("highest"):
+        torch.manual_seed(0)
+        reference = GPT(cfg).to("tpu")
+        torch.manual_seed(0)
+        model = GPT(cfg).to("tpu")
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        shards = [p for p in model.parameters() if isinstance(p, DTensor)]
+        check("every parameter sharded", len(shards), len(list(model.parameters())))
+        check("shards live on tpu", {p.to_local().device.type for p in shards}, {"tpu"})
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+        gen = torch.Generator().manual_seed(42)
+        per_rank = 2
+        for step in range(3):
+            idx, tgt = make_batch(cfg, per_rank * world, gen)
+            idx, tgt = idx.to("tpu"), tgt.to("tpu")
+            mine = slice(rank * per_rank, (rank + 1) * per_rank)
+            opt.zero_grad()
+            model.loss(idx[mine], tgt[mine]).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            reference.loss(idx, tgt).backward()
+            ref_opt.step()
+            check(f"FSDP2 step {step} parameters", [p.full_tensor().detach() for p in model.parameters()],
+                  [p.detach().cpu() for p in reference.parameters()], rtol=1e-5, atol=1e-6)
+
+
+# -- DTensor and distributed checkpoints -----------------------------------------------------------
+
+def scenario_dtensor_dcp(rank: int, world: int) -> None:
+    """DTensor on a ``tpu`` device mesh (distribute, compute, redistribute) against the same
+    computation on CPU, and a distributed checkpoint of sharded state saved and loaded back."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("tpu", (world,))
+    check("mesh device type", mesh.device_type, "tpu")
+    with torch.tpu.precision("highest"):
+        torch.manual_seed(0)  # the same full tensors on every rank
+        a, w = torch.randn(8, 6), torch.randn(6, 4)
+        da = distribute_tensor(a.to("tpu"), mesh, [Shard(0)])
+        dw = distribute_tensor(w.to("tpu"), mesh, [Replicate()])
+        check("local shard", da.to_local(), a.chunk(world)[rank])
+        out = torch.relu(da @ dw) + 1
+        check("sharded result's placement", out.placements, (Shard(0),))
+        check("redistributed to replicate", out.redistribute(mesh, [Replicate()]).to_local(),
+              torch.relu(a @ w) + 1, rtol=1e-6, atol=1e-6)
+        total = distribute_tensor(a.to("tpu"), mesh, [Shard(1)]).sum()  # a partial sum reduced
+        check("sum of a column-sharded tensor", total.full_tensor(), a.sum(), rtol=1e-6, atol=1e-5)
+        path = sys.argv[4] + ".ckpt"  # the init file's name: shared by the ranks, new per test
+        dcp.save({"a": da, "w": dw}, checkpoint_id=path)
+        back = {"a": distribute_tensor(torch.zeros(8, 6, device="tpu"), mesh, [Shard(0)]),
+                "w": distribute_tensor(torch.zeros(6, 4, device="tpu"), mesh, [Replicate()])}
+        dcp.load(back, checkpoint_id=path)
+        check("checkpoint round trip", [back["a"].full_tensor(), back["w"].to_local()], [a, w])
+
+
 # -- MPMD: ranks running different code -----------------------------------------------------------
 
 def scenario_mpmd(rank: int, world: int) -> None:

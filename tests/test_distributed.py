@@ -68,6 +68,25 @@ def test_collectives_match_gloo_on_cpu(tmp_path, mode):
 @pytest.mark.fresh_process
 @pytest.mark.emulator_only(TWO_RANKS)
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_fsdp2_matches_one_process_on_the_global_batch(tmp_path, mode):
+    """FSDP2 (``fully_shard`` per block and at the root) of a small GPT on 2 ranks: every parameter
+    a DTensor shard on tpu, and after each of three SGD steps the gathered parameters equal one
+    process's on the whole batch, at precision "highest", to 1e-5 relative."""
+    env = {"TORCH_TPU_DEFER_AND_FUSE": "1"} if mode == "defer_and_fuse" else {}
+    run_ranks("fsdp2", tmp_path, env)
+
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
+def test_dtensor_and_distributed_checkpoint(tmp_path):
+    """DTensor on ``init_device_mesh("tpu")``: a sharded matmul, redistribution and a reduced
+    partial sum equal CPU's; ``torch.distributed.checkpoint`` saves sharded tpu state and loads it back."""
+    run_ranks("dtensor_dcp", tmp_path)
+
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
 def test_ddp_matches_one_process_on_the_global_batch(tmp_path, mode):
     """DDP of a small GPT on 2 ranks (different initial weights: construction broadcasts rank 0's;
     several gradient buckets) equals one process training on the whole batch, step by step, at

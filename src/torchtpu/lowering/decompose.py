@@ -9,6 +9,7 @@ whole graphs (torch.compile, fused eager).
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,12 @@ from . import registry
 from .builder import Builder, Value
 
 _aten = torch.ops.aten
+
+
+# make_fx keeps its tracing state in module globals (torch.fx's current patcher): two threads
+# lowering ops at once (a threaded conformance sweep, a user's threads sharing the device) broke
+# each other's traces ("CURRENT_PATCHER is None in finally block"). Traces are short; serialize them.
+_make_fx_lock = threading.RLock()
 
 
 @functools.cache
@@ -92,7 +99,8 @@ def lower_composite(ctx: registry.LoweringContext, composite: Any, *args: Any) -
                 pos.append(v)
         return composite(*pos, **kw)
 
-    gm = make_fx(fn, decomposition_table=_inner_table(), tracing_mode="real")(*[_meta_like(v) for v in leaves])
+    with _make_fx_lock:
+        gm = make_fx(fn, decomposition_table=_inner_table(), tracing_mode="real")(*[_meta_like(v) for v in leaves])
     outs = lower_graph(ctx.b, gm.graph, leaves, ctx.precision, ctx.extras)
     if isinstance(outs, (list, tuple)) and len(outs) == 1 and len(ctx.out) == 1:
         return outs[0]

@@ -189,6 +189,50 @@ def test_one_rank_group_in_process():
         dist.destroy_process_group()
 
 
+def test_functional_collectives_in_a_compiled_graph_break_it_with_one_warning(monkeypatch):
+    """Regression: a compiled graph holding _c10d_functional collectives (DTensor, FSDP2 and tensor
+    parallelism trace them) could not be lowered as one program, so the whole graph ran op by op.
+    Now the compute between collectives compiles, the collectives run eagerly between the parts,
+    and one warning says so."""
+    import warnings
+
+    import torch.distributed._functional_collectives as funcol
+
+    from torchtpu.compile import collectives
+
+    monkeypatch.setattr(collectives, "_warned", False)  # (once per process: another test may have)
+    why = _gloo_transport_error()
+    if why is not None:
+        pytest.skip(f"this host gives Gloo no TCP socket ({why}); tpu_dist stages through Gloo")
+    dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    try:
+        def step(x, w):
+            y = torch.relu(x @ w)
+            y = funcol.all_reduce(y, "sum", dist.group.WORLD)
+            z = funcol.all_gather_tensor(y * 2, 0, dist.group.WORLD)
+            z = funcol.reduce_scatter_tensor(z + 1, "sum", 0, dist.group.WORLD)
+            return z.sum(0), y.mean()
+
+        torch.manual_seed(0)
+        x, w = torch.randn(4, 8), torch.randn(8, 8)
+        want = step(x.to("tpu"), w.to("tpu"))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            compiled = torch.compile(step, backend="tpu", fullgraph=True)
+            got = compiled(x.to("tpu"), w.to("tpu"))
+            compiled(x.to("tpu"), w.to("tpu"))
+        messages = [str(m.message) for m in seen if "torchtpu" in str(m.message)]
+        assert not [m for m in messages if "op by op" in m], messages
+        breaks = [m for m in messages if "functional collectives" in m]
+        assert len(breaks) == 1 and "all_reduce" in breaks[0] and "graph breaks" in breaks[0]
+        for g, e in zip(got, want):
+            assert g.device.type == "tpu"
+            torch.testing.assert_close(g.cpu(), e.cpu())
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("shape", [(), (5,), (3, 4), (0, 2), (2, 0, 3)])
 @pytest.mark.parametrize("dtype", [torch.int16, torch.complex64, torch.float64])
 def test_as_bytes_keeps_rows_and_memory(shape, dtype):

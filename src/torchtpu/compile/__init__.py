@@ -68,9 +68,12 @@ def _eager_runner(gm: torch.fx.GraphModule, name: str) -> Any:
 def _graph_compiler(name: str):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from ..engine.graph_runner import GraphProgram
+        from .collectives import has_collectives, split_at_collectives
 
         if crosses_devices(gm):
             return _eager_runner(gm, name)
+        if has_collectives(gm):
+            return split_at_collectives(gm, lambda part: compile_graph(part, example_inputs))
         program = GraphProgram(gm, name)
 
         def run(args: list[Any]) -> Any:

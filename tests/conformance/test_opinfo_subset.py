@@ -140,3 +140,86 @@ def test_error_inputs_a_device_cannot_hold_are_noted_not_failed(monkeypatch):
     assert result.status == "pass", result.detail
     assert "1 error input(s) not run, their data refused by the device: UnsupportedDtypeError: torchtpu: complex128" \
         in result.detail
+
+
+@pytest.mark.fresh_process
+def test_threaded_sweep_of_a_shard_range_matches_the_serial_sweep(tmp_path):
+    """On a TPU host the sweep runs ops in threads of one worker (compiles overlap on its many
+    cores) and several parts per worker (each part's start costs a plugin start): the parts it
+    writes hold what the serial, one-part-at-a-time sweep finds, model checks included (they run
+    in the worker, so the parent never takes the device from it)."""
+    import json
+
+    from torchtpu.conformance.__main__ import _report_stem, main
+
+    common = ["--ops", "sin,add,cumsum,nn.functional.relu,argmax,tril", "--models", "dlrm,resnet",
+              "--dtypes", "float32,int64", "--limit", "2", "--quiet"]
+    for k in (1, 2):
+        assert main([*common, "--shard", f"{k}/2", "--out", str(tmp_path / "serial")]) == 0
+    assert main([*common, "--shard", "1-2/2", "--threads", "3", "--out", str(tmp_path / "threaded")]) == 0
+    stem = _report_stem()
+
+    def rows(run: str, k: int) -> tuple[list, list]:
+        doc = json.loads((tmp_path / run / f"{stem}.shard{k}-of-2.json").read_text())
+        ops = sorted((r["op"], r["dtype"], r["kind"], r["status"], r["samples"]) for r in doc["results"])
+        return ops, sorted((m["model"], m["kind"], m["status"]) for m in doc["models"])
+
+    for k in (1, 2):
+        assert rows("threaded", k) == rows("serial", k)
+    ops, models = rows("serial", 1)
+    assert {o[0] for o in ops} == {"sin", "cumsum", "argmax"} and {m[0] for m in models} == {"dlrm"}
+    assert all(o[3] == "pass" for o in ops) and all(m[2] == "pass" for m in models)
+
+
+def test_sweep_charges_a_crash_or_a_hang_to_its_item_and_reruns_the_others(monkeypatch):
+    """Threaded, a worker that dies takes every running item with it: those run again one at a
+    time, so only the item that crashes is charged; an item past its budget is charged as a
+    timeout while the items beside it run again on a new worker."""
+    import subprocess
+    import time
+
+    from torchtpu.conformance import __main__ as conformance_main
+
+    starts = []
+
+    class FakeWorker:
+        def __init__(self, dtypes, limit, kinds, threads):
+            starts.append(threads)
+            self.device = {"device": "fake", "platform": "fake"}
+            self.outbox: list[dict] = []
+            self.dead = False
+            self.proc = self
+
+        def send(self, item):
+            if self.dead:
+                return False
+            if item == "crash":
+                self.dead = True
+            elif item != "hang":
+                self.outbox.append({"item": item, "results": [{"op": item, "status": "pass"}]})
+            return True
+
+        def read(self, timeout):
+            if self.outbox:
+                return self.outbox.pop(0)
+            if not self.dead:
+                time.sleep(timeout)
+            return None
+
+        def wait(self, timeout):
+            if self.dead:
+                return -11
+            raise subprocess.TimeoutExpired("worker", timeout)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(conformance_main, "_Worker", FakeWorker)
+    rows = conformance_main.sweep(["ok1", "crash", "ok2", "hang", "ok3", "ok4"], ["float32"], 1, ["forward"],
+                                  budget=0.3, progress=False, threads=2)
+    status = {item: (r[0]["status"], r[0].get("detail", "")) for item, r in rows.items()}
+    assert {i: s for i, (s, _) in status.items()} == {"ok1": "pass", "crash": "fail", "ok2": "pass",
+                                                      "hang": "fail", "ok3": "pass", "ok4": "pass"}
+    assert "worker crashed (exit code -11)" in status["crash"][1]
+    assert "timed out" in status["hang"][1]
+    assert len(starts) >= 3 and set(starts) == {2}

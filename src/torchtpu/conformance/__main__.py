@@ -25,13 +25,17 @@ ops' rows are replaced), so a fix can be re-checked without a full sweep.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import select
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,52 +51,83 @@ def _parse_dtypes(text: str) -> list[str]:
 # ---------------------------------------------------------------------------
 # worker
 # ---------------------------------------------------------------------------
-def worker(dtypes: list[str], limit: int, kinds: list[str]) -> None:
+# An item is an OpInfo key, or "model:NAME" for a model check (run in the worker too: the parent
+# never touches the device, so the worker may hold it, as a TPU's one process must).
+MODEL_PREFIX = "model:"
+
+
+def worker(dtypes: list[str], limit: int, kinds: list[str], threads: int = 1) -> None:
     # The protocol goes to the original stdout; anything ops print goes to stderr.
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     import torch
 
     from .. import _device_state
-    from .core import check_op, opinfo_by_key
+    from .core import check_op, global_rng_lock, opinfo_by_key
+    from .models import run_all
 
     ops = opinfo_by_key()
     dts = tuple(getattr(torch, d) for d in dtypes)
     client = _device_state.client()
     proto.write(json.dumps({"ready": True, "device": torch.tpu.get_device_name(),
                             "platform": f"{client.platform_name} {client.platform_version}"}) + "\n")
-    for line in sys.stdin:
-        key = line.strip()
-        if not key:
-            continue
+    out_lock = threading.Lock()
+    served = [0]
+
+    def serve(item: str) -> None:
+        msg: dict[str, Any] = {"item": item}
         try:
-            results = [r.as_dict() for r in check_op(ops[key], dts, tuple(kinds), limit)]
+            if item.startswith(MODEL_PREFIX):
+                # model checks seed and draw from the global RNG throughout: no op draws meanwhile
+                with global_rng_lock:
+                    msg["models"] = run_all([item.removeprefix(MODEL_PREFIX)])
+            else:
+                msg["results"] = [r.as_dict() for r in check_op(ops[item], dts, tuple(kinds), limit)]
         except BaseException as e:  # noqa: BLE001  (report, keep serving)
-            results = [{"op": key, "dtype": "-", "kind": "forward", "status": "fail",
-                        "detail": f"conformance runner: {type(e).__name__}: {e}"[:300], "samples": 0,
-                        "seconds": 0.0}]
-        # executables of one op are never reused by the next: free them (tier 1 only: tiers 2 and 3
-        # keep them for the next sweep, and tier 3 may be a user's persistent cache)
-        torch.tpu.clear_compile_cache(1)
-        proto.write(json.dumps({"op": key, "results": results}) + "\n")
+            msg["results"] = _failed_rows(item, f"conformance runner: {type(e).__name__}: {e}"[:300], 0.0)
+        with out_lock:
+            served[0] += 1
+            # executables of one op are never reused by the next: free them now and then (tier 1
+            # only: tiers 2 and 3 keep them for the next sweep, and tier 3 may be a user's cache)
+            if served[0] % threads == 0:
+                torch.tpu.clear_compile_cache(1)
+            proto.write(json.dumps(msg) + "\n")
+
+    items = (line.strip() for line in sys.stdin)
+    if threads == 1:  # on the main thread, where a sample's time box is a signal
+        for item in items:
+            if item:
+                serve(item)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="conformance") as pool:
+        for item in items:
+            if item:
+                pool.submit(serve, item)
+
+
+def _failed_rows(item: str, why: str, seconds: float) -> list[dict]:
+    if item.startswith(MODEL_PREFIX):
+        return [{"model": item.removeprefix(MODEL_PREFIX), "kind": "forward", "status": "fail", "detail": why}]
+    return [{"op": item, "dtype": "-", "kind": "forward", "status": "fail", "detail": why, "samples": 0,
+             "seconds": seconds}]
 
 
 class _Worker:
-    def __init__(self, dtypes: list[str], limit: int, kinds: list[str]) -> None:
+    def __init__(self, dtypes: list[str], limit: int, kinds: list[str], threads: int) -> None:
         cmd = [sys.executable, "-m", "torchtpu.conformance", "--worker", "--dtypes", ",".join(dtypes),
-               "--limit", str(limit), "--kinds", ",".join(kinds)]
+               "--limit", str(limit), "--kinds", ",".join(kinds), "--threads", str(threads)]
         # the worker's stderr: its last lines explain a worker that does not start
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the worker)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, text=True, bufsize=1)
-        msg = self._read(300)
+        msg = self.read(300)
         if msg is None or not msg.get("ready"):
             self._stderr.seek(0)
             tail = self._stderr.read()[-1500:]
             raise RuntimeError(f"conformance worker did not start:\n{tail}")
         self.device = {"device": msg.get("device", ""), "platform": msg.get("platform", "")}
 
-    def _read(self, timeout: float) -> dict | None:
+    def read(self, timeout: float) -> dict | None:
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
@@ -102,19 +137,14 @@ class _Worker:
             return None
         return json.loads(line)
 
-    def run(self, key: str, timeout: float) -> tuple[list[dict] | None, str]:
+    def send(self, item: str) -> bool:
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(key + "\n")
+            self.proc.stdin.write(item + "\n")
             self.proc.stdin.flush()
         except BrokenPipeError:
-            return None, "worker died"
-        msg = self._read(timeout)
-        if msg is None:
-            if self.proc.poll() is None:
-                return None, f"timed out after {timeout:.0f}s (per-op budget)"
-            return None, f"worker crashed (exit code {self.proc.returncode})"
-        return msg["results"], ""
+            return False
+        return True
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -123,36 +153,88 @@ class _Worker:
         self._stderr.close()
 
 
-def sweep(keys: list[str], dtypes: list[str], limit: int, kinds: list[str], budget: float,
-          progress: bool = True, device: dict | None = None) -> list[dict]:
-    """Every op's results; ``device`` (if given) receives what the worker runs on."""
-    results: list[dict] = []
+def sweep(items: list[str], dtypes: list[str], limit: int, kinds: list[str], budget: float,
+          progress: bool = True, device: dict | None = None, threads: int = 1,
+          on_done: Callable[[str, list[dict], float], None] | None = None) -> dict[str, list[dict]]:
+    """Every item's rows (op results, or model rows for ``model:NAME``), by item.
+
+    ``threads`` items run at once in one worker process. An item past its budget (twice the
+    budget for a model) costs that item, and the worker, whose other items run again on a new
+    one; after a crash, the items that were running run again one at a time, so a crash is
+    charged to the item that causes it. ``device`` (if given) receives what the worker runs on;
+    ``on_done(item, rows, seconds)`` is called as each item finishes.
+    """
+    rows: dict[str, list[dict]] = {}
+    queue = collections.deque(items)
+    alone: collections.deque[str] = collections.deque()  # run again, one at a time, after a crash
+    running: dict[str, float] = {}
+    tries: collections.Counter[str] = collections.Counter()
     w: _Worker | None = None
     start = time.perf_counter()
-    for i, key in enumerate(keys):
-        if w is None:
-            w = _Worker(dtypes, limit, kinds)
-            if device is not None:
-                device.update(w.device)
-        t0 = time.perf_counter()
-        res, why = w.run(key, budget)
-        if res is None:
-            w.close()
-            w = None
-            res = [{"op": key, "dtype": "-", "kind": "forward", "status": "fail", "detail": why, "samples": 0,
-                    "seconds": time.perf_counter() - t0}]
-        results.extend(res)
+
+    def finish(item: str, result: list[dict], seconds: float) -> None:
+        rows[item] = result
+        if on_done is not None:
+            on_done(item, result, seconds)
         if progress:
-            bad = sum(r["status"] != "pass" for r in res)
-            print(f"[{i + 1}/{len(keys)} {time.perf_counter() - start:6.0f}s] {key}: "
-                  f"{len(res) - bad}/{len(res)} pass", file=sys.stderr, flush=True)
+            bad = sum(r["status"] != "pass" for r in result)
+            print(f"[{len(rows)}/{len(items)} {time.perf_counter() - start:6.0f}s] {item}: "
+                  f"{len(result) - bad}/{len(result)} pass", file=sys.stderr, flush=True)
+
+    def limit_s(item: str) -> float:
+        return budget * (2 if item.startswith(MODEL_PREFIX) else 1)
+
+    while queue or alone or running:
+        if w is None:
+            w = _Worker(dtypes, limit, kinds, threads)
+            if device is not None and not device:
+                device.update(w.device)
+        if alone and not running:
+            item = alone.popleft()
+            running[item] = time.perf_counter()
+            w.send(item)
+        while not alone and queue and len(running) < threads:
+            item = queue.popleft()
+            running[item] = time.perf_counter()
+            w.send(item)
+        now = time.perf_counter()
+        wait = max(0.0, min(t0 + limit_s(i) for i, t0 in running.items()) - now)
+        msg = w.read(wait)
+        if msg is not None:
+            item = msg["item"]
+            t0 = running.pop(item)
+            finish(item, msg.get("models", msg.get("results", [])), time.perf_counter() - t0)
+            continue
+        # no answer in time: some item ran past its budget, or the worker died
+        now = time.perf_counter()
+        try:
+            code: int | str = w.proc.wait(timeout=1)
+            crashed = True
+        except subprocess.TimeoutExpired:  # alive: past the budget (or its output closed: a crash)
+            code = "none: output closed"
+            crashed = all(now - t0 < limit_s(i) for i, t0 in running.items())
+        w.close()
+        w = None
+        solo = len(running) == 1
+        for item, t0 in sorted(running.items(), key=lambda kv: kv[1]):
+            tries[item] += 1
+            if not crashed and now - t0 >= limit_s(item):
+                finish(item, _failed_rows(item, f"timed out after {limit_s(item):.0f}s (per-op budget)",
+                                          now - t0), now - t0)
+            elif crashed and (solo or tries[item] > 2):
+                finish(item, _failed_rows(item, f"worker crashed (exit code {code})", now - t0), now - t0)
+            elif crashed:
+                alone.append(item)
+            else:
+                queue.appendleft(item)
+        running.clear()
     if w is not None:
         w.close()
-    return results
+    return rows
 
 
-def _run_models(spec: str, parser: argparse.ArgumentParser) -> list[dict]:
-    from .models import model_names, run_all
+def _model_names(spec: str, parser: argparse.ArgumentParser) -> list[str]:
+    from .models import model_names
 
     if spec == "none":
         return []
@@ -160,12 +242,7 @@ def _run_models(spec: str, parser: argparse.ArgumentParser) -> list[dict]:
     unknown = [n for n in names if n not in model_names()]
     if unknown:
         parser.error(f"unknown models: {', '.join(unknown)} (known: {', '.join(model_names())})")
-    rows = []
-    for name in names:
-        rows += run_all([name])
-        print(f"[model] {name}: " + ", ".join(f"{r['kind']} {r['status']}" for r in rows if r["model"] == name),
-              file=sys.stderr, flush=True)
-    return rows
+    return names
 
 
 def _report_stem() -> str:
@@ -176,14 +253,17 @@ def _report_stem() -> str:
     return "op_coverage" if kind == "cpu" else f"op_coverage_{kind}"
 
 
-def _parse_shard(text: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
+def _parse_shard(text: str, parser: argparse.ArgumentParser) -> tuple[list[int], int]:
+    """``K/N`` or a range ``K1-K2/N``: the parts to run, and N."""
     try:
-        k, n = (int(x) for x in text.split("/"))
+        ks, n_text = text.split("/")
+        first, _, last = ks.partition("-")
+        lo, hi, n = int(first), int(last or first), int(n_text)
     except ValueError:
-        parser.error(f"--shard takes K/N, got {text!r}")
-    if not 1 <= k <= n:
-        parser.error(f"--shard K/N needs 1 <= K <= N, got {text!r}")
-    return k, n
+        parser.error(f"--shard takes K/N or K1-K2/N, got {text!r}")
+    if not 1 <= lo <= hi <= n:
+        parser.error(f"--shard K1-K2/N needs 1 <= K1 <= K2 <= N, got {text!r}")
+    return list(range(lo, hi + 1)), n
 
 
 def _shard_path(out: Path, stem: str, k: int, n: int) -> Path:
@@ -218,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="docs", help="directory for op_coverage.md and op_coverage.json")
     p.add_argument("--no-merge", action="store_true", help="with --ops: write only these ops' results")
     p.add_argument("--shard", default=None, help="K/N: run the K-th of N interleaved parts of the ops and models, "
-                   "writing only that part (op_coverage*.shardK-of-N.json)")
+                   "writing only that part (op_coverage*.shardK-of-N.json); K1-K2/N: parts K1 to K2, in one "
+                   "worker, each part's file written as soon as it is complete")
+    p.add_argument("--threads", type=int, default=1,
+                   help="ops checked at once in the worker (compiles overlap; a TPU host's cores are many)")
     p.add_argument("--merge", type=int, default=None, metavar="N", help="write the report from parts 1..N")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -226,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = _parse_dtypes(a.dtypes)
     kinds = _parse_dtypes(a.kinds)
     if a.worker:
-        worker(dtypes, a.limit, kinds)
+        worker(dtypes, a.limit, kinds, a.threads)
         return 0
     from .core import opinfo_by_key
 
@@ -246,27 +329,18 @@ def main(argv: list[str] | None = None) -> int:
     else:
         keys = all_keys
     model_spec = a.models if a.models is not None else ("none" if a.ops else "all")
-    shard = _parse_shard(a.shard, p) if a.shard else None
-    if shard is not None:
-        from .models import model_names
-
-        k, n = shard
-        keys = keys[k - 1::n]
-        names = model_names() if model_spec == "all" else ([] if model_spec == "none" else _parse_dtypes(model_spec))
-        model_spec = ",".join(names[k - 1::n]) or "none"
-    t0 = time.perf_counter()
-    device: dict[str, str] = {}
-    results = sweep(keys, dtypes, a.limit, kinds, a.budget, progress=not a.quiet, device=device)
-    model_rows = _run_models(model_spec, p)
-    out.mkdir(parents=True, exist_ok=True)
+    names = _model_names(model_spec, p)
     config: dict[str, Any] = {"dtypes": dtypes, "kinds": kinds, "samples_per_op": a.limit,
                               "op_budget_s": a.budget}
-    if shard is not None:
-        path = _shard_path(out, stem, *shard)
-        path.write_text(json.dumps({"config": config, "seconds": round(time.perf_counter() - t0, 1),
-                                    "device": device, "results": results, "models": model_rows}) + "\n")
-        print(f"shard {a.shard}: {len(keys)} ops, {len(model_rows)} model checks; wrote {path}")
-        return 0
+    if a.shard:
+        return _run_shards(*_parse_shard(a.shard, p), keys, names, a, config, out, stem)
+    t0 = time.perf_counter()
+    device: dict[str, str] = {}
+    rows = sweep(keys + [MODEL_PREFIX + m for m in names], dtypes, a.limit, kinds, a.budget,
+                 progress=not a.quiet, device=device, threads=a.threads)
+    results = [r for k in keys for r in rows[k]]
+    model_rows = [r for m in names for r in rows[MODEL_PREFIX + m]]
+    out.mkdir(parents=True, exist_ok=True)
     json_path = out / f"{stem}.json"
     if a.ops and not a.no_merge and json_path.exists():
         old = json.loads(json_path.read_text())
@@ -282,6 +356,40 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - t0
     doc = report.build(results, config, elapsed, model_rows, device)
     return _write(doc, out, stem)
+
+
+def _run_shards(parts: list[int], n: int, keys: list[str], names: list[str], a: argparse.Namespace,
+                config: dict[str, Any], out: Path, stem: str) -> int:
+    """Parts of an interleaved N-way split, in order, through one worker; each part's file
+    is written when its last item finishes (a run cut short keeps the parts it completed).
+    A part's ``seconds`` is its items' time over the threads: its share of the run's wall time."""
+    out.mkdir(parents=True, exist_ok=True)
+    part_items = {k: keys[k - 1::n] + [MODEL_PREFIX + m for m in names[k - 1::n]] for k in parts}
+    left = {k: set(items) for k, items in part_items.items()}
+    part_of = {item: k for k, items in part_items.items() for item in items}
+    rows: dict[str, list[dict]] = {}
+    seconds: dict[int, float] = collections.defaultdict(float)
+    device: dict[str, str] = {}
+
+    def on_done(item: str, result: list[dict], took: float) -> None:
+        k = part_of[item]
+        rows[item] = result
+        seconds[k] += took
+        left[k].discard(item)
+        if left[k]:
+            return
+        items = part_items[k]
+        path = _shard_path(out, stem, k, n)
+        path.write_text(json.dumps({
+            "config": config, "seconds": round(seconds[k] / a.threads, 1), "threads": a.threads,
+            "device": device,
+            "results": [r for i in items if not i.startswith(MODEL_PREFIX) for r in rows[i]],
+            "models": [r for i in items if i.startswith(MODEL_PREFIX) for r in rows[i]]}) + "\n")
+        print(f"shard {k}/{n}: {len(items)} items; wrote {path}", flush=True)
+
+    sweep([i for k in parts for i in part_items[k]], _parse_dtypes(a.dtypes), a.limit, _parse_dtypes(a.kinds),
+          a.budget, progress=not a.quiet, device=device, threads=a.threads, on_done=on_done)
+    return 0
 
 
 def _write(doc: dict, out: Path, stem: str) -> int:

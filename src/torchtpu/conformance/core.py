@@ -18,9 +18,11 @@ one-pass bf16 matmuls.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import math
 import signal
+import threading
 import time
 import traceback
 import zlib
@@ -92,27 +94,54 @@ class OpResult:
 # time box
 # ---------------------------------------------------------------------------
 class SampleTimeout(Exception):
-    pass
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or f"sample exceeded {SAMPLE_TIMEOUT_S}s")
 
 
 @contextlib.contextmanager
 def time_box(seconds: int) -> Iterator[None]:
-    """Raise SampleTimeout after ``seconds`` (main thread only; a no-op elsewhere).
+    """Raise SampleTimeout after ``seconds``.
 
-    A signal only interrupts Python code; a hang inside a compile is caught by
-    the sweep's per-op budget, which kills the worker process instead.
+    On the main thread by SIGALRM; on another thread (the sweep's threaded worker) by an
+    asynchronous exception a timer sets on that thread. Either only interrupts Python code;
+    a hang inside a compile is caught by the sweep's per-op budget, which kills the worker
+    process instead.
     """
-    try:
-        old = signal.signal(signal.SIGALRM, _on_alarm)
-    except ValueError:
-        yield
+    if threading.current_thread() is not threading.main_thread():
+        with _thread_time_box(seconds):
+            yield
         return
+    old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.alarm(seconds)
     try:
         yield
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+@contextlib.contextmanager
+def _thread_time_box(seconds: int) -> Iterator[None]:
+    ident = threading.get_ident()
+    lock = threading.Lock()
+    state = {"done": False}
+
+    def fire() -> None:
+        with lock:
+            if not state["done"]:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(SampleTimeout))
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        # after this, the timer cannot fire; if it fired just before, the exception is raised
+        # here, inside the sample's own try (a timeout at the sample's very end)
+        with lock:
+            state["done"] = True
+        timer.cancel()
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
@@ -295,6 +324,11 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"[:300]
 
 
+# OpInfo draws sample values from the global RNG: a threaded sweep seeds and draws under this
+# lock, so an op's samples stay the same whichever ops run beside it.
+global_rng_lock = threading.RLock()
+
+
 def _seed(*parts: Any) -> None:
     """Seed the global RNG from what is being checked: OpInfo draws sample values from it, so
     an op's samples would otherwise depend on every op checked before it in the process (a
@@ -303,12 +337,13 @@ def _seed(*parts: Any) -> None:
 
 
 def _samples(op: Any, dtype: torch.dtype, requires_grad: bool, limit: int) -> list[Any]:
-    _seed(op_key(op), dtype, requires_grad)
     out = []
-    for s in op.sample_inputs("cpu", dtype, requires_grad=requires_grad):
-        out.append(s)
-        if len(out) >= limit:
-            break
+    with global_rng_lock:
+        _seed(op_key(op), dtype, requires_grad)
+        for s in op.sample_inputs("cpu", dtype, requires_grad=requires_grad):
+            out.append(s)
+            if len(out) >= limit:
+                break
     return out
 
 
@@ -471,8 +506,9 @@ def check_errors(op: Any, limit: int = SAMPLES_PER_OP) -> OpResult:
     tally = _Tally()
     fn = _variant(op)
     try:
-        _seed(key, "errors")
-        error_inputs = list(op.error_inputs("cpu"))
+        with global_rng_lock:
+            _seed(key, "errors")
+            error_inputs = list(op.error_inputs("cpu"))
     except Exception as e:  # noqa: BLE001
         return OpResult(key, "-", "errors", "untested", f"error_inputs generation: {first_line(e)}")
     refused: list[str] = []

@@ -2,7 +2,7 @@
 # TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
 #   bash tools/tpu_suite/steps.sh demo|fresh|bench SECONDS
-#   bash tools/tpu_suite/steps.sh conf SECONDS N K    # conformance shards K, K+1, ... of N while time is left
+#   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N, threaded
 # Results go to $OUT; the list of tests run stays in /tmp/done.txt while the host is warm.
 set -uo pipefail
 step=$1; secs=$2; end=$(( $(date +%s) + secs ))
@@ -28,11 +28,9 @@ bench)
   timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes compiled,jax_jit --timeout 150 --out $OUT/b100.json 2>&1 | tail -20 | tee $OUT/bench1.log
   TORCH_TPU_ACCURATE_TRANSCENDENTALS=0 timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes compiled --timeout 150 --out $OUT/b100fast.json 2>&1 | tail -8 | tee $OUT/bench2.log
   timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m_bf16,gpt_demo --modes compiled,jax_jit --timeout 120 --out $OUT/bmix.json 2>&1 | tail -12 | tee $OUT/bench3.log ;;
-conf)
-  n=$3; k=$4
-  while [ "$(left)" -gt 150 ] && [ "$k" -le "$n" ]; do
-    timeout $(( $(left) - 10 )) python3 -m torchtpu.conformance --shard $k/$n --out $OUT/conf 2>&1 | tail -3 | tee -a $OUT/conf.log
-    k=$((k + 1))
-  done
-  echo "next shard: $k" | tee -a $OUT/conf.log ;;
+conf)  # parts K..N of an N-way split in one worker, THREADS ops at once; each part's file lands as it completes
+  n=$3; k=$4; threads=${5:-6}
+  timeout $(( $(left) - 10 )) python3 -m torchtpu.conformance --shard $k-$n/$n --threads $threads --out $OUT/conf 2>&1 \
+    | grep -v "Warning\|warn" | tail -40 | tee -a $OUT/conf.log
+  ls $OUT/conf | tee -a $OUT/conf.log ;;
 esac

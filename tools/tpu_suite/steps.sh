@@ -31,6 +31,6 @@ bench)
 conf)  # parts K..N of an N-way split in one worker, THREADS ops at once; each part's file lands as it completes
   n=$3; k=$4; threads=${5:-6}
   timeout $(( $(left) - 10 )) python3 -m torchtpu.conformance --shard $k-$n/$n --threads $threads --out $OUT/conf 2>&1 \
-    | grep -v "Warning\|warn" | tail -40 | tee -a $OUT/conf.log
+    | grep -v "Warning\|warn" > $OUT/conf_full.log; tail -5 $OUT/conf_full.log | tee -a $OUT/conf.log
   ls $OUT/conf | tee -a $OUT/conf.log ;;
 esac

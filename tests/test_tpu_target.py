@@ -427,3 +427,18 @@ def test_jacobi_rotation_never_squares_tau():
     assert np.isfinite(t).all() and np.isfinite(c).all() and np.isfinite(s).all()
     np.testing.assert_allclose(t, want, rtol=1e-6, atol=0)
     np.testing.assert_allclose(c * c + s * s, 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [torch.tril_indices, torch.triu_indices])
+def test_tril_and_triu_indices_take_no_float64_root(fn, module_texts):
+    """Regression (TPU): PyTorch's decomposition finds each index's row from a float64 square
+    root, which a TPU computes as float32 pairs: tril_indices came out a row off (8 of 420
+    indices). The lowering now corrects a float32 estimate with exact int64 arithmetic; large
+    sizes, where the float32 estimate itself is off, must still match CPU exactly."""
+    cases = [(r, c, o) for r in (0, 1, 3, 12) for c in (0, 1, 4, 9) for o in (-20, -5, -1, 0, 1, 3, 30)]
+    cases += [(3000, 2000, -3), (2000, 3000, 5), (100000, 3, 1), (3, 100000, -1), (21, 20, 0)]
+    for row, col, offset in cases:
+        for dtype in (torch.int64, torch.int32):
+            got = fn(row, col, offset, dtype=dtype, device="tpu").cpu()
+            assert torch.equal(got, fn(row, col, offset, dtype=dtype)), (row, col, offset, dtype)
+    assert module_texts and not [t for t in module_texts if "f64" in t]

@@ -266,3 +266,94 @@ def _eye(ctx: LoweringContext, n: int, *rest: Any) -> Value:
     shape = ctx.out_shape()
     eq = b.compare(b.iota(shape, 0, torch.int64), b.iota(shape, 1, torch.int64), "EQ")
     return b.convert(eq, ctx.out_dtype())
+
+
+# -- tril_indices / triu_indices ------------------------------------------------------------
+# PyTorch's decomposition finds each element's row from a float64 square root; a TPU computes
+# float64 as pairs of float32 with a float32 square root, so a floor landing on a whole number
+# came out one row off (tril_indices on a v5e: 8 of 420 indices). Here the root only estimates
+# the row, and exact int64 arithmetic on the rows' start positions corrects the estimate.
+def _trapezoid(b: Any, n: int, m: int, grows: bool) -> tuple[Value, Value]:
+    """Row and column, in row-major order, of the ``n`` elements of a trapezoid whose row ``i``
+    holds ``m + i`` (``grows``) or ``m - i`` elements."""
+    i64, f32, shape = torch.int64, torch.float32, (n,)
+    x = b.iota(shape, 0, i64)
+    xf = b.convert(x, f32)
+
+    def c(v: float, dtype: torch.dtype = f32) -> Value:
+        return b.constant(v, dtype, shape)
+
+    # row i starts at S(i) = m i +- i (i - 1) / 2; the estimate solves S(i) = x in a form that does
+    # not cancel for large m
+    two_x = b.mul(c(2.0), xf)
+    if grows and m == 0:
+        est = b.sub(b.unary("sqrt", b.add(c(0.25), two_x)), c(0.5))
+    elif grows:
+        h = m - 0.5
+        est = b.div(two_x, b.add(b.unary("sqrt", b.add(c(h * h), two_x)), c(h)))
+    else:
+        h = m + 0.5
+        est = b.div(two_x, b.add(c(h), b.unary("sqrt", b.maximum(b.sub(c(h * h), two_x), c(0.0)))))
+    row = b.maximum(b.convert(b.unary("floor", est), i64), c(0, i64))
+
+    def start(r: Value) -> Value:
+        tri = b.div(b.mul(r, b.sub(r, c(1, i64))), c(2, i64))
+        lin = b.mul(r, c(m, i64))
+        return b.add(lin, tri) if grows else b.sub(lin, tri)
+
+    for _ in range(2):  # the estimate is within a row; two rounds leave a margin
+        row = b.select(b.compare(start(row), x, "GT"), b.sub(row, c(1, i64)), row)
+        nxt = b.add(row, c(1, i64))
+        row = b.select(b.compare(start(nxt), x, "LE"), nxt, row)
+    return row, b.sub(x, start(row))
+
+
+def _rectangle(b: Any, n: int, cols: int) -> tuple[Value, Value]:
+    x = b.iota((n,), 0, torch.int64)
+    w = b.constant(cols, torch.int64, (n,))
+    return b.div(x, w), b.binary("remainder", x, w)
+
+
+def _shifted(b: Any, v: Value, by: int) -> Value:
+    return b.add(v, b.constant(by, torch.int64, v.shape)) if by else v
+
+
+def _index_pairs(ctx: LoweringContext, parts: list[tuple[Value, Value]]) -> Value:
+    b = ctx.b
+    parts = [p for p in parts if p[0].shape[0] > 0]
+    out, n = ctx.out_dtype(), ctx.out_shape()[1]
+    if not parts:
+        return b.constant(0, out, (2, n))
+    rows = b.concatenate([r for r, _ in parts], 0)
+    cols = b.concatenate([c for _, c in parts], 0)
+    return b.convert(b.concatenate([b.reshape(rows, (1, n)), b.reshape(cols, (1, n))], 0), out)
+
+
+@register(aten.tril_indices.default)
+def _tril_indices(ctx: LoweringContext, row: int, col: int, offset: int = 0, *rest: Any) -> Value:
+    """Row r holds columns 0 .. r + offset: rows of none, a trapezoid of growing rows, full rows."""
+    b = ctx.b
+    first = max(0, -offset)  # the first row with an element
+    if first >= row or col == 0:
+        return _index_pairs(ctx, [])
+    m = min(col, first + offset + 1)
+    growing = max(0, min(row, col - offset - 1) - first)  # rows shorter than col
+    full = row - first - growing
+    tr, tc = _trapezoid(b, growing * m + growing * (growing - 1) // 2, m, grows=True)
+    rr, rc = _rectangle(b, full * col, col)
+    return _index_pairs(ctx, [(_shifted(b, tr, first), tc), (_shifted(b, rr, first + growing), rc)])
+
+
+@register(aten.triu_indices.default)
+def _triu_indices(ctx: LoweringContext, row: int, col: int, offset: int = 0, *rest: Any) -> Value:
+    """Row r holds columns max(0, r + offset) .. col - 1: full rows, then a trapezoid of shrinking ones."""
+    b = ctx.b
+    if row == 0 or col == 0:
+        return _index_pairs(ctx, [])
+    full = min(row, max(0, 1 - offset))  # rows with r + offset <= 0
+    m = col - (full + offset)  # the first shrinking row's length
+    shrinking = max(0, min(row - full, m))
+    rr, rc = _rectangle(b, full * col, col)
+    tr, tc = _trapezoid(b, shrinking * m - shrinking * (shrinking - 1) // 2, m, grows=False)
+    # row full + i starts at column full + i + offset
+    return _index_pairs(ctx, [(rr, rc), (_shifted(b, tr, full), _shifted(b, b.add(tc, tr), full + offset))])

@@ -223,3 +223,15 @@ def test_sweep_charges_a_crash_or_a_hang_to_its_item_and_reruns_the_others(monke
     assert "worker crashed (exit code -11)" in status["crash"][1]
     assert "timed out" in status["hang"][1]
     assert len(starts) >= 3 and set(starts) == {2}
+
+
+def test_a_mismatch_names_its_sample(monkeypatch):
+    """A TPU round's report must say which input differed, so that one sample can be re-run."""
+    from torchtpu.conformance import core
+
+    monkeypatch.setitem(core.FORWARD_TOL, torch.float32, (0.0, 0.0))
+    monkeypatch.setattr(core, "compare", lambda *a, **k: (_ for _ in ()).throw(core.Mismatch("output: differs")))
+    r = core.check_forward(opinfo_by_key()["nn.functional.gelu"], torch.float32, 1)
+    assert r.status == "fail" and r.detail.startswith("Mismatch: sample float32[") and "output: differs" in r.detail
+    assert core.describe((torch.ones(2, 3, dtype=torch.bfloat16), [1, 2], {"dim": -1})) == \
+        "(bfloat16[2, 3], [1, 2], {dim=-1})"

@@ -321,7 +321,7 @@ def first_line(e: BaseException) -> str:
             text += f" [{f.filename.rsplit('/', 1)[-1]}:{f.lineno}]"
     # torchtpu's unsupported-op message ends with advice that is the same for every op.
     text = text.split(". Set TORCH_TPU_CPU_FALLBACK")[0]
-    return f"{type(e).__name__}: {text}"[:300]
+    return f"{type(e).__name__}: {text}"[:440]
 
 
 # OpInfo draws sample values from the global RNG: a threaded sweep seeds and draws under this
@@ -366,6 +366,27 @@ class _Tally:
         if self.ran == 0:
             return OpResult(key, dtype, kind, "untested", "; ".join(self.notes) or "no usable sample", 0, seconds)
         return OpResult(key, dtype, kind, "pass", "; ".join(self.notes), self.ran, seconds)
+
+
+def describe(x: Any) -> str:
+    """A sample argument in a few characters: tensors by dtype and shape, containers shortened."""
+    if isinstance(x, torch.Tensor):
+        return f"{dtype_name(x.dtype)}{list(x.shape)}"
+    if isinstance(x, (list, tuple)):
+        inner = ", ".join(describe(v) for v in x[:4]) + (", ..." if len(x) > 4 else "")
+        return f"({inner})" if isinstance(x, tuple) else f"[{inner}]"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k}={describe(v)}" for k, v in list(x.items())[:4]) + "}"
+    return repr(x)[:24]
+
+
+def _naming_sample(e: BaseException, sample: Any) -> BaseException:
+    """A mismatch names its sample (a TPU round's report must say which input to re-run)."""
+    if not isinstance(e, Mismatch):
+        return e
+    what = describe(sample.input) + (f", args {describe(tuple(sample.args))}" if sample.args else "") + \
+        (f", kwargs {describe(sample.kwargs)}" if sample.kwargs else "")
+    return Mismatch(f"sample {what[:140]}: {e}")
 
 
 def _record(tally: _Tally, e: BaseException) -> None:
@@ -417,7 +438,7 @@ def check_forward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> O
                 torch.tpu.synchronize()
             tally.ran += 1
         except Exception as e:  # noqa: BLE001
-            _record(tally, e)
+            _record(tally, _naming_sample(e, sample))
             if tally.unsupported is not None:
                 break
     return tally.result(key, dtype_name(dtype), "forward", time.perf_counter() - start)
@@ -494,7 +515,7 @@ def check_backward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> 
                 torch.tpu.synchronize()
             tally.ran += 1
         except Exception as e:  # noqa: BLE001
-            _record(tally, e)
+            _record(tally, _naming_sample(e, sample))
             if tally.unsupported is not None:
                 break
     return tally.result(key, dtype_name(dtype), "backward", time.perf_counter() - start)

@@ -432,6 +432,131 @@ def scenario_dtensor_dcp(rank: int, world: int) -> None:
         check("checkpoint round trip", [back["a"].full_tensor(), back["w"].to_local()], [a, w])
 
 
+# -- tensor parallelism, 2-D (FSDP x TP), and resharded checkpoints ---------------------------------
+
+def _tp_plan() -> dict:
+    """Megatron-style plan for one GPT block: the MLP's first layer column-sharded and its second
+    row-sharded (one all-reduce); the attention's fused qkv column-sharded with its output gathered
+    (the heads are split from it), its projection row-sharded."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"fc": ColwiseParallel(), "out": RowwiseParallel(),
+            "qkv": ColwiseParallel(output_layouts=Replicate()), "proj": RowwiseParallel(input_layouts=Replicate())}
+
+
+def _train_against_reference(model, reference, cfg, shard_of_batch, steps: int = 3) -> None:
+    """SGD steps of ``model`` on its part of each batch and of ``reference`` on the whole batch:
+    the same losses and parameters after each step."""
+    from torch.distributed.tensor import DTensor
+
+    from torchtpu.examples.gpt import make_batch
+
+    # (not foreach: tensor parallelism leaves a mix of DTensor and plain parameters, which PyTorch's
+    # foreach kernels refuse on any device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, foreach=False)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    gen = torch.Generator().manual_seed(42)
+    for step in range(steps):
+        idx, tgt = (t.to("tpu") for t in make_batch(cfg, 4, gen))
+        mine = shard_of_batch(4)
+        opt.zero_grad()
+        loss = model.loss(idx[mine], tgt[mine])
+        loss.backward()
+        opt.step()
+        ref_opt.zero_grad()
+        ref_loss = reference.loss(idx[mine], tgt[mine])  # the loss of the same rows, before the step
+        reference.loss(idx, tgt).backward()
+        ref_opt.step()
+        check(f"step {step} loss", loss.detach(), ref_loss.detach().cpu(), rtol=1e-5, atol=1e-6)
+        full = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
+        check(f"step {step} parameters", [p.detach() for p in full],
+              [p.detach().cpu() for p in reference.parameters()], rtol=1e-5, atol=1e-6)
+
+
+def scenario_tensor_parallel(rank: int, world: int) -> None:
+    """ColwiseParallel / RowwiseParallel on every block's MLP and attention on a (world,) tpu
+    mesh, every rank on the whole batch, against one process."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from torchtpu.examples.gpt import GPT, GPTConfig
+
+    cfg = GPTConfig(vocab=32, seq=8, d_model=16, heads=2, layers=2)
+    mesh = init_device_mesh("tpu", (world,))
+    with torch.tpu.precision("highest"):
+        torch.manual_seed(0)
+        reference = GPT(cfg).to("tpu")
+        torch.manual_seed(0)
+        model = GPT(cfg).to("tpu")
+        for block in model.blocks:
+            parallelize_module(block, mesh, _tp_plan())
+        fc = model.blocks[0].fc.weight
+        check("fc weight is a row-sharded DTensor on tpu", (isinstance(fc, DTensor), fc.to_local().device.type,
+              tuple(fc.to_local().shape)), (True, "tpu", (4 * cfg.d_model // world, cfg.d_model)))
+        _train_against_reference(model, reference, cfg, lambda n: slice(0, n))
+
+
+def scenario_fsdp_tp(rank: int, world: int) -> None:
+    """2-D parallelism on a (2, world / 2) tpu mesh: tensor parallelism inside each block on the
+    "tp" dimension, FSDP2 over the "dp" dimension (each dp rank on its half of the batch)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from torchtpu.examples.gpt import GPT, GPTConfig
+
+    cfg = GPTConfig(vocab=32, seq=8, d_model=16, heads=2, layers=2)
+    mesh = init_device_mesh("tpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    dp = mesh["dp"].get_local_rank()
+    with torch.tpu.precision("highest"):
+        torch.manual_seed(0)
+        reference = GPT(cfg).to("tpu")
+        torch.manual_seed(0)
+        model = GPT(cfg).to("tpu")
+        for block in model.blocks:
+            parallelize_module(block, mesh["tp"], _tp_plan())
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+        _train_against_reference(model, reference, cfg, lambda n: slice(dp * n // 2, (dp + 1) * n // 2))
+
+
+def _checkpoint_state(world: int) -> tuple[dict, dict]:
+    """The state a checkpoint holds (full tensors, the same on every rank) and, for this world,
+    empty DTensors sharded over it to load into."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    torch.manual_seed(0)
+    full = {"a": torch.randn(12, 6), "w": torch.randn(6, 4), "b": torch.randn(5)}
+    mesh = init_device_mesh("tpu", (world,))
+    places = {"a": [Shard(0)], "w": [Shard(1)], "b": [Replicate()]}
+    empty = {k: distribute_tensor(torch.zeros_like(v).to("tpu"), mesh, places[k]) for k, v in full.items()}
+    return full, empty
+
+
+def scenario_dcp_save(rank: int, world: int) -> None:
+    """Save sharded state from ``world`` ranks (then loaded by scenario_dcp_load on other worlds)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import distribute_tensor
+
+    full, empty = _checkpoint_state(world)
+    state = {k: distribute_tensor(v.to("tpu"), e.device_mesh, e.placements) for (k, v), e in
+             zip(full.items(), empty.values())}
+    dcp.save(state, checkpoint_id=os.environ["TORCH_TPU_TEST_CHECKPOINT"])
+
+
+def scenario_dcp_load(rank: int, world: int) -> None:
+    """Load a checkpoint saved on another number of ranks: resharded to this world's shards."""
+    import torch.distributed.checkpoint as dcp
+
+    full, state = _checkpoint_state(world)
+    dcp.load(state, checkpoint_id=os.environ["TORCH_TPU_TEST_CHECKPOINT"])
+    check(f"loaded on {world} ranks, full", [state[k].full_tensor() for k in full], list(full.values()))
+    check(f"loaded on {world} ranks, this rank's shard of a", state["a"].to_local(), full["a"].chunk(world)[rank])
+
+
 # -- MPMD: ranks running different code -----------------------------------------------------------
 
 def scenario_mpmd(rank: int, world: int) -> None:

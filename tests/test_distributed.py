@@ -98,6 +98,31 @@ def test_ddp_matches_one_process_on_the_global_batch(tmp_path, mode):
 
 @pytest.mark.fresh_process
 @pytest.mark.emulator_only(TWO_RANKS)
+def test_tensor_parallel_gpt_matches_one_process(tmp_path):
+    """ColwiseParallel / RowwiseParallel on the GPT MLP and attention, (2,) mesh: same losses and
+    parameters as one process."""
+    assert run_ranks("tensor_parallel", tmp_path) == ["rank 0: ok\n", "rank 1: ok\n"]
+
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
+def test_fsdp_with_tensor_parallel_on_a_2x2_mesh_matches_one_process(tmp_path):
+    """2-D: FSDP2 over "dp", tensor parallelism over "tp", 4 rank processes."""
+    assert run_ranks("fsdp_tp", tmp_path, world=4) == [f"rank {r}: ok\n" for r in range(4)]
+
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
+def test_checkpoint_saved_on_2_ranks_loads_resharded_on_1_and_4(tmp_path):
+    env = {"TORCH_TPU_TEST_CHECKPOINT": str(tmp_path / "ckpt")}
+    for scenario, world in (("dcp_save", 2), ("dcp_load", 1), ("dcp_load", 4)):
+        run_dir = tmp_path / f"{scenario}{world}"
+        run_dir.mkdir()
+        assert run_ranks(scenario, run_dir, env=env, world=world) == [f"rank {r}: ok\n" for r in range(world)]
+
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
 def test_ranks_running_different_code_meet(tmp_path, mode):
     """MPMD: rank 0 evaluates and reads every other step while rank 1 does not, between collectives

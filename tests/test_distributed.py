@@ -86,14 +86,15 @@ def test_dtensor_and_distributed_checkpoint(tmp_path):
 
 @pytest.mark.fresh_process
 @pytest.mark.emulator_only(TWO_RANKS)
-@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "compiled"])
 def test_ddp_matches_one_process_on_the_global_batch(tmp_path, mode):
     """DDP of a small GPT on 2 ranks (different initial weights: construction broadcasts rank 0's;
     several gradient buckets) equals one process training on the whole batch, step by step, at
-    precision "highest", to 1e-5 relative, in Strict and DeferAndFuse. (Under torch.compile, Dynamo
-    stops at the Python process group: UnsafeScriptObjectError; not supported yet.)"""
-    env = {"TORCH_TPU_DEFER_AND_FUSE": "1"} if mode == "defer_and_fuse" else {}
-    run_ranks("ddp", tmp_path, env)
+    precision "highest", to 1e-5 relative, in Strict, DeferAndFuse and torch.compile (regression:
+    compiled, Dynamo traced the Python process group's methods that DDP's reducer calls from C++,
+    and stopped with UnsafeScriptObjectError)."""
+    env = {"defer_and_fuse": {"TORCH_TPU_DEFER_AND_FUSE": "1"}, "compiled": {"TORCH_TPU_TEST_COMPILE": "1"}}
+    run_ranks("ddp", tmp_path, env.get(mode))
 
 
 @pytest.mark.fresh_process

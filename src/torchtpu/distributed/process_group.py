@@ -32,11 +32,13 @@ from torch._C._distributed_c10d import (
 
 from . import BACKEND_NAME, TRANSPORT
 from .staging import Staged
+from .untraced import untraced
 from .work import StagedWork, completed
 
 Tensors = list[torch.Tensor]
 
 
+@untraced
 class BackendFacts:
     """What c10d asks of a group's per-device backend (``pg._get_backend(device)``), answered for
     a Python group that has none: no communicator splitting (``split_group`` and eager NCCL-style
@@ -62,6 +64,7 @@ class BackendFacts:
         return self._group.size()
 
 
+@untraced
 class TpuProcessGroup(dist.ProcessGroup):
     """A c10d process group of tpu (and CPU) tensors whose collectives Gloo runs on host copies."""
 

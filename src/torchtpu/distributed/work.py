@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
+from .untraced import untraced
+
 
 def completed(result: Any) -> dist.Work:
     """A Work that is already complete, whose future holds ``result`` (the collective's tensors)."""
@@ -27,6 +29,7 @@ def completed(result: Any) -> dist.Work:
     return _create_work_from_future(future)
 
 
+@untraced
 class StagedWork(dist.Work):
     """A Gloo Work on host tensors and the copy to the device that follows it.
 

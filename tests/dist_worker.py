@@ -225,14 +225,14 @@ def scenario_collectives(rank: int, world: int) -> None:
         dist.broadcast(x, src=1)
         check(f"broadcast {dtype}", x, data(1, (3,), dtype))
 
-    # point to point
-    peer = 1 - rank
-    if rank == 0:
-        dist.send(produced(data(0, (6,), torch.float32), "tpu"), dst=1)
+    # point to point, in pairs (0, 1), (2, 3), ...
+    peer = rank ^ 1
+    if rank % 2 == 0:
+        dist.send(produced(data(rank, (6,), torch.float32), "tpu"), dst=peer)
     else:
         got = torch.zeros(6, device="tpu")
-        dist.recv(got, src=0)
-        check("send/recv", got, data(0, (6,), torch.float32))
+        dist.recv(got, src=peer)
+        check("send/recv", got, data(peer, (6,), torch.float32))
     outgoing = produced(data(rank, (5,), torch.int64), "tpu")
     incoming = torch.zeros(5, dtype=torch.int64, device="tpu")
     # each rank receives first: this deadlocks unless the operations are truly asynchronous
@@ -242,7 +242,7 @@ def scenario_collectives(rank: int, world: int) -> None:
     check("batch_isend_irecv", incoming, data(peer, (5,), torch.int64))
     if rank == 1:
         dist.send(produced(data(1, (2,), torch.float32), "tpu"), dst=0)
-    else:
+    elif rank == 0:
         got = torch.zeros(2, device="tpu")
         sender = dist.recv(got)  # from any source
         check("recv from any source", [got, sender], [data(1, (2,), torch.float32), 1])
@@ -253,8 +253,13 @@ def scenario_collectives(rank: int, world: int) -> None:
     pair = dist.new_group([0, 1])
     alone = dist.new_group([1])
     x = produced(data(rank, (3,), torch.float32), "tpu")
-    dist.all_reduce(x, group=pair)
-    check("new_group all_reduce", x, sum(data(r, (3,), torch.float32) for r in range(world)))
+    dist.all_reduce(x, group=pair)  # (a rank outside the group: nothing happens)
+    check("new_group all_reduce", x, sum(data(r, (3,), torch.float32) for r in (0, 1)) if rank < 2 else
+          data(rank, (3,), torch.float32))
+    mine, _ = dist.new_subgroups(group_size=2)  # (0, 1), (2, 3), ...
+    z = produced(data(rank, (2,), torch.float32), "tpu")
+    dist.all_reduce(z, group=mine)
+    check("new_subgroups all_reduce", z, sum(data(r, (2,), torch.float32) for r in (rank & ~1, rank | 1)))
     if rank == 1:
         y = produced(data(rank, (3,), torch.float32), "tpu")
         dist.all_reduce(y, group=alone)

@@ -54,15 +54,15 @@ def run_ranks(scenario: str, tmp_path, env: dict[str, str] | None = None, world:
 
 @pytest.mark.fresh_process
 @pytest.mark.emulator_only(TWO_RANKS)
-@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
-def test_collectives_match_gloo_on_cpu(tmp_path, mode):
+@pytest.mark.parametrize(("mode", "world"), [("strict", 2), ("defer_and_fuse", 2), ("strict", 4)])
+def test_collectives_match_gloo_on_cpu(tmp_path, mode, world):
     """Every collective on tpu tensors equals the same collective by Gloo on CPU tensors (float32,
     bfloat16, int64, bool; dtypes Gloo lacks against computed values; uneven all_to_all; p2p,
-    subgroups, object and functional collectives). In DeferAndFuse each collective also leaves
-    nothing recorded: it is a materialization point."""
+    subgroups, object and functional collectives), on 2 and 4 ranks. In DeferAndFuse each
+    collective also leaves nothing recorded: it is a materialization point."""
     env = {"TORCH_TPU_DEFER_AND_FUSE": "1"} if mode == "defer_and_fuse" else {}
-    outs = run_ranks("collectives", tmp_path, env)
-    assert [o.strip().splitlines()[-1] for o in outs] == ["rank 0: ok", "rank 1: ok"]
+    outs = run_ranks("collectives", tmp_path, env, world=world)
+    assert [o.strip().splitlines()[-1] for o in outs] == [f"rank {r}: ok" for r in range(world)]
 
 
 @pytest.mark.fresh_process

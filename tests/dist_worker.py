@@ -410,6 +410,44 @@ def scenario_fsdp2(rank: int, world: int) -> None:
                   [p.detach().cpu() for p in reference.parameters()], rtol=1e-5, atol=1e-6)
 
 
+def scenario_fsdp2_llama(rank: int, world: int) -> None:
+    """FSDP2 of a tiny Hugging Face Llama (each decoder layer and the root), one row of the batch
+    per rank, against one process on the whole batch: the same losses and parameters."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from torchtpu.conformance import model_zoo
+
+    with torch.tpu.precision("highest"):
+        torch.manual_seed(0)
+        reference, (_, batch), _ = model_zoo.HF_MODELS["llama"]()
+        torch.manual_seed(0)
+        model, _, _ = model_zoo.HF_MODELS["llama"]()
+        reference, model = reference.to("tpu"), model.to("tpu")
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        check("every parameter sharded", all(isinstance(p, DTensor) for p in model.parameters()), True)
+        rows = batch["input_ids"].shape[0]
+        batch = {k: v.to("tpu") for k, v in batch.items()}
+        mine = {k: v[rank * rows // world:(rank + 1) * rows // world] for k, v in batch.items()}
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+        for step in range(2):
+            opt.zero_grad()
+            loss = model(**mine).loss
+            loss.backward()
+            opt.step()
+            ref_opt.zero_grad()
+            with torch.no_grad():
+                ref_loss = reference(**mine).loss
+            reference(**batch).loss.backward()
+            ref_opt.step()
+            check(f"Llama FSDP2 step {step} loss", loss.detach(), ref_loss.cpu(), rtol=1e-5, atol=1e-6)
+            check(f"Llama FSDP2 step {step} parameters", [p.full_tensor().detach() for p in model.parameters()],
+                  [p.detach().cpu() for p in reference.parameters()], rtol=1e-4, atol=1e-6)
+
+
 # -- DTensor and distributed checkpoints -----------------------------------------------------------
 
 def scenario_dtensor_dcp(rank: int, world: int) -> None:

@@ -99,6 +99,13 @@ def test_ddp_matches_one_process_on_the_global_batch(tmp_path, mode):
 
 @pytest.mark.fresh_process
 @pytest.mark.emulator_only(TWO_RANKS)
+def test_fsdp2_of_a_tiny_hugging_face_llama_matches_one_process(tmp_path):
+    pytest.importorskip("transformers")
+    assert run_ranks("fsdp2_llama", tmp_path) == ["rank 0: ok\n", "rank 1: ok\n"]
+
+
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
 def test_tensor_parallel_gpt_matches_one_process(tmp_path):
     """ColwiseParallel / RowwiseParallel on the GPT MLP and attention, (2,) mesh: same losses and
     parameters as one process."""

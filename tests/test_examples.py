@@ -57,3 +57,14 @@ def test_pallas_rmsnorm_in_a_llama_block():
     # the kernel's block against PyTorch's F.rms_norm block on the CPU, float32 products
     assert result["output_max_abs_diff"] < 1e-5 and result["grad_max_abs_diff"] < 1e-5, result
     assert result["losses"][-1] < result["losses"][0]
+
+
+def test_flash_attention_in_the_gpt(monkeypatch):
+    pytest.importorskip("jax", reason="JAX is an optional dependency (the dev extra installs it)")
+    pytest.importorskip("jax.experimental.pallas")
+    monkeypatch.setenv("TORCH_TPU_FLASH_ATTENTION", "1")  # (the emulator runs the kernel interpreted)
+    result = _load("kernels/flash_attention_gpt").main(["--tiny", "--steps", "4"])
+    assert result["kernel_events_per_forward"] >= 1, result
+    # the GPT with the kernel against the same GPT with PyTorch's attention on the CPU, at highest
+    assert result["logits_max_rel_diff"] < 2e-5 and result["grad_max_rel_diff"] < 2e-5, result
+    assert result["losses"][-1] < result["losses"][0]

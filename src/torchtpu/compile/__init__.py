@@ -111,7 +111,10 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
                                 # Optimizer steps mutate their inputs: keep the copies in the
                                 # graph, where they become storage write-backs of one program.
                                 keep_inference_input_mutations=True)
-    return _backend(gm, example_inputs, **kwargs)
+    from ..lowering.decompose import tracing_lock
+
+    with tracing_lock:  # AOTAutograd traces with make_fx, whose state is global (decompose.py)
+        return _backend(gm, example_inputs, **kwargs)
 
 
 def holds_tpu_tensors(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> bool:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import select
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -73,14 +74,17 @@ def worker(dtypes: list[str], limit: int, kinds: list[str], threads: int = 1) ->
                             "platform": f"{client.platform_name} {client.platform_version}"}) + "\n")
     out_lock = threading.Lock()
     served = [0]
+    turns = _Turns()
 
     def serve(item: str) -> None:
         msg: dict[str, Any] = {"item": item}
         try:
             if item.startswith(MODEL_PREFIX):
-                msg["models"] = run_all([item.removeprefix(MODEL_PREFIX)])
+                with turns.alone():
+                    msg["models"] = run_all([item.removeprefix(MODEL_PREFIX)])
             else:
-                msg["results"] = [r.as_dict() for r in check_op(ops[item], dts, tuple(kinds), limit)]
+                with turns.shared():
+                    msg["results"] = [r.as_dict() for r in check_op(ops[item], dts, tuple(kinds), limit)]
         except BaseException as e:  # noqa: BLE001  (report, keep serving)
             msg["results"] = _failed_rows(item, f"conformance runner: {type(e).__name__}: {e}"[:300], 0.0)
         with out_lock:
@@ -101,6 +105,42 @@ def worker(dtypes: list[str], limit: int, kinds: list[str], threads: int = 1) ->
         for item in items:
             if item:
                 pool.submit(serve, item)
+
+
+class _Turns:
+    """Ops check side by side; a model check runs alone. Its torch.compile (Dynamo, AOTAutograd)
+    keeps tracing state that eager ops on other threads disturbed ("CURRENT_PATCHER is None",
+    Dynamo's internal TypeErrors), seen in threaded sweeps on the workstation."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ops = 0
+        self._model = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._model)
+            self._ops += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._ops -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._model)
+            self._model = True
+            self._cond.wait_for(lambda: self._ops == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._model = False
+                self._cond.notify_all()
 
 
 def _failed_rows(item: str, why: str, seconds: float) -> list[dict]:

@@ -26,8 +26,9 @@ _aten = torch.ops.aten
 
 # make_fx keeps its tracing state in module globals (torch.fx's current patcher): two threads
 # lowering ops at once (a threaded conformance sweep, a user's threads sharing the device) broke
-# each other's traces ("CURRENT_PATCHER is None in finally block"). Traces are short; serialize them.
-_make_fx_lock = threading.RLock()
+# each other's traces ("CURRENT_PATCHER is None in finally block"). Traces are serialized: ours
+# here, and AOTAutograd's for the "tpu" compile backend (torchtpu.compile), which uses make_fx too.
+tracing_lock = threading.RLock()
 
 
 @functools.cache
@@ -99,7 +100,7 @@ def lower_composite(ctx: registry.LoweringContext, composite: Any, *args: Any) -
                 pos.append(v)
         return composite(*pos, **kw)
 
-    with _make_fx_lock:
+    with tracing_lock:
         gm = make_fx(fn, decomposition_table=_inner_table(), tracing_mode="real")(*[_meta_like(v) for v in leaves])
     outs = lower_graph(ctx.b, gm.graph, leaves, ctx.precision, ctx.extras)
     if isinstance(outs, (list, tuple)) and len(outs) == 1 and len(ctx.out) == 1:

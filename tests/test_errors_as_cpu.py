@@ -239,6 +239,10 @@ CASES = {
     "bitwise_and_ broadcast": lambda d: torch.tensor(2).to(d).bitwise_and_(torch.tensor([0, 1]).to(d)),
     "bitwise_and_ float broadcast": lambda d: torch.tensor(2.0).to(d).bitwise_and_(torch.tensor([0, 1]).to(d)),
     "pad uint8 nan": lambda d: F.pad(torch.ones(2, 2, dtype=torch.uint8).to(d), (1, -1), value=float("nan")),
+    # found by test_fuzz_as_cpu: with no positive pad CPU never converts the value
+    "pad uint8 inf no padding": lambda d: torch.stack([F.pad(torch.ones(2, 2, dtype=torch.uint8).to(d), pad,
+                                                              value=float("inf")) for pad in ((0, 0), (0, 0, 0, 0))]),
+    "pad uint8 inf narrowing": lambda d: F.pad(torch.ones(2, 2, dtype=torch.uint8).to(d), (0, -1), value=float("inf")),
     "index_select empty x empty dim": lambda d: torch.zeros(0, 4, 0).to(d).index_select(0, torch.tensor([0]).to(d)),
     "hardtanh uint8 after good limits": lambda d: torch.stack([F.hardtanh(
         torch.tensor([2], dtype=torch.uint8).to(d), lo, 1.0) for lo in (0.0, -1.0)]),

@@ -369,6 +369,16 @@ def scenario_ddp(rank: int, world: int) -> None:
                   [p.detach().cpu() for p in reference.parameters()], rtol=1e-5, atol=1e-6)
 
 
+def _same_two_gpts(cfg):
+    """A GPT on tpu to train in one process, and the same GPT to parallelize."""
+    from torchtpu.examples.gpt import GPT
+
+    torch.manual_seed(0)
+    reference = GPT(cfg).to("tpu")
+    torch.manual_seed(0)
+    return reference, GPT(cfg).to("tpu")
+
+
 # -- FSDP2 ---------------------------------------------------------------------------------------
 
 def scenario_fsdp2(rank: int, world: int) -> None:
@@ -378,14 +388,11 @@ def scenario_fsdp2(rank: int, world: int) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
+    from torchtpu.examples.gpt import GPTConfig, make_batch
 
     cfg = GPTConfig(vocab=32, seq=8, d_model=16, heads=2, layers=2)
     with torch.tpu.precision("highest"):
-        torch.manual_seed(0)
-        reference = GPT(cfg).to("tpu")
-        torch.manual_seed(0)
-        model = GPT(cfg).to("tpu")
+        reference, model = _same_two_gpts(cfg)
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
@@ -528,15 +535,12 @@ def scenario_tensor_parallel(rank: int, world: int) -> None:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from torchtpu.examples.gpt import GPT, GPTConfig
+    from torchtpu.examples.gpt import GPTConfig
 
     cfg = GPTConfig(vocab=32, seq=8, d_model=16, heads=2, layers=2)
     mesh = init_device_mesh("tpu", (world,))
     with torch.tpu.precision("highest"):
-        torch.manual_seed(0)
-        reference = GPT(cfg).to("tpu")
-        torch.manual_seed(0)
-        model = GPT(cfg).to("tpu")
+        reference, model = _same_two_gpts(cfg)
         for block in model.blocks:
             parallelize_module(block, mesh, _tp_plan())
         fc = model.blocks[0].fc.weight
@@ -552,16 +556,13 @@ def scenario_fsdp_tp(rank: int, world: int) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from torchtpu.examples.gpt import GPT, GPTConfig
+    from torchtpu.examples.gpt import GPTConfig
 
     cfg = GPTConfig(vocab=32, seq=8, d_model=16, heads=2, layers=2)
     mesh = init_device_mesh("tpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
     dp = mesh["dp"].get_local_rank()
     with torch.tpu.precision("highest"):
-        torch.manual_seed(0)
-        reference = GPT(cfg).to("tpu")
-        torch.manual_seed(0)
-        model = GPT(cfg).to("tpu")
+        reference, model = _same_two_gpts(cfg)
         for block in model.blocks:
             parallelize_module(block, mesh["tp"], _tp_plan())
             fully_shard(block, mesh=mesh["dp"])

@@ -193,13 +193,18 @@ def _gloo_transport_error() -> str | None:
     return None
 
 
-def test_one_rank_group_in_process():
-    """A one-rank group in the test process: collectives on tpu and CPU tensors, async work, DDP."""
+def _start_one_rank_group() -> None:
+    """A one-rank tpu_dist group in this process (skips where Gloo has no TCP socket)."""
     why = _gloo_transport_error()
     if why is not None:
         pytest.skip(f"this host gives Gloo no TCP socket ({why}); tpu_dist stages through Gloo")
     dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1,
                             timeout=timedelta(seconds=30))
+
+
+def test_one_rank_group_in_process():
+    """A one-rank group in the test process: collectives on tpu and CPU tensors, async work, DDP."""
+    _start_one_rank_group()
     try:
         info = torch.tpu.distributed_info()
         assert (info["backend"], info["transport"], info["world_size"], info["rank"]) == (
@@ -234,11 +239,7 @@ def test_functional_collectives_in_a_compiled_graph_break_it_with_one_warning(mo
     from torchtpu.compile import collectives
 
     monkeypatch.setattr(collectives, "_warned", False)  # (once per process: another test may have)
-    why = _gloo_transport_error()
-    if why is not None:
-        pytest.skip(f"this host gives Gloo no TCP socket ({why}); tpu_dist stages through Gloo")
-    dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
+    _start_one_rank_group()
     try:
         def step(x, w):
             y = torch.relu(x @ w)

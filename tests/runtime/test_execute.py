@@ -291,6 +291,33 @@ def test_donated_handles_are_destroyed_later(client):
     np.testing.assert_array_equal(out.to_host(), X + Y)
 
 
+def test_donated_handles_are_destroyed_off_the_calling_thread(client, monkeypatch):
+    """A training step donates ~100 buffers: their destroys run on the reaper thread, not on the
+    thread that launches the next step; release_donated(wait=True) returns once they are done."""
+    import threading
+
+    from torchtpu.runtime import buffer as buffer_mod
+
+    buffer_mod.release_donated(wait=True)
+    destroyed_on = []
+    real = buffer_mod._destroy_handle
+    monkeypatch.setattr(buffer_mod, "_destroy_handle",
+                        lambda plugin, h: (destroyed_on.append((threading.current_thread().name, h)), real(plugin, h)))
+    exe = client.compile(DONATING_ADD)
+    for _ in range(3):
+        a, b = client.buffer_from_host(X), client.buffer_from_host(Y)
+        (out,), ev = exe.execute([a, b], donate=[0])
+        del a
+    ev.wait()
+    donated = [h for _, h in buffer_mod._DONATED_HANDLES]
+    assert len(donated) == 3
+    before = len(destroyed_on)  # (earlier destroys: the operands not donated; addresses get reused)
+    buffer_mod.release_donated(wait=True)
+    assert buffer_mod._DONATED_HANDLES == []
+    assert destroyed_on[before:] == [("torchtpu-buffer-reaper", h) for h in donated]
+    np.testing.assert_array_equal(out.to_host(), X + Y)
+
+
 DOT_RHS = """module @dot_rhs {
   func.func public @main(%g: tensor<256x256xf32>, %w: tensor<256x128xf32>) -> tensor<256x128xf32> {
     %0 = stablehlo.dot_general %g, %w, contracting_dims = [1] x [0], precision = [HIGHEST, HIGHEST] : (tensor<256x256xf32>, tensor<256x128xf32>) -> tensor<256x128xf32>

@@ -305,7 +305,10 @@ class Client:
         just drop references. After close() they are unusable, and their
         PJRT objects are leaked rather than freed into a destroyed client.
         """
-        handle, self._handle = self._handle, _NULL
+        from .buffer import destroy_lock
+
+        with destroy_lock:  # (not under a batch of the buffer reaper's destroys)
+            handle, self._handle = self._handle, _NULL
         if handle != _NULL:
             self._plugin.call("PJRT_Client_Destroy", client=handle)
 

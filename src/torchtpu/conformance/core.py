@@ -145,7 +145,7 @@ def _thread_time_box(seconds: int) -> Iterator[None]:
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
-    raise SampleTimeout(f"sample exceeded {SAMPLE_TIMEOUT_S}s")
+    raise SampleTimeout
 
 
 # ---------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from . import model_zoo
-from .core import global_rng_lock
 
 FORWARD_TOL = (1e-4, 1e-4)  # at precision "highest": f32-accurate products
 GRAD_TOL = (1e-3, 1e-4)
@@ -105,9 +104,8 @@ def check_model(name: str, steps: int = 2, compile_kwargs: dict | None = None) -
 
     ``compile_kwargs``: run the tpu model through ``torch.compile(backend="tpu", **kwargs)``.
     """
-    with global_rng_lock:  # (a threaded sweep: no op reseeds between the seed and the build)
-        torch.manual_seed(0)
-        cpu_model, (args, kwargs), loss_fn = _builder(name)()
+    torch.manual_seed(0)
+    cpu_model, (args, kwargs), loss_fn = _builder(name)()
     cpu_model.train()
     disable_dropout(cpu_model)
     tpu_model = copy.deepcopy(cpu_model).to("tpu")
@@ -166,9 +164,8 @@ def check_compiled(name: str) -> None:
 
 def check_generate(name: str, new_tokens: int = 8) -> None:
     """Greedy ``generate()`` of a decoder-only model gives the same tokens as on CPU."""
-    with global_rng_lock:
-        torch.manual_seed(0)
-        cpu_model, (_, batch), _ = model_zoo.HF_MODELS[name]()
+    torch.manual_seed(0)
+    cpu_model, (_, batch), _ = model_zoo.HF_MODELS[name]()
     cpu_model.eval()
     tpu_model = copy.deepcopy(cpu_model).to("tpu")
     prompt = batch["input_ids"][:1, :5]

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from . import target
-from .builder import Value
+from .builder import Builder, Value
 from .registry import LoweringContext, register, register_host_kernel
 
 aten = torch.ops.aten
@@ -273,7 +273,7 @@ def _eye(ctx: LoweringContext, n: int, *rest: Any) -> Value:
 # float64 as pairs of float32 with a float32 square root, so a floor landing on a whole number
 # came out one row off (tril_indices on a v5e: 8 of 420 indices). Here the root only estimates
 # the row, and exact int64 arithmetic on the rows' start positions corrects the estimate.
-def _trapezoid(b: Any, n: int, m: int, grows: bool) -> tuple[Value, Value]:
+def _trapezoid(b: Builder, n: int, m: int, grows: bool) -> tuple[Value, Value]:
     """Row and column, in row-major order, of the ``n`` elements of a trapezoid whose row ``i``
     holds ``m + i`` (``grows``) or ``m - i`` elements."""
     i64, f32, shape = torch.int64, torch.float32, (n,)
@@ -308,13 +308,13 @@ def _trapezoid(b: Any, n: int, m: int, grows: bool) -> tuple[Value, Value]:
     return row, b.sub(x, start(row))
 
 
-def _rectangle(b: Any, n: int, cols: int) -> tuple[Value, Value]:
+def _rectangle(b: Builder, n: int, cols: int) -> tuple[Value, Value]:
     x = b.iota((n,), 0, torch.int64)
     w = b.constant(cols, torch.int64, (n,))
     return b.div(x, w), b.binary("remainder", x, w)
 
 
-def _shifted(b: Any, v: Value, by: int) -> Value:
+def _shifted(b: Builder, v: Value, by: int) -> Value:
     return b.add(v, b.constant(by, torch.int64, v.shape)) if by else v
 
 

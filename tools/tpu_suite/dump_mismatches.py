@@ -1,0 +1,82 @@
+"""Save the OpInfo samples on which tpu and CPU disagree, to study them off the TPU host.
+
+    python3 tools/tpu_suite/dump_mismatches.py OUT_DIR OP:DTYPE[:kind] ...   # kind: forward (default) or backward
+
+For each mismatching sample, ``OUT_DIR/<op>.<dtype>.<kind>.<i>.pt`` holds the sample (input, args,
+kwargs) and both results; a summary line per (op, dtype) goes to stdout. The comparison is the
+conformance sweep's own (``torchtpu.conformance.core.compare``, same tolerances). A TPU round
+runs this on the few ops its sweep left unexplained, with ``LIBTPU_INIT_ARGS=--xla_dump_to=...``
+where the compiler's own view of the programs is wanted too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import torch
+
+import torchtpu  # noqa: F401  (registers the device)
+from torchtpu.conformance import core
+
+
+def _run(op: object, sample: object, device_copy: bool, backward: bool) -> object:
+    """The op's output, or with ``backward`` its gradients for the sweep's random cotangents."""
+    if device_copy:
+        x, args, kwargs = core._sample_to_tpu(sample, grad=backward, key=core.op_key(op))
+    else:
+        x, args, kwargs = sample.input, sample.args, sample.kwargs
+    fn = core._variant(op)
+    if not backward:
+        return fn(x, *args, **kwargs)
+    outs = core._float_outputs(sample.output_process_fn_grad(op.gradcheck_wrapper(fn, x, *args, **kwargs)))
+    gen = torch.Generator().manual_seed(1234)
+    cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs]
+    return list(torch.autograd.grad(outs, core._grad_leaves([x, args, kwargs]), cots, allow_unused=True,
+                                    materialize_grads=True))
+
+
+def dump(out_dir: str, key: str, dtype: torch.dtype, kind: str) -> None:
+    op = core.opinfo_by_key()[key]
+    backward = kind == "backward"
+    samples = core._samples(op, dtype, backward, core.SAMPLES_PER_OP)
+    tol = core.BACKWARD_TOL if backward else core.FORWARD_TOL
+    bad = 0
+    for i, sample in enumerate(samples):
+        try:
+            want = _run(op, sample, False, backward)
+        except Exception:  # noqa: BLE001, S112  (a sample CPU rejects)
+            continue
+        try:
+            got = _run(op, sample, True, backward)
+            core.compare(got, want, tol)
+            status = "ok"
+        except Exception as e:  # noqa: BLE001
+            status = core.first_line(e)
+            bad += 1
+            path = os.path.join(out_dir, f"{key}.{core.dtype_name(dtype)}.{kind}.{i}.pt")
+            got_cpu = None
+            try:
+                got_cpu = [t.detach().cpu() if isinstance(t, torch.Tensor) else t for t in core._leaves(got)]
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+            torch.save({"input": sample.input, "args": sample.args, "kwargs": sample.kwargs,
+                        "cpu": [t.detach() if isinstance(t, torch.Tensor) else t for t in core._leaves(want)],
+                        "tpu": got_cpu, "status": status}, path)
+        print(f"{key} {core.dtype_name(dtype)} {kind} sample {i} {core.describe(sample.input)} "
+              f"{core.describe(tuple(sample.args))} {core.describe(sample.kwargs)}: {status}", flush=True)
+    print(f"== {key} {core.dtype_name(dtype)} {kind}: {bad} of {len(samples)} samples differ", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    out_dir = argv[0]
+    os.makedirs(out_dir, exist_ok=True)
+    for spec in argv[1:]:
+        key, dtype_s, *kind = spec.split(":")
+        with torch.tpu.precision("highest"):  # as the sweep runs
+            dump(out_dir, key, getattr(torch, dtype_s), kind[0] if kind else "forward")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -205,6 +205,13 @@ class Builder:
             form = COMPLEX_FORMS.get(name)
             if form is not None and operands[0].dtype == dtype:
                 return form(self, operands[0])
+        if name == "stablehlo.gather" and dtype == torch.float16 and target.tpu():
+            # A v5e gathered float16 rows (embedding, 2-d indices into a small table) as a one-hot
+            # matrix product, whose single pass rounds the values to bf16 (62 of 125 values off,
+            # measured). A gather moves bits: done on int16, no compiler pass can round them.
+            bits = self.bitcast_convert(operands[0], torch.int16, operands[0].shape)
+            moved = self.op1(name, [bits, *operands[1:]], shape, torch.int16, attrs, region)
+            return self.bitcast_convert(moved, torch.float16, shape)
         if name in ("stablehlo.abs", "stablehlo.sign") and dtype in _UNSIGNED:
             # StableHLO's abs and sign take signed integers only; on unsigned ones they are the
             # identity and (x != 0), as PyTorch's CPU kernels give them
@@ -352,16 +359,39 @@ class Builder:
 
     def binary(self, name: str, a: Value, b: Value, dtype: torch.dtype | None = None) -> Value:
         assert a.shape == b.shape, (name, a.shape, b.shape)
-        if name == "power" and a.dtype == b.dtype == torch.float32 and dtype is None and target.wide_float_power():
-            # exp(y * log(x)) in f64, rounded once: a TPU's f32 power composes its fast exp and
-            # log (6e-6 relative off; Adam's 1 - beta2 ** step then loses three digits)
-            wide = self.convert(self.binary("power", self.convert(a, torch.float64), self.convert(b, torch.float64)),
-                                torch.float32)
-            # where that is not finite, f32's own power: it keeps IEEE's infinities (pow(inf, 1.5)),
-            # which the TPU's emulated f64 turned into NaN, and overflows past f32's range as it should
-            finite = self.op1("stablehlo.is_finite", [wide], wide.shape, torch.bool)
-            return self.select(finite, wide, self.op1("stablehlo.power", [a, b], a.shape, a.dtype))
+        if name == "power" and a.dtype == b.dtype and dtype is None and target.wide_float_power():
+            if a.dtype in (torch.bfloat16, torch.float16):
+                # in f32 and rounded once, as CPU kernels compute them; a v5e's own bf16 power
+                # lost the sign of a negative base: (-2) ** -1 came out 0.5
+                wide = self.binary("power", self.convert(a, torch.float32), self.convert(b, torch.float32))
+                return self.convert(wide, a.dtype)
+            if a.dtype == torch.float32:
+                # exp(y * log(x)) in f64, rounded once: a TPU's f32 power composes its fast exp and
+                # log (6e-6 relative off; Adam's 1 - beta2 ** step then loses three digits)
+                wide = self.convert(self.binary("power", self.convert(a, torch.float64),
+                                                self.convert(b, torch.float64)), torch.float32)
+                # where that is not finite, f32's own power: it keeps IEEE's infinities (pow(inf, 1.5)),
+                # which the TPU's emulated f64 turned into NaN, and overflows past f32's range as it should
+                finite = self.op1("stablehlo.is_finite", [wide], wide.shape, torch.bool)
+                return self.select(finite, wide, self._signed_power(a, b))
         return self.op1(f"stablehlo.{name}", [a, b], a.shape, dtype or a.dtype)
+
+    def _signed_power(self, a: Value, b: Value) -> Value:
+        """f32 a ** b from the compiler's power of |a|, the sign taken from the exponent's parity
+        (a TPU's own power dropped a negative base's sign). As IEEE's pow: a finite negative base
+        with a non-integer exponent gives NaN; -0 and -inf keep their sign for odd exponents."""
+        zero = self.constant(0.0, a.dtype, a.shape)
+        mag = self.op1("stablehlo.power", [self.unary("abs", a), b], a.shape, a.dtype)
+        half = self.mul(b, self.constant(0.5, b.dtype, b.shape))
+        integer = self.compare(self.unary("floor", b), b, "EQ")
+        odd = self.binary("and", integer, self.compare(self.unary("floor", half), half, "NE"))
+        sign_bit = self.compare(self.bitcast_convert(a, torch.int32, a.shape),
+                                self.constant(0, torch.int32, a.shape), "LT")
+        finite_negative = self.binary("and", self.compare(a, zero, "LT"),
+                                      self.op1("stablehlo.is_finite", [a], a.shape, torch.bool))
+        nan = self.constant(float("nan"), a.dtype, a.shape)
+        r = self.select(self.binary("and", sign_bit, odd), self.neg(mag), mag)
+        return self.select(self.binary("and", finite_negative, self.unary("not", integer)), nan, r)
 
     def add(self, a: Value, b: Value) -> Value:
         return self.binary("add", a, b)

@@ -334,6 +334,28 @@ class Builder:
             return self._to_float8(v, dtype)
         return self.op1("stablehlo.convert", [v], v.shape, dtype)
 
+    def rounded_to_bf16(self, v: Value) -> Value:
+        """An f32 value rounded to bf16 (to nearest, ties to even; NaN to 0x7FC0 as PyTorch's
+        CPU rounds it), in integer arithmetic on a TPU.
+
+        A TPU's compiler narrows f32 work whose every use is a conversion to bf16 to bf16
+        itself (XLA's BFloat16Propagation): a bf16 ``mv`` summed products it had rounded to bf16
+        (0.33 off CPU on O(100) values) and a bf16 power lost a negative base's sign. A
+        bitcast is a use that needs all 32 bits, so the work before it stays f32.
+        """
+        if not target.tpu():
+            return self.convert(v, torch.bfloat16)
+        u32 = torch.uint32
+        bits = self.bitcast_convert(v, u32, v.shape)
+
+        def c(value: int) -> Value:
+            return self.constant(value, u32, v.shape)
+
+        lsb = self.binary("and", self.binary("shift_right_logical", bits, c(16)), c(1))
+        top = self.binary("shift_right_logical", self.add(bits, self.add(c(0x7FFF), lsb)), c(16))
+        top = self.select(self.compare(v, v, "NE"), c(0x7FC0), top)
+        return self.bitcast_convert(self.convert(top, torch.uint16), torch.bfloat16, v.shape)
+
     def _to_float8(self, v: Value, dtype: torch.dtype) -> Value:
         """A float8_e4m3fn conversion as PyTorch rounds: the format has no infinity, and PyTorch
         saturates (inf and out-of-range values become +-448) where XLA makes them NaN."""
@@ -361,10 +383,10 @@ class Builder:
         assert a.shape == b.shape, (name, a.shape, b.shape)
         if name == "power" and a.dtype == b.dtype and dtype is None and target.wide_float_power():
             if a.dtype in (torch.bfloat16, torch.float16):
-                # in f32 and rounded once, as CPU kernels compute them; a v5e's own bf16 power
-                # lost the sign of a negative base: (-2) ** -1 came out 0.5
+                # in f32 and rounded once, as CPU kernels compute them (a v5e's bf16 power lost
+                # the sign of a negative base: (-2) ** -1 came out 0.5)
                 wide = self.binary("power", self.convert(a, torch.float32), self.convert(b, torch.float32))
-                return self.convert(wide, a.dtype)
+                return self.rounded_to_bf16(wide) if a.dtype == torch.bfloat16 else self.convert(wide, a.dtype)
             if a.dtype == torch.float32:
                 # exp(y * log(x)) in f64, rounded once: a TPU's f32 power composes its fast exp and
                 # log (6e-6 relative off; Adam's 1 - beta2 ** step then loses three digits)

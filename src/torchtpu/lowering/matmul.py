@@ -130,7 +130,10 @@ def dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[int], Se
         wide = torch.int64 if common == torch.bool else common
         return b.convert(elementwise_dot(b, b.convert(a, wide), b.convert(c, wide), batch, contract), out_dtype)
     if target.native_dot_precision():
-        return b.convert(_native_dot(ctx, a, c, batch, contract, common), out_dtype)
+        r = _native_dot(ctx, a, c, batch, contract, common)
+        if out_dtype == torch.bfloat16 and common == torch.bfloat16 and _has_vector_operand(a, c, batch, contract):
+            return b.rounded_to_bf16(r)  # the f32 multiply and sum must stay f32: see rounded_to_bf16
+        return b.convert(r, out_dtype)
     if common == torch.float32:
         passes = _PASSES[ctx.precision]
         nparts = max(max(i, j) for i, j in passes) + 1
@@ -187,8 +190,9 @@ def _native_dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[
         if _has_vector_operand(a, c, batch, contract):
             # A v5e's compiler turns a product with a vector operand into a multiply and a sum,
             # and took the multiply in bf16: each product rounded before the f32 sum (a bf16
-            # `mv` 0.33 off CPU on O(100) values, measured). Widened first, the products are
-            # exact, as the matrix unit's are; it is the same multiply and sum XLA would make.
+            # `mv` 0.33 off CPU on O(100) values, measured). Written as an f32 multiply and sum
+            # (what XLA would make of it) whose bf16 result the caller rounds in integers, the
+            # products stay exact, as the matrix unit's are.
             return elementwise_dot(b, b.convert(a, torch.float32), b.convert(c, torch.float32), batch, contract)
         return b.dot_general(a, c, batch, contract, torch.float32)
     wide = torch.float32 if common == torch.float16 else common

@@ -129,6 +129,35 @@ def test_sweep_runs_in_shards_that_merge(tmp_path, monkeypatch):
         main(["--merge", "3", "--out", str(tmp_path)])
 
 
+@pytest.mark.fresh_process
+def test_a_shard_cut_short_resumes_from_its_finished_items(tmp_path):
+    """Regression (TPU round 11): a call's time ran out with 15 of a part's 19 ops checked, and the
+    part file, written only when the part completes, held none of them. Each finished item now
+    goes to the part's partial file at once, and ``--resume`` skips those in the next run."""
+    import json
+
+    from torchtpu.conformance.__main__ import _report_stem, main
+
+    common = ["--ops", "sin,add,cumsum", "--models", "none", "--dtypes", "float32", "--limit", "1", "--quiet",
+              "--shard", "1/1"]
+    assert main([*common, "--out", str(tmp_path / "first")]) == 0
+    stem = _report_stem()
+    partial = tmp_path / "first" / f"{stem}.shard1-of-1.partial.jsonl"
+    lines = [json.loads(t) for t in partial.read_text().splitlines()]
+    assert sorted(line["item"] for line in lines) == ["add", "cumsum", "sin"]
+    # as if the call had been cut after the first item, in the middle of writing the second
+    lines[0]["rows"][0]["detail"] = "from the earlier run"
+    partial.write_text(json.dumps(lines[0]) + "\n" + json.dumps(lines[1])[:30])
+    assert main([*common, "--out", str(tmp_path / "second"), "--resume", str(tmp_path / "first")]) == 0
+    doc = json.loads((tmp_path / "second" / f"{stem}.shard1-of-1.json").read_text())
+    assert sorted(r["op"] for r in doc["results"]) == sorted(r["op"] for line in lines for r in line["rows"])
+    assert doc["results"][[r["op"] for r in doc["results"]].index(lines[0]["item"])]["detail"] == "from the earlier run"
+    first = sorted((r["op"], r["kind"], r["status"]) for line in lines for r in line["rows"])
+    assert sorted((r["op"], r["kind"], r["status"]) for r in doc["results"]) == first and doc["device"]
+    again = (tmp_path / "second" / f"{stem}.shard1-of-1.partial.jsonl").read_text().splitlines()
+    assert len(again) == 3  # the carried line and the two items run now: a second cut loses nothing
+
+
 def test_error_inputs_a_device_cannot_hold_are_noted_not_failed(monkeypatch):
     """Regression (TPU v5e): conv2d's error inputs include complex128 tensors, which a TPU refuses
     to hold (runtime.UnsupportedDtypeError at the transfer, before the op); the check reported

@@ -29,8 +29,11 @@ bench)
   TORCH_TPU_ACCURATE_TRANSCENDENTALS=0 timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes compiled --timeout 150 --out $OUT/b100fast.json 2>&1 | tail -8 | tee $OUT/bench2.log
   timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m_bf16,gpt_demo --modes compiled,jax_jit --timeout 120 --out $OUT/bmix.json 2>&1 | tail -12 | tee $OUT/bench3.log ;;
 conf)  # parts K..N of an N-way split in one worker, THREADS ops at once; each part's file lands as it completes
+  # a part cut short goes on from its finished items: put the *.partial.jsonl files that came back
+  # in .tpu/conf/ and carry them (with .tpu/conf itself named in carry)
   n=$3; k=$4; threads=${5:-1}  # (threads did not pay on the v5e: docs/tpu.md)
-  timeout $(( $(left) - 10 )) python3 -m torchtpu.conformance --shard $k-$n/$n --threads $threads --out $OUT/conf 2>&1 \
+  resume=(); [ -d .tpu/conf ] && resume=(--resume .tpu/conf)
+  timeout $(( $(left) - 10 )) python3 -m torchtpu.conformance --shard $k-$n/$n --threads $threads --out $OUT/conf "${resume[@]}" 2>&1 \
     | grep -v "Warning\|warn" > $OUT/conf_full.log; tail -5 $OUT/conf_full.log | tee -a $OUT/conf.log
   ls $OUT/conf | tee -a $OUT/conf.log ;;
 esac

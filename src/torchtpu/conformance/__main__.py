@@ -335,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=OP_BUDGET_S, help="seconds per op before it is abandoned")
     p.add_argument("--out", default="docs", help="directory for op_coverage.md and op_coverage.json")
     p.add_argument("--no-merge", action="store_true", help="with --ops: write only these ops' results")
+    p.add_argument("--resume", default=None, help="directory of the partial files (*.partial.jsonl) of an "
+                   "earlier --shard run cut short: its finished items are not run again (default: --out)")
     p.add_argument("--shard", default=None, help="K/N: run the K-th of N interleaved parts of the ops and models, "
                    "writing only that part (op_coverage*.shardK-of-N.json); K1-K2/N: parts K1 to K2, in one "
                    "worker, each part's file written as soon as it is complete")
@@ -409,13 +411,33 @@ def _run_shards(parts: list[int], n: int, keys: list[str], names: list[str], a: 
     seconds: dict[int, float] = collections.defaultdict(float)
     device: dict[str, str] = {}
 
+    # A cut run keeps its finished items: each goes to the part's partial file as it finishes, and
+    # a later run of the part (reading that file from --resume, by default --out) skips them.
+    # (Delete a part's partial file, or write to another --out, to run the part afresh.)
+    for k in parts:
+        earlier = _partial_lines(Path(a.resume or out) / _partial_name(stem, k, n))
+        if a.resume and Path(a.resume).resolve() != out.resolve():
+            with (out / _partial_name(stem, k, n)).open("a") as f:  # a second cut keeps them too
+                f.writelines(json.dumps(line) + "\n" for line in earlier)
+        for line in earlier:
+            if line["item"] in left[k]:
+                rows[line["item"]] = line["rows"]
+                seconds[k] += line["seconds"] * a.threads
+                left[k].discard(line["item"])
+                device.update(line.get("device") or {})
+
     def on_done(item: str, result: list[dict], took: float) -> None:
         k = part_of[item]
         rows[item] = result
         seconds[k] += took
         left[k].discard(item)
-        if left[k]:
-            return
+        with (out / _partial_name(stem, k, n)).open("a") as f:
+            f.write(json.dumps({"item": item, "rows": result, "seconds": round(took / a.threads, 2),
+                                "device": device}) + "\n")
+        if not left[k]:
+            write_part(k)
+
+    def write_part(k: int) -> None:
         items = part_items[k]
         path = _shard_path(out, stem, k, n)
         path.write_text(json.dumps({
@@ -425,9 +447,29 @@ def _run_shards(parts: list[int], n: int, keys: list[str], names: list[str], a: 
             "models": [r for i in items if i.startswith(MODEL_PREFIX) for r in rows[i]]}) + "\n")
         print(f"shard {k}/{n}: {len(items)} items; wrote {path}", flush=True)
 
-    sweep([i for k in parts for i in part_items[k]], _parse_dtypes(a.dtypes), a.limit, _parse_dtypes(a.kinds),
+    for k in parts:
+        if not left[k] and part_items[k]:  # finished in an earlier run: the part file from its rows
+            write_part(k)
+    sweep([i for k in parts for i in part_items[k] if i in left[k]], _parse_dtypes(a.dtypes), a.limit, _parse_dtypes(a.kinds),
           a.budget, progress=not a.quiet, device=device, threads=a.threads, on_done=on_done)
     return 0
+
+
+def _partial_name(stem: str, k: int, n: int) -> str:
+    return f"{stem}.shard{k}-of-{n}.partial.jsonl"
+
+
+def _partial_lines(path: Path) -> list[dict]:
+    """The items an earlier run of a part finished (a line cut by a killed run is dropped)."""
+    if not path.exists():
+        return []
+    lines = []
+    for text in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(text))
+        except json.JSONDecodeError:
+            continue
+    return lines
 
 
 def _write(doc: dict, out: Path, stem: str) -> int:

@@ -687,6 +687,31 @@ def scenario_dead_peer(rank: int, world: int) -> None:
     failures.append("all_reduce with a dead peer returned")
 
 
+def scenario_mismatch(rank: int, world: int) -> None:
+    """Under TORCH_DISTRIBUTED_DEBUG=DETAIL, collectives that differ between ranks (shape, dtype,
+    kind) raise on every rank, as c10d's wrapper makes them raise for Gloo and NCCL, instead of
+    hanging or mixing data; a matching collective afterwards still works."""
+    cases = {
+        "shape": lambda: dist.all_reduce(torch.ones(4 + rank, device="tpu")),
+        "dtype": lambda: dist.all_reduce(torch.ones(4, device="tpu", dtype=torch.float32 if rank else torch.int64)),
+        "kind": lambda: dist.all_reduce(torch.ones(4, device="tpu")) if rank else dist.broadcast(
+            torch.ones(4, device="tpu"), src=0),
+    }
+    for name, call in cases.items():
+        try:
+            call()
+            torch.tpu.synchronize()
+        except RuntimeError as e:
+            if "mismatch" not in str(e).lower() and "detected" not in str(e).lower():
+                failures.append(f"{name}: raised without naming the mismatch: {str(e)[:300]}")
+            print(f"{name} mismatch raised: {str(e).splitlines()[0][:160]}")
+        else:
+            failures.append(f"{name} mismatch did not raise")
+    x = torch.full((3,), float(rank + 1), device="tpu")
+    dist.all_reduce(x)
+    check("after the mismatches, all_reduce", x, torch.full((3,), float(sum(range(1, world + 1)))))
+
+
 def main() -> None:
     scenario, rank, world, init_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     init = f"file://{init_file}"

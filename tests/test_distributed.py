@@ -166,6 +166,17 @@ def test_a_dead_peer_raises_instead_of_hanging(tmp_path):
     assert seconds < 20, outs[0]  # sooner than the group's timeout, which also applies
 
 
+@pytest.mark.fresh_process
+@pytest.mark.emulator_only(TWO_RANKS)
+def test_mismatched_collectives_raise_under_detail_debug(tmp_path):
+    """Collectives of different shapes, dtypes or kinds on the two ranks raise on both under
+    TORCH_DISTRIBUTED_DEBUG=DETAIL (c10d's collective fingerprint check, which wraps tpu_dist as
+    it wraps Gloo), and the group keeps working."""
+    outs = run_ranks("mismatch", tmp_path, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    for out in outs:
+        assert out.count("mismatch raised") == 3, out
+
+
 # -- one process ----------------------------------------------------------------------------------
 
 def test_tpu_dist_is_the_backend_of_the_tpu_device():

@@ -78,6 +78,13 @@ class TpuProcessGroup(dist.ProcessGroup):
         # The Gloo group's store is the same prefixed store c10d gave this group, so groups made
         # by new_group never see each other's keys.
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        if dist.get_debug_level() == dist.DebugLevel.DETAIL:
+            # c10d wraps Gloo and NCCL groups, not a Python group, in its collective checker (each
+            # collective's kind, shapes and dtypes compared across ranks first, over a helper Gloo
+            # group): wrapping the Gloo group the host copies go through gives tpu_dist the same
+            # checks. Without it a shape mismatch aborted the process inside Gloo.
+            self._gloo = dist.distributed_c10d._create_process_group_wrapper(
+                self._gloo, BACKEND_NAME, store, rank, size, timeout)
 
     @classmethod
     def from_backend_options(cls, dist_options: Any, backend_options: Any = None) -> TpuProcessGroup:

@@ -45,6 +45,39 @@ def _layer_norm(ctx: LoweringContext, x: Value, normalized_shape: list[int], wei
             b.convert(b.reshape(rstd, stat_shape), ctx.out_dtype(2)))
 
 
+@register(aten.native_group_norm.default)
+def _group_norm(ctx: LoweringContext, x: Value, weight: Value | None, bias: Value | None, n: int, c: int,
+                hxw: int, group: int, eps: Any) -> tuple[Value, Value, Value]:
+    """One program, statistics and output in f32, rounded once to the input's dtype.
+
+    ATen's composite kernel (``math_group_norm``: batch norm, then ``mul`` by the weight, then
+    ``add`` of the bias as separate ops) rounded a bf16 output three times: 0.125 off CPU's
+    fused kernel on values of O(10). The output is ``x * scale + shift`` with
+    ``scale = rstd * weight`` and ``shift = bias - mean * scale`` per channel, as CPU's kernel
+    computes it."""
+    b = ctx.b
+    acc = opmath(x.dtype)
+    cpg = c // group if group else 0
+    v = b.reshape(b.convert(x, acc), (n, group, cpg * hxw))
+    count = float(cpg * hxw)
+    mean = b.div(reduce_sum(b, v, [2]), b.constant(count, acc, (n, group)))
+    centered = b.sub(v, b.broadcast_in_dim(mean, v.shape, [0, 1]))
+    var = b.div(reduce_sum(b, b.mul(centered, centered), [2]), b.constant(count, acc, (n, group)))
+    rstd = b.unary("rsqrt", b.add(var, ctx.scalar(eps, acc, (n, group))))
+    per_channel = (n, group, cpg)
+    scale = b.broadcast_in_dim(rstd, per_channel, [0, 1])
+    if weight is not None:
+        scale = b.mul(scale, b.broadcast_in_dim(b.reshape(b.convert(weight, acc), (group, cpg)), per_channel, [1, 2]))
+    shift = b.neg(b.mul(b.broadcast_in_dim(mean, per_channel, [0, 1]), scale))
+    if bias is not None:
+        shift = b.add(shift, b.broadcast_in_dim(b.reshape(b.convert(bias, acc), (group, cpg)), per_channel, [1, 2]))
+    full = (n, group, cpg, hxw)
+    y = b.reshape(b.convert(x, acc), full)
+    y = b.add(b.mul(y, b.broadcast_in_dim(scale, full, [0, 1, 2])), b.broadcast_in_dim(shift, full, [0, 1, 2]))
+    return (b.convert(b.reshape(y, x.shape), ctx.out_dtype(0)), b.convert(mean, ctx.out_dtype(1)),
+            b.convert(rstd, ctx.out_dtype(2)))
+
+
 @register(aten.native_layer_norm_backward.default)
 def _layer_norm_backward(ctx: LoweringContext, grad: Value, x: Value, normalized_shape: list[int], mean: Value,
                          rstd: Value, weight: Value | None, bias: Value | None, output_mask: list[bool]) -> tuple:

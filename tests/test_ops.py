@@ -671,6 +671,17 @@ def test_group_norm_rounds_once_as_cpu(dtype):
         torch.testing.assert_close(a.cpu(), r, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_low_precision_mse_loss_rounds_as_cpu(dtype, reduction):
+    """Regression: CPU's (and CUDA's) mse_loss kernel rounds ``a - b`` and its square to the 16-bit
+    type; one f32 rounding gave float16 losses two units in the last place off CPU's."""
+    g = torch.Generator().manual_seed(0)
+    x, y = ((torch.randn(64, 33, generator=g) * 6).to(dtype) for _ in range(2))
+    ref = F.mse_loss(x, y, reduction=reduction)
+    assert torch.equal(F.mse_loss(x.to("tpu"), y.to("tpu"), reduction=reduction).cpu(), ref)
+
+
 def test_backward_matches_cpu():
     torch.manual_seed(0)
     x = torch.randn(4, 8)

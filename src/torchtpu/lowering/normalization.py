@@ -192,7 +192,13 @@ def _mse_loss(ctx: LoweringContext, x: Value, target: Value, reduction: int = 1)
     acc = opmath(x.dtype)
     shape = torch.broadcast_shapes(x.shape, target.shape)
     d = b.sub(b.broadcast_to(b.convert(x, acc), shape), b.broadcast_to(b.convert(target, acc), shape))
+    if acc != x.dtype:
+        # CPU's (and CUDA's) kernel computes (a - b) and its square in the 16-bit type itself,
+        # rounding each: float16 losses two units in the last place from a single rounding
+        d = b.convert(b.convert(d, x.dtype), acc)
     sq = b.mul(d, d)
+    if acc != x.dtype:
+        sq = b.convert(b.convert(sq, x.dtype), acc)
     if reduction == _REDUCTION_NONE:
         return b.convert(sq, ctx.out_dtype())
     s = reduce_sum(b, sq, list(range(len(shape))))

@@ -158,6 +158,28 @@ def test_a_shard_cut_short_resumes_from_its_finished_items(tmp_path):
     assert len(again) == 3  # the carried line and the two items run now: a second cut loses nothing
 
 
+def test_a_16_bit_result_nearer_float64_than_cpus_passes_and_a_farther_one_does_not():
+    """CPU's 16-bit kernels (grid_sample, interpolate, instance_norm) round intermediates; a result
+    off CPU's beyond the tolerance passes only where every such value is at least as close to the
+    float64 result as CPU's own, with a note giving both errors."""
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    from torchtpu.conformance.core import nearer_float64_than_cpu
+
+    x = torch.tensor([1.1, 2.3, -7.7, 100.3, 0.0]).bfloat16()
+    sample = SampleInput(x, args=(3.3,))
+    exact = (x.double() * 3.3).bfloat16()  # one rounding of the float64 product
+    off = exact.clone()
+    off[3] += 16  # 331 -> 347: beyond bf16's tolerance
+    note = nearer_float64_than_cpu(torch.mul, sample, torch.bfloat16, exact, off)
+    assert note is not None and note.startswith("nearer float64 than CPU"), note
+    assert nearer_float64_than_cpu(torch.mul, sample, torch.bfloat16, off, exact) is None
+    nan = exact.clone()
+    nan[0] = float("nan")
+    assert nearer_float64_than_cpu(torch.mul, sample, torch.bfloat16, nan, off) is None
+    assert nearer_float64_than_cpu(torch.mul, SampleInput(x.float(), args=(3.3,)), torch.float32, exact, off) is None
+
+
 def test_error_inputs_a_device_cannot_hold_are_noted_not_failed(monkeypatch):
     """Regression (TPU v5e): conv2d's error inputs include complex128 tensors, which a TPU refuses
     to hold (runtime.UnsupportedDtypeError at the transfer, before the op); the check reported

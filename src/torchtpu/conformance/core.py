@@ -407,6 +407,66 @@ def _random_sample(key: str, sample: Any) -> bool:
         isinstance(a, float) and 0 < a < 1 for a in sample.args)
 
 
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _widened(x: Any, dtype: torch.dtype) -> Any:
+    """A sample argument with its ``dtype`` tensors as float64 (containers followed)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float64) if x.dtype == dtype else x
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_widened(y, dtype) for y in x)
+    if isinstance(x, list):
+        return [_widened(y, dtype) for y in x]
+    if isinstance(x, dict):
+        return {k: _widened(v, dtype) for k, v in x.items()}
+    return x
+
+
+def nearer_float64_than_cpu(fn: Callable[..., Any], sample: Any, dtype: torch.dtype, actual: Any,
+                            expected: Any) -> str | None:
+    """Where a 16-bit result differs from CPU's beyond the tolerance: whether each such value is at
+    least as close to the float64 result (the same op on the sample's values widened) as CPU's
+    own value is. CPU's 16-bit kernels round some intermediates to the 16-bit type (grid_sample's
+    bf16 kernel is 0.068 off float64 where one rounding of the f32 math is 0.004 off); a lowering
+    that computes in f32 and rounds once is then more accurate, not wrong. Returns a note, or None
+    when the rule does not hold (or cannot be applied: no float64 kernel, non-float outputs)."""
+    if dtype not in _LOW_PRECISION:
+        return None
+    try:
+        ref = fn(_widened(sample.input, dtype), *_widened(tuple(sample.args), dtype), **_widened(dict(sample.kwargs), dtype))
+    except Exception:  # noqa: BLE001  (no float64 kernel, or float64 changes the op's meaning)
+        return None
+    tl, cl, rl = _leaves(actual), _leaves(expected), _leaves(ref)
+    if not (len(tl) == len(cl) == len(rl)):
+        return None
+    rtol, atol = FORWARD_TOL[dtype]
+    worst_tpu = worst_cpu = 0.0
+    for t, c, r in zip(tl, cl, rl):
+        if not isinstance(c, torch.Tensor):
+            if t != c:
+                return None
+            continue
+        if not (isinstance(t, torch.Tensor) and isinstance(r, torch.Tensor) and c.dtype in _LOW_PRECISION
+                and r.shape == c.shape == t.shape):
+            return None
+        t64, c64, r64 = t.detach().cpu().double(), c.detach().double(), r.detach().double()
+        nan = r64.isnan()
+        if not torch.equal(t64.isnan() | nan, nan) or not torch.equal(c64.isnan() | nan, nan):
+            return None  # a NaN where float64 has a number: no accuracy to compare
+        near_cpu = (t64 - c64).abs() <= atol + rtol * c64.abs()
+        err_t, err_c = (t64 - r64).abs(), (c64 - r64).abs()
+        ok = near_cpu | (err_t <= err_c) | nan | (t64 == c64)
+        if not bool(ok.all()):
+            return None
+        far = ~near_cpu & ~nan & ~(t64 == c64)
+        if bool(far.any()):
+            worst_tpu = max(worst_tpu, err_t[far].max().item())
+            worst_cpu = max(worst_cpu, err_c[far].max().item())
+    return (f"nearer float64 than CPU where they differ (error {worst_tpu:.3g} against CPU's {worst_cpu:.3g}: "
+            "CPU's 16-bit kernel rounds intermediates)")
+
+
 def check_forward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> OpResult:
     key = op_key(op)
     start = time.perf_counter()
@@ -433,8 +493,16 @@ def check_forward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> O
                 if key in GAUGE_FREE_OUTPUTS:
                     expected, actual = sample.output_process_fn_grad(expected), sample.output_process_fn_grad(actual)
                 ties = sample.input if key in TIED_INDICES and isinstance(sample.input, torch.Tensor) else None
-                compare(actual, expected, FORWARD_TOL, values=values and not _random_sample(key, sample),
-                        tie_input=ties)
+                try:
+                    compare(actual, expected, FORWARD_TOL, values=values and not _random_sample(key, sample),
+                            tie_input=ties)
+                except Mismatch:
+                    note = None if key in GAUGE_FREE_OUTPUTS or ties is not None else \
+                        nearer_float64_than_cpu(fn, sample, dtype, actual, expected)
+                    if note is None:
+                        raise
+                    if not any(n.startswith("nearer float64") for n in tally.notes):
+                        tally.notes.append(note)
                 torch.tpu.synchronize()
             tally.ran += 1
         except Exception as e:  # noqa: BLE001

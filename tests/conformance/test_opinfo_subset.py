@@ -178,6 +178,10 @@ def test_a_16_bit_result_nearer_float64_than_cpus_passes_and_a_farther_one_does_
     nan[0] = float("nan")
     assert nearer_float64_than_cpu(torch.mul, sample, torch.bfloat16, nan, off) is None
     assert nearer_float64_than_cpu(torch.mul, SampleInput(x.float(), args=(3.3,)), torch.float32, exact, off) is None
+    cpu_nan = off.clone()
+    cpu_nan[1] = float("nan")  # CPU's NaN where float64 has a number: any number is nearer
+    assert nearer_float64_than_cpu(torch.mul, sample, torch.bfloat16, exact, cpu_nan) is not None
+    assert nearer_float64_than_cpu(torch.mul, sample, torch.bfloat16, nan, cpu_nan) is None
 
 
 def test_error_inputs_a_device_cannot_hold_are_noted_not_failed(monkeypatch):

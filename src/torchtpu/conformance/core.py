@@ -437,10 +437,41 @@ def nearer_float64_than_cpu(fn: Callable[..., Any], sample: Any, dtype: torch.dt
         ref = fn(_widened(sample.input, dtype), *_widened(tuple(sample.args), dtype), **_widened(dict(sample.kwargs), dtype))
     except Exception:  # noqa: BLE001  (no float64 kernel, or float64 changes the op's meaning)
         return None
-    tl, cl, rl = _leaves(actual), _leaves(expected), _leaves(ref)
+    return _nearer(_leaves(actual), _leaves(expected), _leaves(ref), FORWARD_TOL[dtype])
+
+
+def gradients_nearer_float64_than_cpu(op: Any, sample: Any, dtype: torch.dtype, cots: list[torch.Tensor],
+                                      actual: list[Any], expected: list[Any]) -> str | None:
+    """:func:`nearer_float64_than_cpu` for gradients: the float64 gradients of the sample's values
+    widened, for the same cotangents (CPU's bf16 grid_sample gradient for the grid is 11.5 off
+    float64 where tpu's is 0.016 off)."""
+    if dtype not in _LOW_PRECISION:
+        return None
+    try:
+        x, args, kwargs = (_widened(v, dtype) for v in (sample.input, tuple(sample.args), dict(sample.kwargs)))
+        leaves = []
+
+        def leaf(v: Any) -> Any:
+            if isinstance(v, torch.Tensor) and v.dtype == torch.float64:
+                v = v.requires_grad_(True)
+                leaves.append(v)
+            return v
+        x = leaf(x) if isinstance(x, torch.Tensor) else x
+        args = tuple(leaf(a) for a in args)
+        kwargs = {k: leaf(v) for k, v in kwargs.items()}
+        outs = _float_outputs(sample.output_process_fn_grad(op.gradcheck_wrapper(_variant(op), x, *args, **kwargs)))
+        ref = torch.autograd.grad(outs, leaves, [c.double() for c in cots], allow_unused=True, materialize_grads=True)
+    except Exception:  # noqa: BLE001
+        return None
+    if len(ref) != len(expected):
+        return None  # the widened sample's differentiable inputs are not the sample's
+    return _nearer(list(actual), list(expected), list(ref), BACKWARD_TOL[dtype])
+
+
+def _nearer(tl: list[Any], cl: list[Any], rl: list[Any], tol: tuple[float, float]) -> str | None:
     if not (len(tl) == len(cl) == len(rl)):
         return None
-    rtol, atol = FORWARD_TOL[dtype]
+    rtol, atol = tol
     worst_tpu = worst_cpu = 0.0
     for t, c, r in zip(tl, cl, rl):
         if not isinstance(c, torch.Tensor):
@@ -582,7 +613,16 @@ def check_backward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> 
                     # compare their sums per distinct input value instead.
                     k = next(i for i, t in enumerate(cpu_inputs) if t is sample.input)
                     actual[k], expected[k] = _sum_by_value(sample.input, actual[k].cpu(), expected[k])
-                compare(actual, expected, BACKWARD_TOL, values=values and not _random_sample(key, sample), what="grad")
+                try:
+                    compare(actual, expected, BACKWARD_TOL, values=values and not _random_sample(key, sample),
+                            what="grad")
+                except Mismatch:
+                    note = None if key in TIED_INDICES else \
+                        gradients_nearer_float64_than_cpu(op, sample, dtype, cots, actual, expected)
+                    if note is None:
+                        raise
+                    if not any(n.startswith("nearer float64") for n in tally.notes):
+                        tally.notes.append(note)
                 torch.tpu.synchronize()
             tally.ran += 1
         except Exception as e:  # noqa: BLE001

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
-#   bash tools/tpu_suite/steps.sh demo|fresh|bench SECONDS
+#   bash tools/tpu_suite/steps.sh demo|fresh|bench|verify SECONDS
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N, threaded
 # Results go to $OUT; the list of tests run stays in /tmp/done.txt while the host is warm.
 set -uo pipefail
@@ -28,6 +28,17 @@ bench)
   timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes compiled,jax_jit --timeout 150 --out $OUT/b100.json 2>&1 | tail -20 | tee $OUT/bench1.log
   TORCH_TPU_ACCURATE_TRANSCENDENTALS=0 timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes compiled --timeout 150 --out $OUT/b100fast.json 2>&1 | tail -8 | tee $OUT/bench2.log
   timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m_bf16,gpt_demo --modes compiled,jax_jit --timeout 120 --out $OUT/bmix.json 2>&1 | tail -12 | tee $OUT/bench3.log ;;
+verify)  # the samples and functions of tools/tpu_suite/verify.txt (last round's fixes), then their tests
+  specs=$(grep -v '^#' tools/tpu_suite/verify.txt | grep ':' | tr '\n' ' ')
+  funcs=$(grep -v '^#' tools/tpu_suite/verify.txt | grep '^fn ' | cut -c4- | tr '\n' ' ')
+  timeout $(( $(left) / 3 )) python3 tools/tpu_suite/dump_mismatches.py $OUT/dm $specs > $OUT/dm.log 2>&1
+  grep "==" $OUT/dm.log
+  timeout 90 python3 tools/tpu_suite/probe_unary.py $funcs > $OUT/probe.log 2>&1; grep -v "^    x=" $OUT/probe.log
+  i=0
+  grep '^test ' tools/tpu_suite/verify.txt | cut -c6- | while read -r args; do  # one pytest per line
+    i=$((i + 1)); eval "bash .tpu/suite/suite_run.sh verify$i $(( $(left) - 5 )) $args"
+    cp $OUT/done.txt /tmp/done.txt
+  done ;;
 conf)  # parts K..N of an N-way split in one worker, THREADS ops at once; each part's file lands as it completes
   # a part cut short goes on from its finished items: put the *.partial.jsonl files that came back
   # in .tpu/conf/ and carry them (with .tpu/conf itself named in carry)

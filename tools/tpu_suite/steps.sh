@@ -37,7 +37,7 @@ verify)  # the samples and functions of tools/tpu_suite/verify.txt (last round's
   i=0
   grep '^test ' tools/tpu_suite/verify.txt | cut -c6- | while read -r args; do  # one pytest per line
     i=$((i + 1)); eval "bash .tpu/suite/suite_run.sh verify$i $(( $(left) - 5 )) $args"
-    cp $OUT/done.txt /tmp/done.txt
+    cp $OUT/done.txt /tmp/done.txt; cp $OUT/done.txt .tpu/suite/done.txt  # the next run starts from it
   done ;;
 conf)  # parts K..N of an N-way split in one worker, THREADS ops at once; each part's file lands as it completes
   # a part cut short goes on from its finished items: put the *.partial.jsonl files that came back

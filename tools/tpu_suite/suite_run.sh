@@ -19,7 +19,7 @@ fi
 tag=$1; secs=$2; shift 2
 touch "$OUT/done.txt"; [ -e .tpu/suite/done.txt ] && cp .tpu/suite/done.txt "$OUT/done.txt"
 export TPU_SUITE_DONE="$OUT/done.txt" TPU_SUITE_DEADLINE=$(( $(date +%s) + secs ))
-export PYTHONPATH="$PWD/.tpu/suite:$PYTHONPATH"
+export PYTHONPATH="$PWD/.tpu/suite:${PYTHONPATH:-}"
 export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="${TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT:-$T3}"
 python3 -m pytest -p suite_resume -p pytest_timeout --timeout 300 -q -rfEs -p no:cacheprovider \
   --junitxml "$OUT/$tag.xml" "${@:-tests}" 2>&1 | tee "$OUT/$tag.log" | grep -v PASSED | tail -120

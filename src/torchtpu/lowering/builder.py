@@ -205,7 +205,7 @@ class Builder:
             form = COMPLEX_FORMS.get(name)
             if form is not None and operands[0].dtype == dtype:
                 return form(self, operands[0])
-        if name == "stablehlo.gather" and dtype == torch.float16 and target.tpu():
+        if name == "stablehlo.gather" and dtype == torch.float16 and target.gathers_float16_through_products():
             # A v5e gathered float16 rows (embedding, 2-d indices into a small table) as a one-hot
             # matrix product, whose single pass rounds the values to bf16 (62 of 125 values off,
             # measured). A gather moves bits: done on int16, no compiler pass can round them.
@@ -343,7 +343,7 @@ class Builder:
         (0.33 off CPU on O(100) values) and a bf16 power lost a negative base's sign. A
         bitcast is a use that needs all 32 bits, so the work before it stays f32.
         """
-        if not target.tpu():
+        if not target.narrows_work_used_as_bf16():
             return self.convert(v, torch.bfloat16)
         u32 = torch.uint32
         bits = self.bitcast_convert(v, u32, v.shape)

@@ -105,6 +105,21 @@ def wide_float_power() -> bool:
     return tpu()
 
 
+def gathers_float16_through_products() -> bool:
+    """Whether the compiler may gather float16 rows through a one-hot matrix product, whose one
+    bf16 pass rounds them (a v5e's did: an ``embedding`` of float16 rows came back bf16-rounded).
+    Such gathers then move the rows' bits as int16 (``Builder.op1``)."""
+    return tpu()
+
+
+def narrows_work_used_as_bf16() -> bool:
+    """Whether the compiler computes f32 work in bf16 where its every use is a conversion to bf16
+    (XLA's BFloat16Propagation, in a TPU's pipeline): a bf16 ``mv`` rounded each product before
+    summing. Results that must keep their f32 work are rounded in integers
+    (``Builder.rounded_to_bf16``)."""
+    return tpu()
+
+
 # A TPU computes float64 as pairs of float32 (XLA's emulation): about 2^-45 relative per
 # operation measured on a v5e (docs/tpu.md), float32's exponent range, and an overflow that can
 # come out NaN instead of inf (the pair's correction term is inf - inf).

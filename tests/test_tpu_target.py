@@ -486,6 +486,13 @@ def test_tpu_forms_of_float16_gathers_bf16_vector_products_and_low_precision_pow
             # rounded in integers: a conversion would let the compiler narrow the products to bf16
             assert not [ln for t in made for ln in t.splitlines() if "stablehlo.convert" in ln and "xbf16>" in
                         ln.split("->")[-1] and "xf32>" in ln.split("->")[0]]
+        bias = (torch.randn(25, generator=g) * 4).bfloat16()
+        for beta in (0, 1, 0.5):
+            got, made = new_texts(lambda: torch.addmv(bias.to("tpu"), m.reshape(25, 10).to("tpu"), v.to("tpu"),
+                                                      beta=beta).cpu())
+            assert torch.equal(got, torch.addmv(bias, m.reshape(25, 10), v, beta=beta)), beta
+            assert not [ln for t in made for ln in t.splitlines() if "stablehlo.convert" in ln and "xbf16>" in
+                        ln.split("->")[-1] and "xf32>" in ln.split("->")[0]]
         base = torch.tensor([-2.0, -2.0, -3.0, -0.0, -0.0, 2.0, -1.5, 0.0, float("-inf"), float("-inf")])
         exp = torch.tensor([-1.0, 3.0, 2.0, 3.0, -1.0, -1.0, 0.5, -2.0, 3.0, 0.5])
         for dtype in (torch.bfloat16, torch.float16, torch.float32):

@@ -259,20 +259,28 @@ def _product_dtype(out: torch.dtype) -> torch.dtype:
     return out if out == torch.float64 or out.is_complex else torch.float32
 
 
-def _scaled_sum(ctx: LoweringContext, inp: Value, prod: Value, beta: Any, alpha: Any) -> Value:
+def _scaled_sum(ctx: LoweringContext, inp: Value, prod: Value, beta: Any, alpha: Any,
+                keep_f32_work: bool = False) -> Value:
+    """beta * inp + alpha * prod in f32 for 16-bit outputs. ``keep_f32_work``: the bf16 result
+    rounded in integers (``Builder.rounded_to_bf16``), for a product the compiler would otherwise
+    take as bf16 multiplies (a matrix-vector product: see ``_native_dot``)."""
     b = ctx.b
     out = ctx.out_dtype()
+
+    def rounded(v: Value) -> Value:
+        return b.rounded_to_bf16(v) if keep_f32_work and out == torch.bfloat16 else b.convert(v, out)
+
     shape = ctx.out_shape()
     acc = torch.float32 if out in (torch.bfloat16, torch.float16) else out
     p = b.convert(prod, acc)
     if not (isinstance(alpha, (int, float)) and alpha == 1):
         p = b.mul(p, ctx.scalar(alpha, acc, shape))
     if isinstance(beta, (int, float)) and beta == 0:
-        return b.convert(p, out)
+        return rounded(p)
     i = b.broadcast_to(b.convert(inp, acc), shape)
     if not (isinstance(beta, (int, float)) and beta == 1):
         i = b.mul(i, ctx.scalar(beta, acc, shape))
-    return b.convert(b.add(i, p), out)
+    return rounded(b.add(i, p))
 
 
 @register(aten.addmm.default)
@@ -290,7 +298,7 @@ def _baddbmm(ctx: LoweringContext, inp: Value, a: Value, c: Value, beta: Any = 1
 @register(aten.addmv.default)
 def _addmv(ctx: LoweringContext, inp: Value, a: Value, v: Value, beta: Any = 1, alpha: Any = 1) -> Value:
     prod = dot(ctx, a, v, ([], []), ([1], [0]), _product_dtype(ctx.out_dtype()))
-    return _scaled_sum(ctx, inp, prod, beta, alpha)
+    return _scaled_sum(ctx, inp, prod, beta, alpha, keep_f32_work=True)
 
 
 @register(aten.addbmm.default)

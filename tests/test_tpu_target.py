@@ -478,7 +478,8 @@ def test_tpu_forms_of_float16_gathers_bf16_vector_products_and_low_precision_pow
         assert gathers and not [ln for ln in gathers if "xf16>" in ln], gathers
         m = (torch.randn(5, 5, 10, generator=g) * 4).bfloat16()
         v = (torch.randn(10, generator=g) * 4).bfloat16()
-        for left, right in ((m, v), (v, m.transpose(1, 2)), (v, v), (m[0], v)):
+        q, k = (torch.randn(2, 3, 1, 16, generator=g) * 4).bfloat16(), (torch.randn(2, 3, 16, 40, generator=g) * 4).bfloat16()
+        for left, right in ((m, v), (v, m.transpose(1, 2)), (v, v), (m[0], v), (q, k)):  # q @ k: one-row decode
             got, made = new_texts(lambda: (left.to("tpu") @ right.to("tpu")).cpu())
             assert torch.equal(got, (left.float() @ right.float()).bfloat16()), (left.shape, right.shape)
             dots = [ln for t in made for ln in t.splitlines() if "dot_general" in ln and "bf16>" in ln]

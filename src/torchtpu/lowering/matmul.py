@@ -201,8 +201,12 @@ def _native_dot(ctx: LoweringContext, a: Value, c: Value, batch: tuple[Sequence[
 
 def _has_vector_operand(a: Value, c: Value, batch: tuple[Sequence[int], Sequence[int]],
                         contract: tuple[Sequence[int], Sequence[int]]) -> bool:
-    """Whether an operand has only batch and contracting dimensions (mv, dot, vector @ matrix)."""
-    return (len(batch[0]) + len(contract[0]) == a.rank) or (len(batch[1]) + len(contract[1]) == c.rank)
+    """Whether an operand has no free dimension of size above 1 (mv, dot, vector @ matrix, and
+    a one-row batched product such as decoding attention's ``[B, H, 1, D] @ [B, H, D, S]``: XLA
+    drops size-1 dimensions before it picks the multiply-and-sum form)."""
+    def vector(x: Value, b: Sequence[int], k: Sequence[int]) -> bool:
+        return all(x.shape[d] == 1 for d in range(x.rank) if d not in b and d not in k)
+    return vector(a, batch[0], contract[0]) or vector(c, batch[1], contract[1])
 
 
 def elementwise_dot(b: Builder, a: Value, c: Value, batch: tuple[Sequence[int], Sequence[int]],

@@ -443,6 +443,21 @@ def test_tril_and_triu_indices_take_no_float64_root(fn, module_texts):
             got = fn(row, col, offset, dtype=dtype, device="tpu").cpu()
             assert torch.equal(got, fn(row, col, offset, dtype=dtype)), (row, col, offset, dtype)
     assert module_texts and not [t for t in module_texts if "f64" in t]
+    # 32-bit index arithmetic where it fits: a TPU writes each 64-bit operation as several 32-bit
+    # ones (tril_indices took ~9 s per program to compile on the v5e)
+    wide = re.compile(r'"stablehlo\.(multiply|add|subtract|divide|remainder|shift_right_arithmetic)".*xi64>')
+    assert not [ln for t in module_texts for ln in t.splitlines() if wide.search(ln)]
+
+
+@pytest.mark.parametrize("fn", [torch.tril_indices, torch.triu_indices])
+def test_tril_and_triu_indices_in_64_bit_arithmetic_where_32_bits_would_overflow(fn, monkeypatch, module_texts):
+    """The 64-bit form (for index counts near 2**29 and beyond) gives the same indices."""
+    from torchtpu.lowering import shape
+
+    monkeypatch.setattr(shape, "_index_type", lambda count, row, col: torch.int64)
+    for row, col, offset in ((13, 9, 3), (9, 13, -2), (41, 33, 0), (2001, 3000, 5)):  # sizes no other test uses
+        assert torch.equal(fn(row, col, offset, device="tpu").cpu(), fn(row, col, offset)), (row, col, offset)
+    assert len(module_texts) == 4 and all("xi64>" in t.split("stablehlo.iota")[1][:80] for t in module_texts)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])

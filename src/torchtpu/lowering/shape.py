@@ -273,11 +273,12 @@ def _eye(ctx: LoweringContext, n: int, *rest: Any) -> Value:
 # float64 as pairs of float32 with a float32 square root, so a floor landing on a whole number
 # came out one row off (tril_indices on a v5e: 8 of 420 indices). Here the root only estimates
 # the row, and exact int64 arithmetic on the rows' start positions corrects the estimate.
-def _trapezoid(b: Builder, n: int, m: int, grows: bool) -> tuple[Value, Value]:
+def _trapezoid(b: Builder, n: int, m: int, grows: bool, idx: torch.dtype = torch.int64) -> tuple[Value, Value]:
     """Row and column, in row-major order, of the ``n`` elements of a trapezoid whose row ``i``
-    holds ``m + i`` (``grows``) or ``m - i`` elements."""
-    i64, f32, shape = torch.int64, torch.float32, (n,)
-    x = b.iota(shape, 0, i64)
+    holds ``m + i`` (``grows``) or ``m - i`` elements, in the integer type ``idx`` (int32 where
+    :func:`_index_type` allows)."""
+    f32, shape = torch.float32, (n,)
+    x = b.iota(shape, 0, idx)
     xf = b.convert(x, f32)
 
     def c(v: float, dtype: torch.dtype = f32) -> Value:
@@ -294,28 +295,36 @@ def _trapezoid(b: Builder, n: int, m: int, grows: bool) -> tuple[Value, Value]:
     else:
         h = m + 0.5
         est = b.div(two_x, b.add(c(h), b.unary("sqrt", b.maximum(b.sub(c(h * h), two_x), c(0.0)))))
-    row = b.maximum(b.convert(b.unary("floor", est), i64), c(0, i64))
+    row = b.maximum(b.convert(b.unary("floor", est), idx), c(0, idx))
 
     def start(r: Value) -> Value:
-        tri = b.div(b.mul(r, b.sub(r, c(1, i64))), c(2, i64))
-        lin = b.mul(r, c(m, i64))
+        # r (r - 1) >= 0 is even: halved by a shift (a TPU emulates 64-bit division at length)
+        tri = b.binary("shift_right_arithmetic", b.mul(r, b.sub(r, c(1, idx))), c(1, idx))
+        lin = b.mul(r, c(m, idx))
         return b.add(lin, tri) if grows else b.sub(lin, tri)
 
     for _ in range(2):  # the estimate is within a row; two rounds leave a margin
-        row = b.select(b.compare(start(row), x, "GT"), b.sub(row, c(1, i64)), row)
-        nxt = b.add(row, c(1, i64))
+        row = b.select(b.compare(start(row), x, "GT"), b.sub(row, c(1, idx)), row)
+        nxt = b.add(row, c(1, idx))
         row = b.select(b.compare(start(nxt), x, "LE"), nxt, row)
     return row, b.sub(x, start(row))
 
 
-def _rectangle(b: Builder, n: int, cols: int) -> tuple[Value, Value]:
-    x = b.iota((n,), 0, torch.int64)
-    w = b.constant(cols, torch.int64, (n,))
+def _rectangle(b: Builder, n: int, cols: int, idx: torch.dtype = torch.int64) -> tuple[Value, Value]:
+    x = b.iota((n,), 0, idx)
+    w = b.constant(cols, idx, (n,))
     return b.div(x, w), b.binary("remainder", x, w)
 
 
 def _shifted(b: Builder, v: Value, by: int) -> Value:
-    return b.add(v, b.constant(by, torch.int64, v.shape)) if by else v
+    return b.add(v, b.constant(by, v.dtype, v.shape)) if by else v
+
+
+def _index_type(count: int, row: int, col: int) -> torch.dtype:
+    """int32 where every intermediate of the index arithmetic fits (they stay below about
+    4 (count + row + col)): a TPU has no 64-bit integer units, and its compiler writes each
+    64-bit operation as several 32-bit ones, which took seconds per program to compile."""
+    return torch.int32 if 4 * (count + row + col) + 16 < 2**31 else torch.int64
 
 
 def _index_pairs(ctx: LoweringContext, parts: list[tuple[Value, Value]]) -> Value:
@@ -339,8 +348,9 @@ def _tril_indices(ctx: LoweringContext, row: int, col: int, offset: int = 0, *re
     m = min(col, first + offset + 1)
     growing = max(0, min(row, col - offset - 1) - first)  # rows shorter than col
     full = row - first - growing
-    tr, tc = _trapezoid(b, growing * m + growing * (growing - 1) // 2, m, grows=True)
-    rr, rc = _rectangle(b, full * col, col)
+    idx = _index_type(ctx.out_shape()[1], row, col)
+    tr, tc = _trapezoid(b, growing * m + growing * (growing - 1) // 2, m, grows=True, idx=idx)
+    rr, rc = _rectangle(b, full * col, col, idx)
     return _index_pairs(ctx, [(_shifted(b, tr, first), tc), (_shifted(b, rr, first + growing), rc)])
 
 
@@ -353,7 +363,8 @@ def _triu_indices(ctx: LoweringContext, row: int, col: int, offset: int = 0, *re
     full = min(row, max(0, 1 - offset))  # rows with r + offset <= 0
     m = col - (full + offset)  # the first shrinking row's length
     shrinking = max(0, min(row - full, m))
-    rr, rc = _rectangle(b, full * col, col)
-    tr, tc = _trapezoid(b, shrinking * m - shrinking * (shrinking - 1) // 2, m, grows=False)
+    idx = _index_type(ctx.out_shape()[1], row, col)
+    rr, rc = _rectangle(b, full * col, col, idx)
+    tr, tc = _trapezoid(b, shrinking * m - shrinking * (shrinking - 1) // 2, m, grows=False, idx=idx)
     # row full + i starts at column full + i + offset
     return _index_pairs(ctx, [(rr, rc), (_shifted(b, tr, full), _shifted(b, b.add(tc, tr), full + offset))])

@@ -570,3 +570,22 @@ def test_signed_power_keeps_ieee_signs_where_the_compilers_power_drops_them():
     # ...with IEEE's signs and NaNs
     assert (np.signbit(got) == np.signbit(want))[number].all()
     assert np.isnan(got[np.isnan(want)]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
+def test_gcd_and_lcm_take_no_division_in_their_loop(dtype, module_texts):
+    """gcd is Stein's binary algorithm (shifts, minimum, subtraction): Euclid's 64-bit remainders
+    are long 32-bit sequences on a TPU, whose int64 gcd and lcm samples compiled past the sweep's
+    30 s limit on the v5e. Zeros, ones, equal values and (int64) values near 2**62 as CPU gives them."""
+    g = torch.Generator().manual_seed(0)
+    info = torch.iinfo(dtype)
+    a = torch.randint(max(info.min + 1, -10**6), min(info.max, 10**6), (2000,), generator=g).to(dtype)
+    c = torch.randint(max(info.min + 1, -10**6), min(info.max, 10**6), (2000,), generator=g).to(dtype)
+    a[:10], c[5:15], a[20:25], c[20:25] = 0, 0, 1, 1
+    c[30:40] = a[30:40]
+    if dtype == torch.int64:
+        a[50], c[50], a[51], c[51] = 2**62, 3 * 2**40, 10**18, 7 * 10**17
+    for fn in (torch.gcd, torch.lcm):
+        assert torch.equal(fn(a.to("tpu"), c.to("tpu")).cpu(), fn(a, c)), fn
+    loops = [t for t in module_texts if "stablehlo.while" in t]
+    assert loops and not [t for t in loops if "stablehlo.remainder" in t]

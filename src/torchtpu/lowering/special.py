@@ -747,9 +747,19 @@ def _spherical_j0(ctx: LoweringContext, x: Value) -> Value:
     return b.convert(b.select(inf, c(0.0), r), ctx.out_dtype())
 
 
+def _trailing_zeros(b: Builder, x: Value) -> Value:
+    """The number of trailing zero bits of each nonzero element: popcount((x & -x) - 1)."""
+    one = b.constant(1, x.dtype, x.shape)
+    lowest = b.binary("and", x, b.add(b.unary("not", x), one))
+    return b.unary("popcnt", b.sub(lowest, one))
+
+
 @register(aten.gcd.default)
 def _gcd(ctx: LoweringContext, a: Any, c: Any) -> Value:
-    """Euclid's algorithm per element, in a stablehlo.while that runs until every remainder is 0."""
+    """Stein's binary algorithm per element, in a stablehlo.while that runs until every element is
+    done: shifts, a minimum and a subtraction, no division. (Euclid's remainders are 64-bit
+    divisions, which a TPU writes out as long sequences of 32-bit operations: int64 gcd and lcm
+    samples passed the sweep's 30 s limit there, compiling.)"""
     b = ctx.b
     out = ctx.out_dtype()
     shape = ctx.out_shape()
@@ -757,6 +767,17 @@ def _gcd(ctx: LoweringContext, a: Any, c: Any) -> Value:
                                                                                                   shape))
     y = b.unary("abs", ctx.scalar(c, out, shape) if not isinstance(c, Value) else b.broadcast_to(b.convert(c, out),
                                                                                                   shape))
+    zero = b.constant(0, out, shape)
+
+    def odd_part(bb: Builder, v: Value) -> Value:  # v >> ctz(v), 0 stays 0
+        nz = bb.compare(v, bb.constant(0, out, shape), "NE")
+        return bb.select(nz, bb.binary("shift_right_logical", v, _trailing_zeros(bb, v)), v)
+
+    # gcd(x, 0) = x and gcd(0, y) = y: those elements start done (v = 0, u = the other one)
+    either_zero = b.binary("or", b.compare(x, zero, "EQ"), b.compare(y, zero, "EQ"))
+    shift = b.select(either_zero, zero, _trailing_zeros(b, b.binary("or", x, y)))
+    u = b.select(either_zero, b.binary("or", x, y), odd_part(b, x))
+    v = b.select(either_zero, zero, odd_part(b, y))
     types = [(shape, out), (shape, out)]
     dims = list(range(len(shape)))
 
@@ -765,13 +786,15 @@ def _gcd(ctx: LoweringContext, a: Any, c: Any) -> Value:
         return bb.reduce(nz, dims, bb.constant(False, torch.bool), "stablehlo.or")
 
     def body(bb: Builder, u: Value, v: Value) -> list[Value]:
-        zero = bb.constant(0, out, shape)
-        nz = bb.compare(v, zero, "NE")
-        safe = bb.select(nz, v, bb.constant(1, out, shape))
-        return [bb.select(nz, v, u), bb.select(nz, bb.binary("remainder", u, safe), v)]
+        # both odd (or v done): keep the smaller, make the difference odd again
+        nz = bb.compare(v, bb.constant(0, out, shape), "NE")
+        less = bb.compare(u, v, "LT")
+        lo, hi = bb.select(less, u, v), bb.select(less, v, u)
+        return [bb.select(nz, lo, u), bb.select(nz, odd_part(bb, bb.sub(hi, lo)), v)]
 
     regions = b.region(types, cond) + ", " + b.region(types, body)
-    return b.op("stablehlo.while", [x, y], types, region=regions)[0]
+    g = b.op("stablehlo.while", [u, v], types, region=regions)[0]
+    return b.binary("shift_left", g, shift)
 
 
 # -- Bessel functions of the first and second kind (Cephes j0/j1/y0/y1, as ATen/native/Math.h) ---

@@ -502,6 +502,12 @@ def test_tpu_forms_of_float16_gathers_bf16_vector_products_and_low_precision_pow
             # rounded in integers: a conversion would let the compiler narrow the products to bf16
             assert not [ln for t in made for ln in t.splitlines() if "stablehlo.convert" in ln and "xbf16>" in
                         ln.split("->")[-1] and "xf32>" in ln.split("->")[0]]
+        w, row = (torch.randn(40, 16, generator=g) * 4).bfloat16(), (torch.randn(1, 16, generator=g) * 4).bfloat16()
+        lin_b = (torch.randn(40, generator=g) * 4).bfloat16()
+        got, made = new_texts(lambda: torch.nn.functional.linear(row.to("tpu"), w.to("tpu"), lin_b.to("tpu")).cpu())
+        assert torch.equal(got, torch.nn.functional.linear(row, w, lin_b))  # a one-row Linear (addmm)
+        assert not [ln for t in made for ln in t.splitlines() if "stablehlo.convert" in ln and "xbf16>" in
+                    ln.split("->")[-1] and "xf32>" in ln.split("->")[0]]
         bias = (torch.randn(25, generator=g) * 4).bfloat16()
         for beta in (0, 1, 0.5):
             got, made = new_texts(lambda: torch.addmv(bias.to("tpu"), m.reshape(25, 10).to("tpu"), v.to("tpu"),

@@ -290,13 +290,14 @@ def _scaled_sum(ctx: LoweringContext, inp: Value, prod: Value, beta: Any, alpha:
 @register(aten.addmm.default)
 def _addmm(ctx: LoweringContext, inp: Value, a: Value, c: Value, beta: Any = 1, alpha: Any = 1) -> Value:
     prod = dot(ctx, a, c, ([], []), ([1], [0]), _product_dtype(ctx.out_dtype()))
-    return _scaled_sum(ctx, inp, prod, beta, alpha)
+    return _scaled_sum(ctx, inp, prod, beta, alpha,
+                       keep_f32_work=_has_vector_operand(a, c, ([], []), ([1], [0])))  # a one-row Linear
 
 
 @register(aten.baddbmm.default)
 def _baddbmm(ctx: LoweringContext, inp: Value, a: Value, c: Value, beta: Any = 1, alpha: Any = 1) -> Value:
     prod = dot(ctx, a, c, ([0], [0]), ([2], [1]), _product_dtype(ctx.out_dtype()))
-    return _scaled_sum(ctx, inp, prod, beta, alpha)
+    return _scaled_sum(ctx, inp, prod, beta, alpha, keep_f32_work=_has_vector_operand(a, c, ([0], [0]), ([2], [1])))
 
 
 @register(aten.addmv.default)

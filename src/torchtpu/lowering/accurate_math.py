@@ -38,9 +38,9 @@ def _exp_parts(b: Builder, a: Value) -> tuple[Value, Value]:
     """(e^a / 2, e^-a / 2) for a >= 1, each from one accurate exp: below 88 from e^a (one rounding
     of the exp, where squaring e^(a/2) doubled it: cosh was 1.4e-6 relative off on a v5e), above
     from h = e^(a/2) as h * (h / 2), which stays finite while sinh and cosh do."""
-    e = b.unary("exponential", b.select(b.compare(a, _c(b, _EXP_FINITE, a), "LT"), a, _c(b, 0.0, a)))
-    h = b.unary("exponential", b.mul(a, _c(b, 0.5, a)))
     near = b.compare(a, _c(b, _EXP_FINITE, a), "LT")
+    e = b.unary("exponential", b.select(near, a, _c(b, 0.0, a)))
+    h = b.unary("exponential", b.mul(a, _c(b, 0.5, a)))
     big = b.select(near, b.mul(e, _c(b, 0.5, a)), b.mul(h, b.mul(h, _c(b, 0.5, a))))
     small = b.select(near, b.div(_c(b, 0.5, a), e), _c(b, 0.0, a))
     return big, small

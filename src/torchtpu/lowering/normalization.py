@@ -20,6 +20,19 @@ def _bcast_keep(b: Builder, v: Value, full: tuple[int, ...], axes: list[int]) ->
     return b.broadcast_to(b.reshape(v, keep), full)
 
 
+def _statistics(ctx: LoweringContext, v: Value, axes: list[int], count: int, eps: Any
+                ) -> tuple[Value, Value, Value]:
+    """Mean over ``axes`` of ``count`` values, ``v`` centered on it, and 1 / sqrt(variance + eps)."""
+    b = ctx.b
+    red_shape = [s for i, s in enumerate(v.shape) if i not in axes]
+    keep = [i for i in range(v.rank) if i not in axes]
+    n = b.constant(float(count), v.dtype, red_shape)
+    mean = b.div(reduce_sum(b, v, axes), n)
+    centered = b.sub(v, b.broadcast_in_dim(mean, v.shape, keep))
+    var = b.div(reduce_sum(b, b.mul(centered, centered), axes), n)
+    return mean, centered, b.unary("rsqrt", b.add(var, ctx.scalar(eps, v.dtype, red_shape)))
+
+
 @register(aten.native_layer_norm.default)
 def _layer_norm(ctx: LoweringContext, x: Value, normalized_shape: list[int], weight: Value | None,
                 bias: Value | None, eps: Any) -> tuple[Value, Value, Value]:
@@ -28,13 +41,8 @@ def _layer_norm(ctx: LoweringContext, x: Value, normalized_shape: list[int], wei
     axis = x.rank - len(normalized_shape)
     axes = list(range(axis, x.rank))
     n = math.prod(x.shape[axis:])
-    v = b.convert(x, acc)
     red_shape = list(x.shape[:axis])
-    nc = b.constant(float(n), acc, red_shape)
-    mean = b.div(reduce_sum(b, v, axes), nc)
-    centered = b.sub(v, _bcast_keep(b, mean, x.shape, axes))
-    var = b.div(reduce_sum(b, b.mul(centered, centered), axes), nc)
-    rstd = b.unary("rsqrt", b.add(var, ctx.scalar(eps, acc, red_shape)))
+    mean, centered, rstd = _statistics(ctx, b.convert(x, acc), axes, n, eps)
     y = b.mul(centered, _bcast_keep(b, rstd, x.shape, axes))
     if weight is not None:
         y = b.mul(y, b.broadcast_to(b.convert(weight, acc), x.shape))
@@ -59,11 +67,7 @@ def _group_norm(ctx: LoweringContext, x: Value, weight: Value | None, bias: Valu
     acc = opmath(x.dtype)
     cpg = c // group if group else 0
     v = b.reshape(b.convert(x, acc), (n, group, cpg * hxw))
-    count = float(cpg * hxw)
-    mean = b.div(reduce_sum(b, v, [2]), b.constant(count, acc, (n, group)))
-    centered = b.sub(v, b.broadcast_in_dim(mean, v.shape, [0, 1]))
-    var = b.div(reduce_sum(b, b.mul(centered, centered), [2]), b.constant(count, acc, (n, group)))
-    rstd = b.unary("rsqrt", b.add(var, ctx.scalar(eps, acc, (n, group))))
+    mean, _, rstd = _statistics(ctx, v, [2], cpg * hxw, eps)
     per_channel = (n, group, cpg)
     scale = b.broadcast_in_dim(rstd, per_channel, [0, 1])
     if weight is not None:
@@ -72,7 +76,7 @@ def _group_norm(ctx: LoweringContext, x: Value, weight: Value | None, bias: Valu
     if bias is not None:
         shift = b.add(shift, b.broadcast_in_dim(b.reshape(b.convert(bias, acc), (group, cpg)), per_channel, [1, 2]))
     full = (n, group, cpg, hxw)
-    y = b.reshape(b.convert(x, acc), full)
+    y = b.reshape(v, full)
     y = b.add(b.mul(y, b.broadcast_in_dim(scale, full, [0, 1, 2])), b.broadcast_in_dim(shift, full, [0, 1, 2]))
     return (b.convert(b.reshape(y, x.shape), ctx.out_dtype(0)), b.convert(mean, ctx.out_dtype(1)),
             b.convert(rstd, ctx.out_dtype(2)))

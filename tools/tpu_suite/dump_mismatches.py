@@ -21,24 +21,25 @@ import torchtpu  # noqa: F401  (registers the device)
 from torchtpu.conformance import core
 
 
-def _cotangents(outs: list[torch.Tensor]) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(1234)
-    return [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs]
-
-
-def _run(op: object, sample: object, device_copy: bool, backward: bool) -> object:
-    """The op's output, or with ``backward`` its gradients for the sweep's random cotangents."""
+def _run(op: object, sample: object, device_copy: bool, cots_from: object = None) -> object:
+    """The op's output; with ``cots_from`` (the sweep's cotangent generator, or the cotangents the
+    CPU run drew from it) its gradients and the cotangents they were taken for, as the sweep's
+    backward check draws them: sample after sample from one generator per (op, dtype)."""
     if device_copy:
-        x, args, kwargs = core._sample_to_tpu(sample, grad=backward, key=core.op_key(op))
+        x, args, kwargs = core._sample_to_tpu(sample, grad=cots_from is not None, key=core.op_key(op))
     else:
         x, args, kwargs = sample.input, sample.args, sample.kwargs
     fn = core._variant(op)
-    if not backward:
+    if cots_from is None:
         return fn(x, *args, **kwargs)
+    leaves = core._grad_leaves([x, args, kwargs])
+    if not leaves:
+        raise ValueError("no differentiable input")  # the sweep skips such samples without drawing
     outs = core._float_outputs(sample.output_process_fn_grad(op.gradcheck_wrapper(fn, x, *args, **kwargs)))
-    cots = [c.to(o.device) for c, o in zip(_cotangents(outs), outs)]
-    return list(torch.autograd.grad(outs, core._grad_leaves([x, args, kwargs]), cots, allow_unused=True,
-                                    materialize_grads=True))
+    cots = core.cotangents(outs, cots_from) if isinstance(cots_from, torch.Generator) else cots_from
+    grads = torch.autograd.grad(outs, leaves, [c.to(o.device) for c, o in zip(cots, outs)], allow_unused=True,
+                                materialize_grads=True)
+    return list(grads), cots
 
 
 def dump(out_dir: str, key: str, dtype: torch.dtype, kind: str) -> None:
@@ -47,22 +48,26 @@ def dump(out_dir: str, key: str, dtype: torch.dtype, kind: str) -> None:
     samples = core._samples(op, dtype, backward, core.SAMPLES_PER_OP)
     tol = core.BACKWARD_TOL if backward else core.FORWARD_TOL
     bad = 0
+    gen = core.cotangent_generator() if backward else None
     for i, sample in enumerate(samples):
         try:
-            want = _run(op, sample, False, backward)
+            want = _run(op, sample, False, gen)
         except Exception:  # noqa: BLE001, S112  (a sample CPU rejects)
             continue
+        cots = None
+        if backward:
+            want, cots = want
         try:
-            got = _run(op, sample, True, backward)
+            got = _run(op, sample, True, cots)
+            if backward:
+                got = got[0]
             try:
                 core.compare(got, want, tol)
                 status = "ok"
             except core.Mismatch:
                 # the sweep's float64 rule: a 16-bit value nearer float64 than CPU's is not a mismatch
                 if backward:
-                    outs = core._float_outputs(sample.output_process_fn_grad(
-                        op.gradcheck_wrapper(core._variant(op), sample.input, *sample.args, **sample.kwargs)))
-                    note = core.gradients_nearer_float64_than_cpu(op, sample, dtype, _cotangents(outs), got, want)
+                    note = core.gradients_nearer_float64_than_cpu(op, sample, dtype, cots, got, want)
                 else:
                     note = core.nearer_float64_than_cpu(core._variant(op), sample, dtype, got, want)
                 if note is None:

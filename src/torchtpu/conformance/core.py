@@ -179,23 +179,32 @@ def _copy_tensor(x: torch.Tensor, shared: dict[tuple[int, torch.dtype], torch.Te
     return base.as_strided(x.shape, x.stride(), x.storage_offset())
 
 
-def _to_tpu(x: Any, grad: bool, shared: dict[tuple[int, torch.dtype], torch.Tensor] | None) -> Any:
-    if isinstance(x, torch.Tensor):
-        t = _copy_tensor(x, shared)
-        if grad and x.requires_grad:
-            t.requires_grad_(True)
-        return t
-    if isinstance(x, torch.device) and x.type == "cpu":
-        return torch.device("tpu")
-    if isinstance(x, str) and x == "cpu":
-        return "tpu"
+def _map_sample(x: Any, leaf: Callable[[Any], Any]) -> Any:
+    """A sample argument with ``leaf`` applied to everything in it that is not a tuple (named
+    tuples are leaves), list or dict."""
     if isinstance(x, tuple) and not hasattr(x, "_fields"):
-        return tuple(_to_tpu(y, grad, shared) for y in x)
+        return tuple(_map_sample(y, leaf) for y in x)
     if isinstance(x, list):
-        return [_to_tpu(y, grad, shared) for y in x]
+        return [_map_sample(y, leaf) for y in x]
     if isinstance(x, dict):
-        return {k: _to_tpu(v, grad, shared) for k, v in x.items()}
-    return x
+        return {k: _map_sample(v, leaf) for k, v in x.items()}
+    return leaf(x)
+
+
+def _to_tpu(x: Any, grad: bool, shared: dict[tuple[int, torch.dtype], torch.Tensor] | None) -> Any:
+    def leaf(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            t = _copy_tensor(v, shared)
+            if grad and v.requires_grad:
+                t.requires_grad_(True)
+            return t
+        if isinstance(v, torch.device) and v.type == "cpu":
+            return torch.device("tpu")
+        if isinstance(v, str) and v == "cpu":
+            return "tpu"
+        return v
+
+    return _map_sample(x, leaf)
 
 
 def _sample_to_tpu(sample: Any, grad: bool, key: str = "") -> tuple[Any, tuple, dict]:
@@ -412,15 +421,8 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 def _widened(x: Any, dtype: torch.dtype) -> Any:
     """A sample argument with its ``dtype`` tensors as float64 (containers followed)."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(torch.float64) if x.dtype == dtype else x
-    if isinstance(x, tuple) and not hasattr(x, "_fields"):
-        return tuple(_widened(y, dtype) for y in x)
-    if isinstance(x, list):
-        return [_widened(y, dtype) for y in x]
-    if isinstance(x, dict):
-        return {k: _widened(v, dtype) for k, v in x.items()}
-    return x
+    return _map_sample(x, lambda v: v.detach().to(torch.float64)
+                       if isinstance(v, torch.Tensor) and v.dtype == dtype else v)
 
 
 def nearer_float64_than_cpu(fn: Callable[..., Any], sample: Any, dtype: torch.dtype, actual: Any,
@@ -501,6 +503,25 @@ def _nearer(tl: list[Any], cl: list[Any], rl: list[Any], tol: tuple[float, float
             "CPU's 16-bit kernel rounds intermediates)")
 
 
+def _noted(tally: _Tally, note: str | None) -> bool:
+    """Keep the float64 rule's note (once per op and dtype); False where the rule did not hold."""
+    if note is None:
+        return False
+    if not any(n.startswith("nearer float64") for n in tally.notes):
+        tally.notes.append(note)
+    return True
+
+
+def cotangent_generator() -> torch.Generator:
+    """The backward check's source of cotangents: one per (op, dtype), drawn sample after sample."""
+    return torch.Generator().manual_seed(1234)
+
+
+def cotangents(outs: list[torch.Tensor], gen: torch.Generator) -> list[torch.Tensor]:
+    """Random cotangents (CPU tensors) for ``outs``."""
+    return [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs]
+
+
 def check_forward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> OpResult:
     key = op_key(op)
     start = time.perf_counter()
@@ -531,12 +552,9 @@ def check_forward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> O
                     compare(actual, expected, FORWARD_TOL, values=values and not _random_sample(key, sample),
                             tie_input=ties)
                 except Mismatch:
-                    note = None if key in GAUGE_FREE_OUTPUTS or ties is not None else \
-                        nearer_float64_than_cpu(fn, sample, dtype, actual, expected)
-                    if note is None:
+                    if key in GAUGE_FREE_OUTPUTS or ties is not None or not _noted(
+                            tally, nearer_float64_than_cpu(fn, sample, dtype, actual, expected)):
                         raise
-                    if not any(n.startswith("nearer float64") for n in tally.notes):
-                        tally.notes.append(note)
                 torch.tpu.synchronize()
             tally.ran += 1
         except Exception as e:  # noqa: BLE001
@@ -577,7 +595,7 @@ def check_backward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> 
     if not values:
         tally.notes.append("metadata only: " + METADATA_ONLY[key])
     fn = _variant(op)
-    gen = torch.Generator().manual_seed(1234)
+    gen = cotangent_generator()
     try:
         samples = _samples(op, dtype, True, limit)
     except Exception as e:  # noqa: BLE001
@@ -596,7 +614,7 @@ def check_backward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> 
                     cpu_outs = _float_outputs(cpu_out)
                     if not cpu_outs:
                         continue
-                    cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in cpu_outs]
+                    cots = cotangents(cpu_outs, gen)
                     expected = torch.autograd.grad(cpu_outs, cpu_inputs, cots, allow_unused=True,
                                                    materialize_grads=True)
                 except Exception:  # noqa: BLE001, S112  (not differentiable on CPU for this sample)
@@ -617,12 +635,9 @@ def check_backward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> 
                     compare(actual, expected, BACKWARD_TOL, values=values and not _random_sample(key, sample),
                             what="grad")
                 except Mismatch:
-                    note = None if key in TIED_INDICES else \
-                        gradients_nearer_float64_than_cpu(op, sample, dtype, cots, actual, expected)
-                    if note is None:
+                    if key in TIED_INDICES or not _noted(
+                            tally, gradients_nearer_float64_than_cpu(op, sample, dtype, cots, actual, expected)):
                         raise
-                    if not any(n.startswith("nearer float64") for n in tally.notes):
-                        tally.notes.append(note)
                 torch.tpu.synchronize()
             tally.ran += 1
         except Exception as e:  # noqa: BLE001

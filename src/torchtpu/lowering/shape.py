@@ -272,7 +272,7 @@ def _eye(ctx: LoweringContext, n: int, *rest: Any) -> Value:
 # PyTorch's decomposition finds each element's row from a float64 square root; a TPU computes
 # float64 as pairs of float32 with a float32 square root, so a floor landing on a whole number
 # came out one row off (tril_indices on a v5e: 8 of 420 indices). Here the root only estimates
-# the row, and exact int64 arithmetic on the rows' start positions corrects the estimate.
+# the row, and exact integer arithmetic on the rows' start positions corrects the estimate.
 def _trapezoid(b: Builder, n: int, m: int, grows: bool, idx: torch.dtype = torch.int64) -> tuple[Value, Value]:
     """Row and column, in row-major order, of the ``n`` elements of a trapezoid whose row ``i``
     holds ``m + i`` (``grows``) or ``m - i`` elements, in the integer type ``idx`` (int32 where

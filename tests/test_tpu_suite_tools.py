@@ -3,7 +3,9 @@ what a round runs costs minutes of borrowed device time."""
 
 from __future__ import annotations
 
+import ast
 import os
+import pathlib
 import shlex
 import subprocess
 import sys
@@ -42,3 +44,31 @@ def test_verify_list_names_existing_samples_functions_and_tests():
 def test_steps_script_parses():
     for script in ("steps.sh", "suite_run.sh"):
         assert subprocess.run(["bash", "-n", os.path.join(SUITE, script)], check=False).returncode == 0, script
+
+
+def _calls(node: ast.AST, names: set[str]) -> bool:
+    return any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) in names
+               for n in ast.walk(node))
+
+
+def _marked(decorators: list[ast.expr]) -> bool:
+    return any("fresh_process" in ast.unparse(d) or "emulator_only" in ast.unparse(d) for d in decorators)
+
+
+def test_every_test_starting_a_child_process_is_marked_fresh_process():
+    """On a TPU host a child process cannot open the chip once the test process holds it: a test
+    that starts one must carry fresh_process (run first) or emulator_only. An unmarked one cost a
+    failure in the twelfth TPU round, found only there."""
+    unmarked = []
+    for path in sorted(pathlib.Path(ROOT, "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module_marked = any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+                            and _marked([n.value]) for n in tree.body)
+        helpers = {"run_python"}  # and this module's own functions that call it
+        helpers |= {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")
+                    and _calls(n, helpers)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and _calls(node, helpers) \
+                    and not module_marked and not _marked(node.decorator_list):
+                unmarked.append(f"{path.relative_to(ROOT)}::{node.name}")
+    assert not unmarked, unmarked

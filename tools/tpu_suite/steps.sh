@@ -4,9 +4,18 @@
 #   bash tools/tpu_suite/steps.sh demo|fresh|bench|verify SECONDS
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N, threaded
 # Results go to $OUT; the list of tests run stays in /tmp/done.txt while the host is warm.
+# A call brings back at most 8 files from $OUT (more are dropped: the eleventh round lost four
+# conformance parts that way), so a step writes under a work folder and leaves in $OUT only
+# STEP.tgz of it, plus the tier-3 cache parts. Give SECONDS at least 20 below the call's limit.
 set -uo pipefail
-step=$1; secs=$2; end=$(( $(date +%s) + secs ))
+step=$1; secs=$2; end=$(( $(date +%s) + secs - 10 ))  # the last 10 s pack the results
 left() { echo $(( end - $(date +%s) )); }
+RETURN=$OUT; OUT=/tmp/round/$step; rm -rf "$OUT"; mkdir -p "$OUT"; export OUT
+pack() {
+  mv "$OUT"/t3.tgz.* "$RETURN"/ 2>/dev/null
+  tar czf "$RETURN/$step.tgz" -C "$OUT" . && echo "results: $step.tgz ($(du -h "$RETURN/$step.tgz" | cut -f1))"
+}
+trap pack EXIT
 [ -e .tpu/hf.tgz ] && [ ! -e /tmp/torchtpu-site/transformers ] && tar xzf .tpu/hf.tgz -C /tmp/torchtpu-site  # pack_packages.py
 mkdir -p .tpu/suite && cp tools/tpu_suite/* .tpu/suite/ && touch /tmp/done.txt && cp /tmp/done.txt .tpu/suite/done.txt
 python3 -c "import importlib.metadata as m; print('libtpu', m.version('libtpu'), 'jax', m.version('jax'))" 2>&1 | tee -a $OUT/versions.txt
@@ -41,7 +50,9 @@ verify)  # the samples and functions of tools/tpu_suite/verify.txt (last round's
   done ;;
 conf)  # parts K..N of an N-way split in one worker, THREADS ops at once; each part's file lands as it completes
   # a part cut short goes on from its finished items: put the *.partial.jsonl files that came back
-  # in .tpu/conf/ and carry them (with .tpu/conf itself named in carry)
+  # in .tpu/conf/ and carry them (with .tpu/conf itself named in carry); carry .tpu/hf.tgz too, or
+  # the model checks come out "transformers is not installed" (as parts 5-10 did in round twelve)
+  python3 -c "import transformers" 2>/dev/null || echo "WARNING: no transformers: model checks will not run"
   n=$3; k=$4; threads=${5:-1}  # (threads did not pay on the v5e: docs/tpu.md)
   resume=(); [ -d .tpu/conf ] && resume=(--resume .tpu/conf)
   timeout $(( $(left) - 10 )) python3 -m torchtpu.conformance --shard $k-$n/$n --threads $threads --out $OUT/conf "${resume[@]}" 2>&1 \

@@ -388,22 +388,31 @@ class Builder:
                 wide = self.binary("power", self.convert(a, torch.float32), self.convert(b, torch.float32))
                 return self.rounded_to_bf16(wide) if a.dtype == torch.bfloat16 else self.convert(wide, a.dtype)
             if a.dtype == torch.float32:
-                # exp(y * log(x)) in f64, rounded once: a TPU's f32 power composes its fast exp and
-                # log (6e-6 relative off; Adam's 1 - beta2 ** step then loses three digits)
-                wide = self.convert(self.binary("power", self.convert(a, torch.float64),
-                                                self.convert(b, torch.float64)), torch.float32)
-                # where that is not finite, f32's own power: it keeps IEEE's infinities (pow(inf, 1.5)),
-                # which the TPU's emulated f64 turned into NaN, and overflows past f32's range as it should
+                # |x| ** y as exp(y * log|x|) in f64, rounded once: a TPU's f32 power composes its
+                # fast exp and log (6e-6 relative off; Adam's 1 - beta2 ** step then loses three
+                # digits). Where that is not finite, f32's own power of |x|: it keeps IEEE's
+                # infinities (pow(inf, 1.5)), which the TPU's emulated f64 turned into NaN, and
+                # overflows past f32's range as it should.
+                magnitude = self.unary("abs", a)
+                wide = self.convert(self.op1("stablehlo.power", [self.convert(magnitude, torch.float64),
+                                                                  self.convert(b, torch.float64)],
+                                             a.shape, torch.float64), torch.float32)
                 finite = self.op1("stablehlo.is_finite", [wide], wide.shape, torch.bool)
-                return self.select(finite, wide, self._signed_power(a, b))
+                own = self.op1("stablehlo.power", [magnitude, b], a.shape, a.dtype)
+                return self._with_power_sign(a, b, self.select(finite, wide, own))
         return self.op1(f"stablehlo.{name}", [a, b], a.shape, dtype or a.dtype)
 
     def _signed_power(self, a: Value, b: Value) -> Value:
-        """f32 a ** b from the compiler's power of |a|, the sign taken from the exponent's parity
-        (a TPU's own power dropped a negative base's sign). As IEEE's pow: a finite negative base
-        with a non-integer exponent gives NaN; -0 and -inf keep their sign for odd exponents."""
+        """f32 a ** b from the compiler's power of |a| (``_with_power_sign``)."""
+        return self._with_power_sign(a, b, self.op1("stablehlo.power", [self.unary("abs", a), b], a.shape, a.dtype))
+
+    def _with_power_sign(self, a: Value, b: Value, mag: Value) -> Value:
+        """a ** b from mag = |a| ** b, the sign taken from the exponent's parity: a v5e's power
+        dropped a negative base's sign ((-2) ** -1 came out +0.5, in its bf16 power and again
+        through the f64 form), so no power there ever sees a negative base. As IEEE's pow: a
+        finite negative base with a non-integer exponent gives NaN; -0 and -inf keep their sign
+        for odd exponents."""
         zero = self.constant(0.0, a.dtype, a.shape)
-        mag = self.op1("stablehlo.power", [self.unary("abs", a), b], a.shape, a.dtype)
         half = self.mul(b, self.constant(0.5, b.dtype, b.shape))
         integer = self.compare(self.unary("floor", b), b, "EQ")
         odd = self.binary("and", integer, self.compare(self.unary("floor", half), half, "NE"))

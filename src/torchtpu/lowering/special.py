@@ -761,12 +761,17 @@ def _gcd(ctx: LoweringContext, a: Any, c: Any) -> Value:
     divisions, which a TPU writes out as long sequences of 32-bit operations: int64 gcd and lcm
     samples passed the sweep's 30 s limit there, compiling.)"""
     b = ctx.b
-    out = ctx.out_dtype()
+    result = ctx.out_dtype()
     shape = ctx.out_shape()
-    x = b.unary("abs", ctx.scalar(a, out, shape) if not isinstance(a, Value) else b.broadcast_to(b.convert(a, out),
-                                                                                                  shape))
-    y = b.unary("abs", ctx.scalar(c, out, shape) if not isinstance(c, Value) else b.broadcast_to(b.convert(c, out),
-                                                                                                  shape))
+    # 8- and 16-bit integers in int32, the TPU's own width (the v5e's loop gave wrong uint8 gcds:
+    # 64 for gcd(70, 66)); the wrap of |-128| back to int8 is CPU's too
+    out = torch.int32 if result.itemsize < 4 else result
+
+    def operand(v: Any) -> Value:
+        v = ctx.scalar(v, result, shape) if not isinstance(v, Value) else b.broadcast_to(b.convert(v, result), shape)
+        return b.unary("abs", b.convert(v, out))
+
+    x, y = operand(a), operand(c)
     zero = b.constant(0, out, shape)
 
     def odd_part(bb: Builder, v: Value) -> Value:  # v >> ctz(v), 0 stays 0
@@ -794,7 +799,7 @@ def _gcd(ctx: LoweringContext, a: Any, c: Any) -> Value:
 
     regions = b.region(types, cond) + ", " + b.region(types, body)
     g = b.op("stablehlo.while", [u, v], types, region=regions)[0]
-    return b.binary("shift_left", g, shift)
+    return b.convert(b.binary("shift_left", g, shift), result)
 
 
 # -- Bessel functions of the first and second kind (Cephes j0/j1/y0/y1, as ATen/native/Math.h) ---

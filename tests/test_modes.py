@@ -118,6 +118,27 @@ def test_out_of_range_index_surfaces_at_a_read_and_valid_indices_do_not(mode):
         assert (x * 2).sum().item() == 132.0
 
 
+def test_index_check_is_one_program_for_every_size(monkeypatch):
+    """The check's bounds and message code are runtime values: indexing tensors of 12 sizes
+    compiles one check (it compiled one per size: 100 of a 100-size eager loop's programs), and
+    each size still reports its own bound."""
+    from torchtpu.engine import compile_cache
+
+    texts = []
+    real = compile_cache.compile
+    monkeypatch.setattr(compile_cache, "compile", lambda text, **kw: (texts.append(text), real(text, **kw))[1])
+    idx = torch.tensor([0, 1, -2, 3]).to("tpu")
+    for n in range(4, 16):
+        x = torch.arange(float(n)).to("tpu")
+        assert x[idx].tolist() == [0.0, 1.0, n - 2.0, 3.0]
+    assert len([t for t in texts if "stablehlo.minimum" in t]) == 1
+    for n in (5, 9):
+        x = torch.arange(float(n)).to("tpu")
+        x[torch.tensor([1, n]).to("tpu")]
+        with pytest.raises(IndexError, match=f"index {n} is out of bounds for dimension 0 with size {n}"):
+            torch.tpu.synchronize()
+
+
 def test_index_checks_can_be_switched_off(monkeypatch):
     from torchtpu._config import config
 

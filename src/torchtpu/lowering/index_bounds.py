@@ -48,7 +48,10 @@ class Bound:
 # first failed check (engine/index_checks.py maps codes to messages), its first offending index
 # value and that value's flat position in the index.
 _lib = torch.library.Library("torchtpu", "DEF")
-_lib.define("index_bounds_flag(Tensor flag, Tensor index, int low, int high, int? exempt, int code, "
+# low, high and code are Scalars, so runtime values of the program: an index into a tensor of a
+# new size (whose bounds and message code differ) reuses the program (eager loops over 100 sizes
+# compiled one check per size)
+_lib.define("index_bounds_flag(Tensor flag, Tensor index, Scalar low, Scalar high, int? exempt, Scalar code, "
             "bool nonzero=False) -> Tensor")
 _lib.impl("index_bounds_flag", lambda flag, index, low, high, exempt, code, nonzero=False: torch.empty_like(flag),
           "Meta")
@@ -56,15 +59,23 @@ INDEX_BOUNDS_FLAG = torch.ops.torchtpu.index_bounds_flag.default
 _INT64_MIN = torch.iinfo(torch.int64).min
 
 
-def fold_bound(b: Builder, flag: Value, index: Value, low: int, high: int, exempt: int | None, code: int,
-               nonzero: bool = False) -> Value:
+def _int64(b: Builder, x: int | Value, shape: tuple[int, ...]) -> Value:
+    """A bound (a constant, or a runtime scalar of the program) as int64 of ``shape``."""
+    if not isinstance(x, Value):
+        return b.constant(x, torch.int64, shape)
+    x = b.convert(b.reshape(x, ()) if x.shape else x, torch.int64)
+    return b.broadcast_to(x, shape) if shape else x
+
+
+def fold_bound(b: Builder, flag: Value, index: Value, low: int | Value, high: int | Value, exempt: int | None,
+               code: int | Value, nonzero: bool = False) -> Value:
     """``flag`` with this check folded in: unchanged unless it is still clear and some value of
     ``index`` lies outside [low, high) (other than ``exempt``), or with ``nonzero`` is zero."""
     n = index.numel
     idx = b.reshape(b.convert(index, torch.int64), (n,))
     shape = idx.shape
-    bad = b.binary("or", b.compare(idx, b.constant(low, torch.int64, shape), "LT"),
-                   b.compare(idx, b.constant(high, torch.int64, shape), "GE"))
+    bad = b.binary("or", b.compare(idx, _int64(b, low, shape), "LT"),
+                   b.compare(idx, _int64(b, high, shape), "GE"))
     if nonzero:
         bad = b.compare(idx, b.constant(0, torch.int64, shape), "EQ")
     if exempt is not None:
@@ -79,13 +90,13 @@ def fold_bound(b: Builder, flag: Value, index: Value, low: int, high: int, exemp
     old = [b.reshape(b.slice(flag, [k], [k + 1]), ()) for k in range(3)]
     first = b.binary("and", b.compare(old[0], b.constant(0, torch.int64), "EQ"),
                      b.compare(position, b.constant(n, torch.int64), "LT"))
-    new = [b.constant(code, torch.int64), value, position]
+    new = [_int64(b, code, ()), value, position]
     return b.concatenate([b.reshape(b.select(first, v, o), (1,)) for v, o in zip(new, old)], 0)
 
 
 @register(INDEX_BOUNDS_FLAG)
-def _index_bounds_flag(ctx: LoweringContext, flag: Value, index: Value, low: int, high: int, exempt: int | None,
-                       code: int, nonzero: bool = False) -> Value:
+def _index_bounds_flag(ctx: LoweringContext, flag: Value, index: Value, low: int | Value, high: int | Value,
+                       exempt: int | None, code: int | Value, nonzero: bool = False) -> Value:
     return fold_bound(ctx.b, flag, index, low, high, exempt, code, nonzero)
 
 

@@ -158,7 +158,7 @@ def test_a_shard_cut_short_resumes_from_its_finished_items(tmp_path):
     assert len(again) == 3  # the carried line and the two items run now: a second cut loses nothing
 
 
-def test_a_16_bit_result_nearer_float64_than_cpus_passes_and_a_farther_one_does_not():
+def test_a_result_nearer_float64_than_cpus_passes_and_a_farther_one_does_not():
     """CPU's 16-bit kernels (grid_sample, interpolate, instance_norm) round intermediates; a result
     off CPU's beyond the tolerance passes only where every such value is at least as close to the
     float64 result as CPU's own, with a note giving both errors."""
@@ -177,7 +177,15 @@ def test_a_16_bit_result_nearer_float64_than_cpus_passes_and_a_farther_one_does_
     nan = exact.clone()
     nan[0] = float("nan")
     assert nearer_float64_than_cpu(torch.mul, sample, torch.bfloat16, nan, off) is None
-    assert nearer_float64_than_cpu(torch.mul, SampleInput(x.float(), args=(3.3,)), torch.float32, exact, off) is None
+    # float32 too (CPU's float32 is off float64 only on ill-conditioned values), never int
+    x32 = x.float()
+    exact32 = (x32.double() * 3.3).float()
+    off32 = exact32.clone()
+    off32[3] += 1.0
+    assert nearer_float64_than_cpu(torch.mul, SampleInput(x32, args=(3.3,)), torch.float32, exact32, off32)
+    assert nearer_float64_than_cpu(torch.mul, SampleInput(x32, args=(3.3,)), torch.float32, off32, exact32) is None
+    xi = torch.tensor([1, 2, 3])
+    assert nearer_float64_than_cpu(torch.mul, SampleInput(xi, args=(3,)), torch.int64, xi * 3, xi * 3 + 1) is None
     cpu_nan = off.clone()
     cpu_nan[1] = float("nan")  # CPU's NaN where float64 has a number: any number is nearer
     assert nearer_float64_than_cpu(torch.mul, sample, torch.bfloat16, exact, cpu_nan) is not None

@@ -88,9 +88,10 @@ def markdown(doc: dict) -> str:
         "`tpu` (under `torch.tpu.precision(\"highest\")`) with the same sample inputs "
         f"(first {cfg.get('samples_per_op')} per op and dtype). *forward*: values, dtype, shape and device of "
         "every output; *backward*: gradients of every differentiable input from a fixed random cotangent "
-        "(in both, a float16/bfloat16 value beyond the tolerance of CPU's passes only if it is at least as "
-        "close as CPU's to the op's float64 result on the same values: CPU's 16-bit kernels round some "
-        "intermediates; such rows say so); "
+        "(in both, a float16/bfloat16/float32 value beyond the tolerance of CPU's passes only if it is at "
+        "least as close as CPU's to the op's float64 result on the same values: CPU's 16-bit kernels round "
+        "some intermediates, and on ill-conditioned values CPU's float32 is itself off float64; such rows "
+        "say so); "
         "*errors*: each `op.error_inputs` that raises on CPU raises the same exception type on `tpu`. "
         "Skipped and unsupported entries count as failures; *untested* (no usable sample) entries are "
         "listed but not counted."),

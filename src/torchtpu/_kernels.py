@@ -21,7 +21,7 @@ from .engine.opplan import plan_for
 from .lowering import registry
 from .lowering.index_bounds import INDEX_BOUNDS_FLAG
 from .lowering.views import is_contiguous
-from .runtime import Buffer
+from .runtime import Buffer, env
 
 _aten = torch.ops.aten
 _libs: list[torch.library.Library] = []
@@ -130,6 +130,21 @@ def device_to_host(t: torch.Tensor) -> torch.Tensor:
     return st.from_numpy(np.asarray(host)).reshape(t.shape)
 
 
+_PAD_UPLOADS = bool(env.read("TORCH_TPU_PAD_UPLOADS"))
+
+
+def _padded_rows(host: torch.Tensor) -> torch.Tensor:
+    """``host`` with garbage rows after its own (NaN, or the type's largest value), to the next
+    power of two above its first dim: a storage's buffer longer than the storage."""
+    rows = host.shape[0]
+    pad = torch.empty(((1 << rows.bit_length()) - rows, *host.shape[1:]), dtype=host.dtype)
+    if host.dtype.is_floating_point or host.dtype.is_complex:
+        pad.fill_(float("nan"))
+    else:
+        pad.fill_(True if host.dtype == torch.bool else torch.iinfo(host.dtype).max)
+    return torch.cat([host.contiguous(), pad])
+
+
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     if dst.numel() == 0:
         return dst
@@ -145,6 +160,8 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         if tuple(host.shape) != tuple(dst.shape):
             host = host.expand(dst.shape)
         if _covers_storage(dst):
+            if _PAD_UPLOADS and host.dim() and host.numel():
+                host = _padded_rows(host)
             st.set_storage_buffer(dst.untyped_storage(), st.upload(host, device))
             return dst
         staged = torch.empty(host.shape, dtype=host.dtype, device=dst.device)

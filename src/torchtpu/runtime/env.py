@@ -100,6 +100,10 @@ _VARIABLES = (
     Variable("TORCH_TPU_LOWER_FOR", "choice", None,
              "build programs for this platform instead of the plugin's (`tpu`: a TPU's programs on the CPU "
              "plugin, for tests)", choices=("cpu", "tpu", "cuda")),
+    Variable("TORCH_TPU_PAD_UPLOADS", "flag", False,
+             "tests: every host-to-device upload of a tensor of rank >= 1 lands in a buffer longer than its "
+             "storage (garbage rows after it, as eager shape buckets would make: docs/eager_shapes.md), to "
+             "check that every program reads only its storage"),
     Variable("TORCH_TPU_BF16_DOTS", "flag", None,
              "CPU emulator: bf16 products as bf16 dots (unset: where the CPU has AVX512-BF16)"),
 )

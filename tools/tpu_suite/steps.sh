@@ -3,8 +3,8 @@
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
 #   bash tools/tpu_suite/steps.sh demo|fresh|bench|verify SECONDS
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N, threaded
-# Results go to $OUT; the list of tests run stays in /tmp/done.txt while the host is warm.
-# A call brings back at most 8 files from $OUT (more are dropped: the eleventh round lost four
+# Results come back in $OUT/STEP.tgz; the list of tests run stays in /tmp/done.txt while the host is warm.
+# A call brings back at most 8 files from $OUT (more are dropped: the twelfth round lost four
 # conformance parts that way), so a step writes under a work folder and leaves in $OUT only
 # STEP.tgz of it, plus the tier-3 cache parts. Give SECONDS at least 20 below the call's limit.
 set -uo pipefail

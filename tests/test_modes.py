@@ -549,7 +549,8 @@ def test_programs_read_only_their_storage_when_buffers_are_longer():
     """TORCH_TPU_PAD_UPLOADS=1 uploads every tensor into a buffer longer than its storage, with NaN
     (or the integer maximum) after it, as eager shape buckets would (docs/eager_shapes.md): results,
     reads, views and in-place updates see only the storage. The whole default suite passed so too
-    (2,149 of 2,153; the 4 others are about buffer layouts and program variants)."""
+    (2,149 of 2,153; the 4 others are about buffer layouts and program variants). An in-place
+    write keeps such a buffer (it made an exact one, and the next call a new program variant)."""
     r = run_python("""
         import torch
         from torchtpu import storage as st
@@ -561,8 +562,11 @@ def test_programs_read_only_their_storage_when_buffers_are_longer():
         i = torch.tensor([2, 0, 1]).to("tpu")
         assert torch.equal(t[i].cpu(), x[torch.tensor([2, 0, 1])]) and i.max().item() == 2
         assert torch.equal(torch.sort(t.view(-1), descending=True).values.cpu(), x.view(-1).sort(descending=True).values)
+        old = st.storage_buffer(t.untyped_storage())
         t.add_(1)
         assert torch.equal(t.cpu(), x + 1)
+        # the write keeps the longer buffer (zeros after the storage), donating the old one
+        assert st.storage_buffer(t.untyped_storage()).size == 16 and old.is_deleted
         print("ok")
     """, env={"TORCH_TPU_PAD_UPLOADS": "1"})
     assert r.returncode == 0 and r.stdout.split()[-1] == "ok", r.stderr[-2000:]

@@ -621,7 +621,7 @@ def emit_op(b: Builder, plan: OpPlan, specs: list, values: list[Any], skeys: tup
         current[s[1]] = write_view(b, current[s[1]], storage_numel(skeys[s[1]]), view, r)
     for k, views in written_views(plan, specs, metas).items():
         outputs.append(("store", k))
-        out_values.append(b.reshape(current[k], store_shape(skeys[k], views)))
+        out_values.append(stored(b, current[k], skeys[k], views))
     return outputs, out_values
 
 
@@ -631,9 +631,17 @@ def storage_numel(sk: tuple) -> int:
 
 
 def buffer_holds_storage(sk: tuple) -> bool:
-    """Whether the storage's buffer holds exactly all of it: a write then keeps the buffer's
+    """Whether the storage's buffer holds all of it (exactly, or as the prefix of a longer buffer,
+    as eager shape buckets would make: docs/eager_shapes.md): a write then keeps the buffer's
     shape, so that the old buffer can be donated to the new one (XLA aliases equal shapes only)."""
-    return sk[0] == "B" and math.prod(sk[1]) == sk[3]
+    return sk[0] == "B" and math.prod(sk[1]) >= sk[3]
+
+
+def stored(b: Builder, storage: Value, sk: tuple, views: Sequence[ViewSpec]) -> Value:
+    """A written storage's flat value as its new buffer (``store_shape``): a longer buffer's
+    elements past the storage are zeros (they are no tensor's)."""
+    shape = store_shape(sk, views)
+    return b.reshape(fit(b, storage, math.prod(shape)), shape)
 
 
 def storage_value(b: Builder, buffer: Value | None, sk: tuple) -> Value:

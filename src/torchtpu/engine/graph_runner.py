@@ -320,7 +320,7 @@ class GraphProgram:
             written.setdefault(s[1], []).append(view)
         for k, views in written.items():
             outputs.append(("store", k))
-            out_values.append(b.reshape(current[k], executor.store_shape(skeys[k], views)))
+            out_values.append(executor.stored(b, current[k], skeys[k], views))
         donate = executor.alias_stores(b, col, skeys, outputs)
         text = b.module(out_values, name=self.name)
         exe = compile_cache.compile_program(text, f"the compiled graph {self.name}")

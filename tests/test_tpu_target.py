@@ -587,9 +587,10 @@ def test_tpu_forms_of_float16_gathers_bf16_vector_products_and_low_precision_pow
 
 
 def test_signed_power_keeps_ieee_signs_where_the_compilers_power_drops_them():
-    """The f32 power's fallback (where the f64 form overflows f32's range) takes the compiler's
-    power of |base| and the sign from the exponent's parity: a TPU's power lost the sign of a
-    negative base. Run on the emulator, whose power is IEEE's: the two must agree."""
+    """The f32 power on a TPU takes a power of |base| (its f64 form, or where that overflows
+    f32's range the compiler's own) and the sign from the exponent's parity
+    (``Builder._with_power_sign``): a TPU's power lost the sign of a negative base. Run here on
+    the compiler's power of |base|, IEEE's on the emulator: the two must agree."""
     import numpy as np
 
     from torchtpu import _device_state
@@ -603,7 +604,7 @@ def test_signed_power_keeps_ieee_signs_where_the_compilers_power_drops_them():
     x, y = b.arg((len(base),), torch.float32), b.arg((len(base),), torch.float32)
     client = _device_state.client()
     magnitude = b.op1("stablehlo.power", [b.unary("abs", x), y], x.shape, x.dtype)
-    exe = cc.compile(b.module([b._signed_power(x, y), magnitude]), client=client)
+    exe = cc.compile(b.module([b._with_power_sign(x, y, magnitude), magnitude]), client=client)
     outs, _ = exe.execute([client.buffer_from_host(v) for v in (base, expo)])
     got, mag = (o.to_host() for o in outs)
     with np.errstate(all="ignore"):

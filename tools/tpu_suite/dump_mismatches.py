@@ -65,7 +65,7 @@ def dump(out_dir: str, key: str, dtype: torch.dtype, kind: str) -> None:
                 core.compare(got, want, tol)
                 status = "ok"
             except core.Mismatch:
-                # the sweep's float64 rule: a 16-bit value nearer float64 than CPU's is not a mismatch
+                # the sweep's float64 rule: a float value nearer float64 than CPU's is not a mismatch
                 if backward:
                     note = core.gradients_nearer_float64_than_cpu(op, sample, dtype, cots, got, want)
                 else:

@@ -402,10 +402,6 @@ class Builder:
                 return self._with_power_sign(a, b, self.select(finite, wide, own))
         return self.op1(f"stablehlo.{name}", [a, b], a.shape, dtype or a.dtype)
 
-    def _signed_power(self, a: Value, b: Value) -> Value:
-        """f32 a ** b from the compiler's power of |a| (``_with_power_sign``)."""
-        return self._with_power_sign(a, b, self.op1("stablehlo.power", [self.unary("abs", a), b], a.shape, a.dtype))
-
     def _with_power_sign(self, a: Value, b: Value, mag: Value) -> Value:
         """a ** b from mag = |a| ** b, the sign taken from the exponent's parity: a v5e's power
         dropped a negative base's sign ((-2) ** -1 came out +0.5, in its bf16 power and again

@@ -10,13 +10,15 @@ settings, which it computes exactly anyway), so their values are checked too.
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from helpers import run_python
 
+from torchtpu import storage as st
 from torchtpu.engine import compile_cache
 from torchtpu.lowering import builder as builder_mod
-from torchtpu.lowering.builder import Builder
+from torchtpu.lowering.builder import Builder, Value
 from torchtpu.runtime import buffer as buffer_mod
 from torchtpu.runtime import plugins
 
@@ -27,6 +29,20 @@ def module_texts(monkeypatch):
     real = compile_cache.compile
     monkeypatch.setattr(compile_cache, "compile", lambda text, **kw: (texts.append(text), real(text, **kw))[1])
     return texts
+
+
+def _run_built(emit, *arrays: np.ndarray) -> list[np.ndarray]:
+    """Run the program ``emit(builder, *args)`` builds (its results: a Value or a list) on the
+    device, for float32 or other host ``arrays``, and return its results on the host."""
+    from torchtpu import _device_state
+
+    b = Builder()
+    args = [b.arg(a.shape, st.NUMPY_TO_TORCH[a.dtype]) for a in arrays]
+    results = emit(b, *args)
+    client = _device_state.client()
+    exe = compile_cache.compile(b.module(results if isinstance(results, list) else [results]), client=client)
+    outs, _ = exe.execute([client.buffer_from_host(a) for a in arrays])
+    return [np.asarray(o.to_host()) for o in outs]
 
 
 def test_every_parameter_and_result_is_pinned_to_the_default_layout():
@@ -301,29 +317,17 @@ def test_accurate_digamma_is_within_an_eps_of_float64():
     """accurate_math.digamma (a TPU's f32 digamma), run as it is here: its upward recurrence to 6 lost
     up to 6 eps (absolute, where |psi| < 1) to cancellation near psi's zeros, 8 on a v5e. Poles are
     the caller's; a non-positive integer is left out."""
-    import numpy as np
-
-    from torchtpu import _device_state
     from torchtpu.lowering import accurate_math
 
     x = torch.cat([torch.linspace(-20, 20, 100001), torch.linspace(1.45, 1.47, 2001), -torch.logspace(-30, 7, 2001),
                    torch.logspace(-30, 30, 2001), torch.tensor([1.4616321, -0.48, -11.994, -8.712, 0.75, 3.2308])])
     x = x[(x > 0) | (x != x.floor())]
-    b = Builder()
-    arg = b.arg(tuple(x.shape), torch.float32)
-    client = _device_state.client()
-    exe = compile_cache.compile(b.module([accurate_math.digamma(b, arg)]), client=client)
-    outs, _ = exe.execute([client.buffer_from_host(x.numpy())])
-    got = torch.from_numpy(np.asarray(outs[0].to_host())).double()
+    got = torch.from_numpy(_run_built(accurate_math.digamma, x.numpy())[0]).double()
     ref = torch.digamma(x.double())
     err = (got - ref).abs() / ref.abs().clamp_min(1.0)
     assert err.max().item() < 3 * torch.finfo(torch.float32).eps, (x[err.argmax()].item(), err.max().item())
     special = torch.tensor([float("nan"), float("inf"), 3e38, 1e-30, -1e-30])
-    b = Builder()
-    arg = b.arg((5,), torch.float32)
-    exe = compile_cache.compile(b.module([accurate_math.digamma(b, arg)]), client=client)
-    outs, _ = exe.execute([client.buffer_from_host(special.numpy())])
-    got = torch.from_numpy(np.asarray(outs[0].to_host()))
+    got = torch.from_numpy(_run_built(accurate_math.digamma, special.numpy())[0])
     assert got[0].isnan() and got[1] == float("inf")
     torch.testing.assert_close(got[2:], torch.digamma(special[2:]), rtol=2e-7, atol=0)
 
@@ -437,22 +441,12 @@ def test_jacobi_rotation_never_squares_tau():
     float32's exponent range, which a TPU's emulated float64 shares, and there an overflow comes
     out NaN. The rotation must come out finite and accurate without forming tau^2 (in float32 the
     old form returned t = 0 for these blocks)."""
-    import numpy as np
-
-    from torchtpu import _device_state
-    from torchtpu.engine import compile_cache as cc
     from torchtpu.lowering import jacobi
 
     app = np.array([0.0, 1.0, 3.0, -2.0, 5.0, 1.0], dtype=np.float32)
     aqq = np.array([1.0, 0.0, 3.0, 7.0, 5.0, 1.0], dtype=np.float32)
     apq = np.array([1e-20, -1e-20, 2e-30, 1e-25, -4.0, 0.0], dtype=np.float32)
-    b = Builder()
-    args = [b.arg((6,), torch.float32) for _ in range(3)]
-    t, c, s = jacobi.rotation(b, *args)
-    client = _device_state.client()
-    exe = cc.compile(b.module([t, c, s]), client=client)
-    outs, _ = exe.execute([client.buffer_from_host(v) for v in (app, aqq, apq)])
-    t, c, s = (o.to_host() for o in outs)
+    t, c, s = _run_built(lambda b, *args: list(jacobi.rotation(b, *args)), app, aqq, apq)
     tau = (aqq.astype(np.float64) - app) / (2 * np.where(apq == 0, 1, apq.astype(np.float64)))
     with np.errstate(divide="ignore"):
         want = np.where(apq == 0, 0.0, np.sign(np.where(tau == 0, 1, tau)) / (np.abs(tau) + np.hypot(1, tau)))
@@ -591,22 +585,15 @@ def test_signed_power_keeps_ieee_signs_where_the_compilers_power_drops_them():
     f32's range the compiler's own) and the sign from the exponent's parity
     (``Builder._with_power_sign``): a TPU's power lost the sign of a negative base. Run here on
     the compiler's power of |base|, IEEE's on the emulator: the two must agree."""
-    import numpy as np
-
-    from torchtpu import _device_state
-    from torchtpu.engine import compile_cache as cc
-
     inf, nan = float("inf"), float("nan")
     base = np.array([-2, -2, -3, -0.0, -0.0, 0.0, -1.5, -inf, -inf, -inf, -1, -1, nan, -2, -2, 3, -1e20, -8],
                     dtype=np.float32)
     expo = np.array([-1, 3, 2, 3, -1, -1, 0.5, 3, 0.5, -1, inf, nan, 0, inf, -inf, 2.5, 3, 1 / 3], dtype=np.float32)
-    b = Builder()
-    x, y = b.arg((len(base),), torch.float32), b.arg((len(base),), torch.float32)
-    client = _device_state.client()
-    magnitude = b.op1("stablehlo.power", [b.unary("abs", x), y], x.shape, x.dtype)
-    exe = cc.compile(b.module([b._with_power_sign(x, y, magnitude), magnitude]), client=client)
-    outs, _ = exe.execute([client.buffer_from_host(v) for v in (base, expo)])
-    got, mag = (o.to_host() for o in outs)
+    def signed_and_magnitude(b: Builder, x: Value, y: Value) -> list[Value]:
+        magnitude = b.op1("stablehlo.power", [b.unary("abs", x), y], x.shape, x.dtype)
+        return [b._with_power_sign(x, y, magnitude), magnitude]
+
+    got, mag = _run_built(signed_and_magnitude, base, expo)
     with np.errstate(all="ignore"):
         want = np.power(base, expo)
     # the platform's power of |base| (IEEE's on the emulator; a TPU's own in its special cases)...

@@ -353,7 +353,9 @@ class Builder:
 
         lsb = self.binary("and", self.binary("shift_right_logical", bits, c(16)), c(1))
         top = self.binary("shift_right_logical", self.add(bits, self.add(c(0x7FFF), lsb)), c(16))
-        top = self.select(self.compare(v, v, "NE"), c(0x7FC0), top)
+        # NaN found in the integers too: the rounding holds no float operation the compiler could rewrite
+        nan = self.compare(self.binary("and", bits, c(0x7FFFFFFF)), c(0x7F800000), "GT")
+        top = self.select(nan, c(0x7FC0), top)
         return self.bitcast_convert(self.convert(top, torch.uint16), torch.bfloat16, v.shape)
 
     def _to_float8(self, v: Value, dtype: torch.dtype) -> Value:

@@ -575,7 +575,8 @@ def test_tpu_forms_of_float16_gathers_bf16_vector_products_and_low_precision_pow
         want = x.bfloat16().view(torch.int16).to(torch.int32) & 0xFFFF
         nan = x.isnan()
         sub = (x != 0) & (x.abs() < torch.finfo(torch.float32).tiny)
-        bad = (got != want) & ~nan | nan & (got & 0x7FFF != 0x7FC0)
+        flushed = sub & (got == torch.where(x.signbit(), 0x8000, 0))  # subnormals may flush (docs/tpu.md)
+        bad = (got != want) & ~nan & ~flushed | nan & (got & 0x7FFF != 0x7FC0)
         assert not bad.any(), (f"{int(bad.sum())} differ: nan {int((bad & nan).sum())}/{int(nan.sum())}, subnormal "
                                f"{int((bad & sub).sum())}/{int(sub.sum())}, first x bits "
                                f"{[hex(int(v) & 0xFFFFFFFF) for v in bits[bad][:4]]}, got {got[bad][:4].tolist()}, "

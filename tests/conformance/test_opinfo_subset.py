@@ -213,6 +213,27 @@ def test_error_inputs_a_device_cannot_hold_are_noted_not_failed(monkeypatch):
         in result.detail
 
 
+def test_samples_making_a_dtype_the_device_refuses_by_design_are_noted_not_failed(monkeypatch):
+    """Regression (TPU v5e, thirteenth round): ``cdouble`` (x.to(complex128)) failed every row on
+    the TPU, where complex128 is refused by design (a TypeError naming it, docs/tpu.md). Such
+    samples are not run there, as a dtype an op lacks on CPU is not checked; the row says why.
+    The same refusal from an op whose CPU inputs and outputs hold no complex128 stays a failure."""
+    from torchtpu import _device_state
+    from torchtpu.conformance.core import refused_by_design
+    from torchtpu.runtime import UnsupportedDtypeError
+
+    monkeypatch.setattr(_device_state.client(), "supports_complex128", False)  # as on a TPU
+    results = check_op(opinfo_by_key()["cdouble"], (torch.float32,), ("forward", "backward"))
+    assert [r.status for r in results] == ["untested", "untested"], results
+    assert all("refuses complex128 by design" in r.detail for r in results)
+    refusal = UnsupportedDtypeError("torchtpu: complex128 is not supported on a TPU")
+    assert refused_by_design(refusal, torch.ones(2), torch.ones(2, dtype=torch.complex128)) is not None
+    assert refused_by_design(refusal, torch.ones(2), torch.ones(2, dtype=torch.complex64)) is None
+    assert refused_by_design(RuntimeError("complex128"), torch.ones(2, dtype=torch.complex128)) is None
+    monkeypatch.undo()
+    assert [r.status for r in check_op(opinfo_by_key()["cdouble"], (torch.float32,), ("forward",))] == ["pass"]
+
+
 @pytest.mark.fresh_process
 def test_threaded_sweep_of_a_shard_range_matches_the_serial_sweep(tmp_path):
     """On a TPU host the sweep runs ops in threads of one worker (compiles overlap on its many

@@ -406,6 +406,31 @@ def _record(tally: _Tally, e: BaseException) -> None:
         tally.failure = e
 
 
+def refused_by_design(e: BaseException, *cpu_values: Any) -> str | None:
+    """A note when ``e`` is the device refusing a dtype it cannot hold (complex128 on a TPU: a
+    documented decision, docs/tpu.md) and the sample's CPU inputs or outputs hold that dtype: the
+    sample cannot run there, as a dtype the op lacks on CPU is not checked. A refusal of anything
+    else (an op whose lowering made a complex128 of its own) stays a failure."""
+    if not isinstance(e, UnsupportedDtypeError):
+        return None
+    if any(isinstance(t, torch.Tensor) and t.dtype == torch.complex128 for t in _leaves(list(cpu_values))):
+        return f"not run on this device, which refuses complex128 by design: {first_line(e)}"
+    return None
+
+
+def _refused_sample(tally: _Tally, e: BaseException, fn: Callable[..., Any], sample: Any) -> bool:
+    """Notes a sample the device refuses by design (``refused_by_design``); False for any other error."""
+    try:
+        with torch.no_grad():
+            cpu_out = fn(sample.input, *sample.args, **sample.kwargs)
+    except Exception:  # noqa: BLE001
+        cpu_out = None
+    note = refused_by_design(e, sample.input, sample.args, sample.kwargs, cpu_out)
+    if note is not None and note not in tally.notes:
+        tally.notes.append(note)
+    return note is not None
+
+
 def _random_sample(key: str, sample: Any) -> bool:
     """A sample that asks for dropout (e.g. attention's dropout_p > 0): its values are random."""
     p = sample.kwargs.get("dropout_p", 0.0)
@@ -563,6 +588,8 @@ def check_forward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> O
                 torch.tpu.synchronize()
             tally.ran += 1
         except Exception as e:  # noqa: BLE001
+            if _refused_sample(tally, e, fn, sample):
+                continue
             _record(tally, _naming_sample(e, sample))
             if tally.unsupported is not None:
                 break
@@ -646,6 +673,8 @@ def check_backward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> 
                 torch.tpu.synchronize()
             tally.ran += 1
         except Exception as e:  # noqa: BLE001
+            if _refused_sample(tally, e, fn, sample):
+                continue
             _record(tally, _naming_sample(e, sample))
             if tally.unsupported is not None:
                 break

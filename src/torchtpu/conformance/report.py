@@ -93,8 +93,8 @@ def markdown(doc: dict) -> str:
         "some intermediates, and on ill-conditioned values CPU's float32 is itself off float64; such rows "
         "say so); "
         "*errors*: each `op.error_inputs` that raises on CPU raises the same exception type on `tpu`. "
-        "Skipped and unsupported entries count as failures; *untested* (no usable sample) entries are "
-        "listed but not counted."),
+        "Skipped and unsupported entries count as failures; *untested* entries (no usable sample, or on a "
+        "TPU only samples holding complex128, which it refuses by design) are listed but not counted."),
         "",
         "## Summary",
         "",

@@ -726,7 +726,7 @@ def compile_program(text: str | bytes, what: str) -> runtime.Executable:
     try:
         exe = compile(text)
     except runtime.UnsupportedDtypeError as e:
-        raise TypeError(f"{e} (the program of {what})") from None
+        raise runtime.UnsupportedDtypeError(f"{e} (the program of {what})") from None  # a TypeError too
     except runtime.PjrtError as e:
         if e.code == RESOURCE_EXHAUSTED:
             raise  # out of device memory while compiling: the OutOfMemoryError path takes it

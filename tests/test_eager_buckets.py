@@ -114,6 +114,20 @@ def test_contractions(n):
 
 
 @pytest.mark.parametrize("n", SIZES)
+def test_contractions_at_default_precision(n):
+    """One bf16 pass (the TPU default): the same numbers as the exact-size programs."""
+    g = torch.Generator().manual_seed(n)
+    a, b, w = torch.randn(n, 4, generator=g), torch.randn(n, 32, generator=g), torch.randn(4, 32, generator=g)
+    ta, tb = dynamic(a), dynamic(b)
+    got = [ta.t() @ tb, tb.t() @ ta, ta @ w.to("tpu")]
+    eager_buckets.set_eager_buckets("exact")
+    ea, eb = a.to("tpu"), b.to("tpu")
+    want = [ea.t() @ eb, eb.t() @ ea, ea @ w.to("tpu")]
+    for x, y in zip(got, want):
+        close(x, y.cpu(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_sort(n):
     g = torch.Generator().manual_seed(n)
     x = torch.randn(n, 3, generator=g)

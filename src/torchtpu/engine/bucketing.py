@@ -783,15 +783,22 @@ class MaskHook:
 
     def _apply(self, x: Value, lay: Layout, dims: list[int], identity: Any) -> Value:
         b = self.b
+        # A transposed operand (``g.t() @ h``, a weight gradient) is masked before its
+        # transpose, which then stays foldable into a product's dimension numbers
+        # (matmul._fold_transpose): behind the select XLA's CPU runtime met a transposed bf16
+        # operand of a dot it cannot run ("Unsupported element type for DotThunk").
+        src = b.transpose_source(x)
+        target, perm = (x, list(range(x.rank))) if src is None else src
         mask = None
         for d in dims:
             if not _is_padded(lay, [d]):
                 continue
-            m = b.broadcast_in_dim(self._dim_mask(lay[d]), x.shape, [d])
+            m = b.broadcast_in_dim(self._dim_mask(lay[d]), target.shape, [perm[d]])
             mask = m if mask is None else b.binary("and", mask, m)
         if mask is None:
             return x
-        return b.select(mask, x, b.constant(_identity_value(identity, x.dtype), x.dtype, x.shape))
+        masked = b.select(mask, target, b.constant(_identity_value(identity, x.dtype), x.dtype, target.shape))
+        return masked if src is None else b.transpose(masked, perm)
 
 
     def compact(self, v: Value, layout: Layout) -> Value:

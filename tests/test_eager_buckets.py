@@ -76,6 +76,7 @@ def test_reductions(n):
                       (t.argmax(0), x.argmax(0)), (t.logsumexp(0), x.logsumexp(0)), (t.prod(0), x.prod(0)),
                       (t.cumsum(0), x.cumsum(0))]:
         close(got, want, rtol=1e-5, atol=1e-5)
+    assert bucketed(t.sum(1)) and bucketed(t.cumsum(0))
     i = torch.randint(-5, 5, (n,), generator=g)
     ti = dynamic(i)
     close(ti.sum(), i.sum())
@@ -139,6 +140,7 @@ def test_sort(n):
         for descending in (False, True):
             got = torch.sort(t, dim=dim, descending=descending, stable=True)
             want = torch.sort(x, dim=dim, descending=descending, stable=True)
+            assert bucketed(got.values) and bucketed(got.indices)
             close(got.values, want.values)
             close(got.indices, want.indices)
     v, i = torch.sort(t, dim=0)  # the default sort: any order of ties, the indices pick the values
@@ -160,6 +162,7 @@ def test_index(n):
     x = torch.randn(n, 3, generator=g)
     idx = torch.randint(-n, n, (n,), generator=g)  # negative indices count from the actual end
     t, ti = dynamic(x), dynamic(idx)
+    assert bucketed(t[ti])
     close(t[ti], x[idx])
     close(t[:, 1].contiguous()[ti], x[:, 1][idx])
     order = torch.sort(t[:, 0].contiguous()).indices

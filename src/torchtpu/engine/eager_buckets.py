@@ -91,7 +91,7 @@ def upload_rows(host: torch.Tensor, caller: types.FrameType | None) -> int | Non
     Only uploads written in user code (``caller``, the frame of ``x.to("tpu")``) whose line has
     seen another first size for the same dtype and trailing shape: a loop over lengths. Uploads
     made inside torch (``Module.to``'s parameters) or torchtpu keep exact buffers."""
-    if _mode != "pow2" or config.defer_and_fuse or host.dim() == 0 or host.shape[0] == 0 or caller is None:
+    if _mode != "pow2" or host.dim() == 0 or host.shape[0] == 0 or caller is None:
         return None
     if caller.f_code.co_filename.startswith(_LIBRARY_DIRS):
         return None
@@ -156,13 +156,69 @@ def _dynamic_dim(spec: tuple, sk: tuple) -> tuple[int, int, int] | None:
 def try_run(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, precision: str) -> Any:
     """Run the call bucketed when an argument lives on a marked storage and the op can run padded;
     else return EXACT (the caller runs it at exact size)."""
-    for s in col.storages:  # (a loop, not any(): this runs before every Strict call)
-        if getattr(s, _MARK, False):
-            break
-    else:
+    call = _bucketed_call(plan, specs, skeys, col, precision)
+    if call is None:
         return EXACT
     from . import executor
 
+    bspecs, bskeys, key, dynamic, sizes = call
+    entry = executor._cache.get(key)
+    slot = len(col.inputs)
+    col.inputs.append(("host", np.array(sizes, dtype=np.int64)))
+    if entry is None:
+        try:
+            entry = _compile(plan, values, bspecs, bskeys, col, key, precision, dynamic, sizes, slot)
+        except Exception:  # noqa: BLE001  NotBucketable, or a rule that did not expect this call:
+            # the exact call is always correct, and raises PyTorch's own error where there is one
+            col.inputs.pop()
+            _refuse(key)
+            return EXACT
+    else:
+        executor.stats.hits += 1
+    shapes = _exact_shapes(entry.shape_dims, sizes)
+    new_tensors = executor.execute_and_bind(col, bskeys, entry.entry, shapes)
+    for t, dims in zip(new_tensors, _new_dims(entry)):
+        if t is not None and dims is not None:
+            mark(t.untyped_storage())
+    if config.check_nan:
+        executor._check_nan(plan, new_tensors)
+    return executor.op_result(plan, values, new_tensors)
+
+
+def try_record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, precision: str) -> Any:
+    """DeferAndFuse: record the call bucketed (its node emitted with the masks into the fused
+    program, which is then keyed by the bucketed op key), or return EXACT."""
+    call = _bucketed_call(plan, specs, skeys, col, precision)
+    if call is None:
+        return EXACT
+    from . import deferred, executor
+
+    bspecs, bskeys, key, dynamic, sizes = call
+    hook = _recorded.get(key)
+    if hook is None:
+        try:
+            hook = _plan_record(plan, values, bspecs, dynamic, sizes, len(col.inputs))
+        except Exception:  # noqa: BLE001  (as in try_run: the exact call)
+            _refuse(key)
+            return EXACT
+        _recorded[key] = hook
+    col.inputs.append(("host", np.array(sizes, dtype=np.int64)))
+    new_tensors = deferred.record_bucketed(plan, values, bspecs, bskeys, col, key, hook,
+                                           _exact_shapes(hook.shape_dims, sizes))
+    for t, dims in zip(new_tensors, hook.shape_dims):
+        if t is not None and dims is not None:
+            mark(t.untyped_storage())
+    return executor.op_result(plan, values, new_tensors)
+
+
+def _bucketed_call(plan: Any, specs: list, skeys: tuple, col: Any, precision: str) -> tuple | None:
+    """(bucket specs, storage keys, bucketed op key, padded dims, actual sizes) of a call with an
+    argument on a marked storage that reads at bucket size, or None (an exact call)."""
+    for s in col.storages:  # (a loop, not any(): this runs before every eager call)
+        if getattr(s, _MARK, False):
+            break
+    else:
+        return None
     sizes: list[int] = []  # per symbol: its actual size (one symbol per distinct size)
     dynamic: dict[tuple, tuple[int, int]] = {}  # spec path -> (dim, symbol)
     bspecs = list(specs)
@@ -174,7 +230,7 @@ def try_run(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, p
             bspecs[i] = ("L", tuple(_bucket_spec(x, (i, j), skeys, col, sizes, dynamic, read_whole)
                                     if x[0] == "T" else x for j, x in enumerate(s[1])))
     if not dynamic:
-        return EXACT
+        return None
     for i, s in enumerate(specs):  # broadcast operands of a padded length (a sum's gradient)
         if s[0] == "T":
             bspecs[i] = _expanded_spec(bspecs[i], (i,), sizes, dynamic)
@@ -186,31 +242,18 @@ def try_run(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, p
     pattern = tuple(sorted(dynamic.items()))
     key = _C._op_key((plan, precision, col.has_f64, tuple(bspecs), bskeys, ("bucketed", pattern)))
     if key in _exact_keys:
-        return EXACT
-    entry = executor._cache.get(key)
-    slot = len(col.inputs)
-    col.inputs.append(("host", np.array(sizes, dtype=np.int64)))
-    if entry is None:
-        try:
-            entry = _compile(plan, values, bspecs, bskeys, col, key, precision, dynamic, sizes, slot)
-        except Exception:  # noqa: BLE001  NotBucketable, or a rule that did not expect this call:
-            # the exact call is always correct, and raises PyTorch's own error where there is one
-            col.inputs.pop()
-            if len(_exact_keys) >= _MAX_SITES:
-                _exact_keys.clear()
-            _exact_keys.add(key)
-            return EXACT
-    else:
-        executor.stats.hits += 1
-    shapes = [None if dims is None else tuple(sizes[-d - 1] if d < 0 else d for d in dims)
-              for dims in entry.shape_dims]
-    new_tensors = executor.execute_and_bind(col, bskeys, entry.entry, shapes)
-    for t, dims in zip(new_tensors, _new_dims(entry)):
-        if t is not None and dims is not None:
-            mark(t.untyped_storage())
-    if config.check_nan:
-        executor._check_nan(plan, new_tensors)
-    return executor.op_result(plan, values, new_tensors)
+        return None
+    return bspecs, bskeys, key, dynamic, sizes
+
+
+def _refuse(key: Any) -> None:
+    if len(_exact_keys) >= _MAX_SITES:
+        _exact_keys.clear()
+    _exact_keys.add(key)
+
+
+def _exact_shapes(shape_dims: list[tuple[int, ...] | None], sizes: list[int]) -> list[tuple[int, ...] | None]:
+    return [None if dims is None else tuple(sizes[-d - 1] if d < 0 else d for d in dims) for dims in shape_dims]
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -298,6 +341,55 @@ def _compile(plan: Any, values: list[Any], bspecs: list, bskeys: tuple, col: Any
     with executor._cache_lock:
         executor._cache[key] = entry
     return entry
+
+
+class RecordedHook:
+    """What emitting a recorded bucketed node needs (deferred._emit): its masks, and per output
+    the dims of its exact shape (see _Bucketed)."""
+
+    __slots__ = ("buckets", "graph_plan", "node", "shape_dims", "slot")
+
+    def __init__(self, graph_plan: bucketing.Plan, node: torch.fx.Node, buckets: dict, slot: int,
+                 shape_dims: list[tuple[int, ...] | None]) -> None:
+        self.graph_plan = graph_plan
+        self.node = node
+        self.buckets = buckets
+        self.slot = slot  # the collected input of the actual sizes
+        self.shape_dims = shape_dims
+
+    def arg_hook(self, b: Builder, input_values: list[Any]) -> Any:
+        """emit_op's ``arg_hook`` for this node, in the fused program ``b``."""
+        hook = bucketing.MaskHook(self.graph_plan, b, input_values[self.slot], self.buckets)
+
+        def arg_hook(args: list) -> tuple[list, Any]:
+            args, _, post = hook(self.node, args, {})
+            return args, post
+        return arg_hook
+
+
+# bucketed key -> its RecordedHook (DeferAndFuse; bounded like the refusals)
+_recorded: dict[Any, RecordedHook] = {}
+
+
+def _plan_record(plan: Any, values: list[Any], bspecs: list, dynamic: dict, sizes: list[int], slot: int
+                 ) -> RecordedHook:
+    """The analysis of a call to record bucketed: what _compile checks, without compiling."""
+    from . import executor
+
+    graph_plan, node = _analyze(plan, values, bspecs, dynamic, sizes)
+    metas, _ = executor.op_metas(plan, values, bspecs)
+    outputs = []
+    for m in metas:
+        if m is None:
+            outputs.append(("none",))
+            continue
+        stride = m.stride() if executor.is_dense_permutation(m.shape, m.stride()) else \
+            executor.contiguous_strides(m.shape)
+        outputs.append(("new", m.dtype, tuple(m.shape), tuple(stride)))
+    buckets = {graph_plan.symbols[k]: _spec_at(bspecs, path)[3][dim] for path, (dim, k) in dynamic.items()}
+    if len(_recorded) >= _MAX_SITES:
+        _recorded.clear()
+    return RecordedHook(graph_plan, node, buckets, slot, _output_dims(graph_plan, outputs))
 
 
 def _spec_at(specs: list, path: tuple) -> tuple:

@@ -273,6 +273,10 @@ def _launch_or_record(plan: OpPlan, values: list[Any], args: tuple, kwargs: dict
     # is exact, 2 != 2.0 and 0.0 != -0.0, and hashes and compares fast (csrc/op_key.cpp).
     key = _op_key((plan, precision_mod.current(), col.has_f64, tuple(specs), skeys))
     if config.defer_and_fuse and not config.launch_blocking:
+        if not plan.mutated and _eager_buckets.enabled():
+            result = _eager_buckets.try_record(plan, values, specs, skeys, col, key[1])
+            if result is not _eager_buckets.EXACT:
+                return result
         try:
             return _deferred().record(plan, values, specs, skeys, col, key)
         except _ResizeOutputs as r:

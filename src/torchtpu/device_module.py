@@ -478,8 +478,9 @@ def set_dynamic_buckets(spec: str | Sequence[int]) -> None:
 
 
 def set_eager_buckets(mode: str) -> None:
-    """Padding of eager (Strict) calls on changing lengths: ``"pow2"`` (default: one program per
-    power-of-two bucket of the first dim, docs/eager_shapes.md) or ``"exact"`` (one per size)."""
+    """Padding of eager calls on changing lengths: ``"pow2"`` (default: one program, or fused
+    program, per power-of-two bucket of the first dim, docs/eager_shapes.md) or ``"exact"``
+    (one per size)."""
     from .engine import eager_buckets
 
     eager_buckets.set_eager_buckets(mode)

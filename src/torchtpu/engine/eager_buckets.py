@@ -1,4 +1,4 @@
-"""Shape buckets for Strict eager calls: one program per power-of-two bucket, not per size.
+"""Shape buckets for eager calls: one program per power-of-two bucket, not per size.
 
 A loop whose tensors change length every iteration compiles every op once per length. Here a
 tensor can live on a *bucket-sized* buffer: its storage has CPU's exact size, its buffer
@@ -15,9 +15,11 @@ one-op graph with symbolic sizes (the analysis of compiled graphs, with ``EAGER_
 elements must stay where they are, and ops that mix positions along a padded dim get masks
 (reductions' identities, contractions' zeros, sort's last value...). An op it cannot place runs
 at exact size, as before. Results bind with CPU's shape on the bucket-sized buffer (no copy).
+Strict and Debug run the call (``try_run``); DeferAndFuse records it bucketed (``try_record``),
+so that its fused region is keyed by bucketed op keys.
 
-``TORCH_TPU_EAGER_BUCKETS=exact`` (or ``set_eager_buckets("exact")``) turns it off. Strict and
-Debug modes only: DeferAndFuse records exact calls (docs/eager_shapes.md).
+``TORCH_TPU_EAGER_BUCKETS=exact`` (or ``set_eager_buckets("exact")``) turns it off
+(docs/eager_shapes.md).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ with a boxed fallback that names unsupported ops.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 
 from . import _C, flash_attention, nested, sync_debug
 from . import storage as st
-from .engine import deferred, executor, graph_node, index_checks
+from .engine import deferred, eager_buckets, executor, graph_node, index_checks
 from .engine.opplan import plan_for
 from .lowering import registry
 from .lowering.index_bounds import INDEX_BOUNDS_FLAG
@@ -160,9 +161,14 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         if tuple(host.shape) != tuple(dst.shape):
             host = host.expand(dst.shape)
         if _covers_storage(dst):
+            rows = eager_buckets.upload_rows(host, sys._getframe(1)) if host.dim() and host.numel() else None
             if _PAD_UPLOADS and host.dim() and host.numel():
                 host = _padded_rows(host)
+            elif rows is not None:  # a loop over lengths: a bucket-sized buffer (engine/eager_buckets.py)
+                host = eager_buckets.pad_rows(host, rows)
             st.set_storage_buffer(dst.untyped_storage(), st.upload(host, device))
+            if rows is not None:
+                eager_buckets.mark(dst.untyped_storage())
             return dst
         staged = torch.empty(host.shape, dtype=host.dtype, device=dst.device)
         st.set_storage_buffer(staged.untyped_storage(), st.upload(host, device))

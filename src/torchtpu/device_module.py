@@ -477,6 +477,15 @@ def set_dynamic_buckets(spec: str | Sequence[int]) -> None:
     bucketing.set_dynamic_buckets(spec)
 
 
+def set_eager_buckets(mode: str) -> None:
+    """Padding of eager calls on changing lengths: ``"pow2"`` (default: one program, or fused
+    program, per power-of-two bucket of the first dim, docs/eager_shapes.md) or ``"exact"``
+    (one per size)."""
+    from .engine import eager_buckets
+
+    eager_buckets.set_eager_buckets(mode)
+
+
 @contextlib.contextmanager
 def launch_blocking(enabled: bool = True) -> Iterator[None]:
     """Debug mode within a block: synchronous ops and host-side checks."""

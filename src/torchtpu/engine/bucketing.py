@@ -220,12 +220,15 @@ class Plan:
     padded_inputs: list[tuple[int, tuple]] = field(default_factory=list)  # (placeholder, size exprs)
 
 
-def analyze(gm: torch.fx.GraphModule, compact_outputs: bool = False) -> Plan:
+def analyze(gm: torch.fx.GraphModule, compact_outputs: bool = False, eager: bool = False) -> Plan:
     """Check the bucketing invariant over the whole graph; raise NotBucketable if it fails.
 
     ``compact_outputs``: outputs will be packed contiguously (see MaskHook.compact), so an
     output with a merged padded dimension is fine; otherwise outputs must be prefix boxes.
+    ``eager``: a one-op graph of an eager call (engine/eager_buckets.py), which may also use the
+    rules of ``EAGER_RULES`` (ops whose masks compiled graphs have not needed yet).
     """
+    rules = {**_RULES, **EAGER_RULES} if eager else _RULES
     symbols: list[sympy.Symbol] = []
     positions: list[int] = []
     upper: list[int | None] = []
@@ -250,7 +253,7 @@ def analyze(gm: torch.fx.GraphModule, compact_outputs: bool = False) -> Plan:
         raise NotBucketable("no symbolic size inputs")
     for n in gm.graph.nodes:
         if n.op == "call_function":
-            _visit(n, layouts, masks)
+            _visit(n, layouts, masks, rules)
         elif n.op == "get_attr":  # a tensor constant of the graph: never padded
             val = n.meta.get("val")
             if isinstance(val, torch.Tensor) and not _is_padded(_plain(val)):
@@ -298,7 +301,7 @@ def _arg_layout(a: Any, layouts: dict) -> Any:
     return None
 
 
-def _visit(n: torch.fx.Node, layouts: dict, masks: dict) -> None:
+def _visit(n: torch.fx.Node, layouts: dict, masks: dict, rules: dict[str, Callable]) -> None:
     target = n.target
     val = n.meta.get("val")
     args = list(n.args)
@@ -336,7 +339,7 @@ def _visit(n: torch.fx.Node, layouts: dict, masks: dict) -> None:
         elif isinstance(val, (list, tuple)):
             layouts[n] = [(_plain(v) if isinstance(v, torch.Tensor) else None) for v in val]
         return
-    rule = _RULES.get(name)
+    rule = rules.get(name)
     if rule is None:
         if torch.Tag.pointwise in target.tags or name in _ELEMENTWISE:
             rule = _pointwise
@@ -567,6 +570,88 @@ _RULES: dict[str, Callable] = {
 }
 
 
+# -- rules of eager calls (engine/eager_buckets.py) ----------------------------------------
+# Each sees one op of an eager call whose padded dims are outermost. Masks whose identity is a
+# tuple are not constants: ("arg", k) fills padding with the op's argument k as lowered (a
+# runtime scalar, or an ignore_index), ("wrap", size) adds the actual ``size`` to negative
+# indices (an index into a padded dim counts from its actual end, not the bucket's).
+def _sort(n, args, ins, val, layouts, masks) -> None:
+    lay = ins[0]
+    first = 2 if n.target is aten.sort.stable else 1  # sort.stable's (self, *, stable, dim, descending)
+    dim = _dim(args[first] if len(args) > first else -1, len(lay))
+    descending = bool(args[first + 1]) if len(args) > first + 1 else False
+    if _is_padded(lay, [dim]):
+        if len(lay[dim]) != 1:
+            raise NotBucketable("sort along a merged padded dimension")
+        # padding sorts after every valid value, ties included: the sort is stable (lowering/sort.py)
+        # and padding comes last, so it stays behind a valid NaN (ascending) or -inf (descending)
+        masks[n] = Mask([(0, [dim])], "-inf" if descending else "nan")
+    layouts[n] = [lay, lay]
+
+
+def _index(n, args, ins, val, layouts, masks) -> None:
+    lay = ins[0]
+    indices = args[1]
+    if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
+        raise NotBucketable("index with other than one index tensor")
+    index = indices[0]
+    if index.meta["val"].dtype not in (torch.int64, torch.int32):
+        raise NotBucketable("index by a mask")
+    if _is_padded(lay, range(1, len(lay))) or len(lay[0]) > 1:
+        raise NotBucketable("index of a tensor padded past its first dim")
+    if _is_padded(lay, [0]):
+        masks[n] = Mask([((1, 0), [])], ("wrap", lay[0][0]))
+    layouts[n] = tuple(layouts[index]) + tuple(lay[1:])
+
+
+def _nll_loss(n, args, ins, val, layouts, masks) -> None:
+    backward = n.target.overloadpacket.__name__ == "nll_loss_backward"
+    off = int(backward)  # nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, ...)
+    lay, target, weight = ins[off], ins[off + 1], ins[off + 2]
+    if len(lay) != 2 or _is_padded(lay, [1]) or target != (lay[0],) or (weight is not None and _is_padded(weight)):
+        raise NotBucketable("nll_loss whose target is not padded as its batch")
+    if backward and ins[0] is not None and _is_padded(ins[0]) and ins[0] != target:
+        raise NotBucketable("nll_loss_backward's grad_output padded otherwise")
+    # padded targets are ignore_index: they add nothing to the loss, its weight or the gradient
+    masks[n] = Mask([(off + 1, [0])], ("arg", off + 4))
+    if backward:
+        layouts[n] = lay
+    else:
+        layouts[n] = [(lay[0],) if args[3] == 0 else (), ()]
+
+
+def _softmax_backward(n, args, ins, val, layouts, masks) -> None:
+    grad, out = ins[0], ins[1]
+    if grad != out:
+        raise NotBucketable("softmax backward of differently padded operands")
+    dim = _dim(args[2], len(grad))
+    if _is_padded(grad, [dim]):
+        if len(grad[dim]) != 1:
+            raise NotBucketable("softmax backward along a merged padded dimension")
+        masks[n] = Mask([(0, [dim]), (1, [dim])], 0)  # the sum over dim sees zeros for padding
+    layouts[n] = grad
+
+
+def _index_bounds_flag(n, args, ins, val, layouts, masks) -> None:
+    lay = ins[1]
+    if (ins[0] is not None and _is_padded(ins[0])) or _is_padded(lay, range(1, len(lay))) or len(lay[0]) > 1:
+        raise NotBucketable("index check of an index padded past its first dim")
+    if args[1].meta["val"].dtype != torch.int64:
+        raise NotBucketable("index check of a non-int64 index")
+    # padding passes the check: a divisor 1, an index the low bound (the reported position of
+    # a bad value is unchanged, as padding follows every valid element)
+    nonzero = bool(args[6]) if len(args) > 6 else False
+    masks[n] = Mask([(1, [0])], 1 if nonzero else ("arg", 2))
+    layouts[n] = _plain(val)
+
+
+EAGER_RULES: dict[str, Callable] = {
+    "sort": _sort, "index": _index, "nll_loss_forward": _nll_loss, "nll_loss_backward": _nll_loss,
+    "_log_softmax_backward_data": _softmax_backward, "_softmax_backward_data": _softmax_backward,
+    "index_bounds_flag": _index_bounds_flag,
+}
+
+
 # -- masking while lowering ------------------------------------------------------------
 class MaskHook:
     """Applies a Plan's masks while a graph is lowered for one bucket."""
@@ -583,6 +668,8 @@ class MaskHook:
         if mask is None:
             return args, kwargs, None
         args = list(args)
+        if isinstance(mask.identity, tuple):
+            return self._special(node, args, mask), kwargs, None
         lay_in = None
         for pos, dims in mask.operands:
             x = args[pos]
@@ -601,6 +688,38 @@ class MaskHook:
                 out = self.b.mul(self.b.convert(r, acc), self.b.broadcast_to(scale, r.shape))
                 return self.b.convert(out, r.dtype)
         return args, kwargs, post
+
+    def _special(self, node: torch.fx.Node, args: list, mask: Mask) -> list:
+        """The masks of EAGER_RULES whose identity is not a constant (see there)."""
+        kind, what = mask.identity
+        for pos, dims in mask.operands:
+            if isinstance(pos, tuple):  # an element of a list argument
+                outer, inner = pos
+                items = list(args[outer])
+                items[inner] = self._special_one(items[inner], node.args[outer][inner], kind, what, args)
+                args[outer] = items
+            else:
+                args[pos] = self._special_one(args[pos], node.args[pos], kind, what, args)
+        return args
+
+    def _special_one(self, x: Value, src: torch.fx.Node, kind: str, what: Any, args: list) -> Value:
+        b = self.b
+        if kind == "wrap":
+            size = b.broadcast_to(b.convert(self._actual_expr(what), x.dtype), x.shape)
+            negative = b.compare(x, b.constant(0, x.dtype, x.shape), "LT")
+            return b.select(negative, b.add(x, size), x)
+        fill = args[what]
+        if isinstance(fill, Value):
+            fill = b.broadcast_to(b.convert(b.reshape(fill, ()) if fill.shape else fill, x.dtype), x.shape)
+        else:
+            fill = b.constant(fill, x.dtype, x.shape)
+        lay = self.plan.layouts[src]
+        valid = None
+        for d in range(len(lay)):
+            if _is_padded(lay, [d]):
+                m = b.broadcast_in_dim(self._dim_mask(lay[d]), x.shape, [d])
+                valid = m if valid is None else b.binary("and", valid, m)
+        return x if valid is None else b.select(valid, x, fill)
 
     # sizes
     def _padded_size(self, factors: Factors) -> int:
@@ -664,15 +783,22 @@ class MaskHook:
 
     def _apply(self, x: Value, lay: Layout, dims: list[int], identity: Any) -> Value:
         b = self.b
+        # A transposed operand (``g.t() @ h``, a weight gradient) is masked before its
+        # transpose, which then stays foldable into a product's dimension numbers
+        # (matmul._fold_transpose): behind the select XLA's CPU runtime met a transposed bf16
+        # operand of a dot it cannot run ("Unsupported element type for DotThunk").
+        src = b.transpose_source(x)
+        target, perm = (x, list(range(x.rank))) if src is None else src
         mask = None
         for d in dims:
             if not _is_padded(lay, [d]):
                 continue
-            m = b.broadcast_in_dim(self._dim_mask(lay[d]), x.shape, [d])
+            m = b.broadcast_in_dim(self._dim_mask(lay[d]), target.shape, [perm[d]])
             mask = m if mask is None else b.binary("and", mask, m)
         if mask is None:
             return x
-        return b.select(mask, x, b.constant(_identity_value(identity, x.dtype), x.dtype, x.shape))
+        masked = b.select(mask, target, b.constant(_identity_value(identity, x.dtype), x.dtype, target.shape))
+        return masked if src is None else b.transpose(masked, perm)
 
 
     def compact(self, v: Value, layout: Layout) -> Value:
@@ -709,7 +835,11 @@ def compacted_outputs(plan: Plan) -> set[int]:
 
 def _identity_value(identity: Any, dtype: torch.dtype) -> Any:
     if dtype == torch.bool:
-        return bool(identity) if not isinstance(identity, str) else identity == "inf"
+        return bool(identity) if not isinstance(identity, str) else identity in ("inf", "nan")
+    if identity == "nan":  # what sorts last ascending
+        if dtype.is_floating_point:
+            return math.nan
+        return torch.iinfo(dtype).max
     if isinstance(identity, str):
         sign = -1 if identity.startswith("-") else 1
         if dtype.is_floating_point:

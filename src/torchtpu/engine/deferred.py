@@ -294,6 +294,38 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
     return executor.op_result(plan, values, new_tensors)
 
 
+# op key id -> the masks of a node recorded bucketed (engine/eager_buckets.py), for _emit
+_bucket_hooks: dict[int, Any] = {}
+
+
+def record_bucketed(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, key: _C.OpKey, hook: Any,
+                    shapes: list[tuple[int, ...] | None]) -> list[torch.Tensor | None]:
+    """Record a bucketed call (eager_buckets.try_record): as ``record``, with the bucket specs and
+    key, the actual sizes among ``col``'s inputs, and new tensors of the exact ``shapes`` on
+    bucket-sized Pendings. Returns the new tensors. Always the Python recorder: the native one
+    would give every call the shapes of the key's first (its info is not remembered for the
+    native path either, whose lookups are by exact keys)."""
+    with _lock:
+        info = _op_info.get(key)
+        if info is None:
+            info = _op_info[key] = _OpInfo(len(_op_info), plan, values, specs, skeys, key)
+            _bucket_hooks[info.key_id] = hook
+        layouts = [lay if lay is None or shape is None else (shape, *lay[1:]) for lay, shape in zip(info.layouts, shapes)]
+        g = _graph
+        node_index = len(g.nodes)
+        device = col.device or 0
+        try:
+            inputs, wires, new_tensors = _record_io_python(g, col, layouts, info.written, node_index, device)
+            g.wiring.append((info.key_id, wires))
+            g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
+            g.keys.append(info.key_id)
+        except AssertionError:
+            _raise_if_an_input_failed(col)
+            raise
+        _C._after_record(g, node_index)
+    return new_tensors
+
+
 def _record_io_python(g: _Graph, col: Any, layouts: list | None, written: list, node_index: int,
                       device: int) -> tuple[list[tuple], tuple, list[torch.Tensor | None]]:
     """A recorded node's inputs and wires (adding its arguments to the graph), and its
@@ -579,8 +611,8 @@ def _arg_value(b: Builder, a: tuple) -> Value:
     kind = a[0]
     if kind == "buf":
         return b.arg(a[1].shape, st.NUMPY_TO_TORCH[a[1].dtype])
-    if kind == "host":
-        return b.arg((), st.NUMPY_TO_TORCH[a[1].dtype])
+    if kind == "host":  # a CPU 0-dim tensor, or a bucketed node's actual sizes (a vector)
+        return b.arg(a[1].shape, st.NUMPY_TO_TORCH[a[1].dtype])
     return b.arg((2,), torch.uint64)
 
 
@@ -639,10 +671,12 @@ def _emit(g: _Graph, args: list[tuple], live: list[tuple[int, int]],
             input_values.append(v)
             if col_inp is not None:  # a storage slot
                 storage_vals[col_inp] = executor.storage_value(b, v, skeys[col_inp])
+        hook = _bucket_hooks.get(info.key_id)
         try:
             # the precision the op was recorded under (part of its key), not the one at the flush
             _, out_values = executor.emit_op(b, info.plan, info.specs, info.values, skeys, input_values,
-                                             storage_vals, info.metas, info.func_args, info.key[1])
+                                             storage_vals, info.metas, info.func_args, info.key[1],
+                                             None if hook is None else hook.arg_hook(b, input_values))
         except Exception as e:
             # Fused errors surface at a read, far from their cause: name the op's own line.
             raise type(e)(f"{e}\n  (torchtpu DeferAndFuse: raised by aten::{info.plan.op.__name__} "

@@ -45,6 +45,7 @@ from ..lowering.views import (
 )
 from ..runtime import Buffer, release_donated
 from . import compile_cache, device_trace, index_checks
+from . import eager_buckets as _eager_buckets
 from . import precision as precision_mod
 from .bounded import BoundedCache
 from .opplan import OpPlan, call_op, normalize_args, plan_for
@@ -272,11 +273,19 @@ def _launch_or_record(plan: OpPlan, values: list[Any], args: tuple, kwargs: dict
     # is exact, 2 != 2.0 and 0.0 != -0.0, and hashes and compares fast (csrc/op_key.cpp).
     key = _op_key((plan, precision_mod.current(), col.has_f64, tuple(specs), skeys))
     if config.defer_and_fuse and not config.launch_blocking:
+        if not plan.mutated and _eager_buckets.enabled():
+            result = _eager_buckets.try_record(plan, values, specs, skeys, col, key[1])
+            if result is not _eager_buckets.EXACT:
+                return result
         try:
             return _deferred().record(plan, values, specs, skeys, col, key)
         except _ResizeOutputs as r:
             _resize_outputs(plan, values, r.metas)
             return run(op, args, kwargs)
+    if not plan.mutated and _eager_buckets.enabled():
+        result = _eager_buckets.try_run(plan, values, specs, skeys, col, key[1])
+        if result is not _eager_buckets.EXACT:
+            return result
     entry = _cache.get(key)
     if entry is None:
         try:
@@ -556,10 +565,12 @@ def mutated_specs(plan: OpPlan, specs: list) -> list:
 
 
 def emit_op(b: Builder, plan: OpPlan, specs: list, values: list[Any], skeys: tuple, input_values: list[Any],
-            storage_vals: dict[int, Value], metas: list[Any], func_args: list[Any], precision: str
-            ) -> tuple[list[tuple], list[Value]]:
+            storage_vals: dict[int, Value], metas: list[Any], func_args: list[Any], precision: str,
+            arg_hook: Any = None) -> tuple[list[tuple], list[Value]]:
     """Emit one op into ``b``: view reads, the lowering, and its outputs.
 
+    ``arg_hook(args) -> (args, post)``: rewrites the lowering's arguments (the masks of a
+    bucketed call, engine/eager_buckets.py), ``post`` (or None) its result.
     Returns the output specs (("new", dtype, shape, stride) | ("store", slot) |
     ("none",)) and the flat storage Values of the non-"none" ones.
     """
@@ -595,7 +606,13 @@ def emit_op(b: Builder, plan: OpPlan, specs: list, values: list[Any], skeys: tup
         from ..lowering import decompose
 
         lowering = decompose.lower_by_decomposition
-    result = lowering(ctx, *[lowered[i] for i in plan.func_arg_positions])
+    args = [lowered[i] for i in plan.func_arg_positions]
+    post = None
+    if arg_hook is not None:
+        args, post = arg_hook(args)
+    result = lowering(ctx, *args)
+    if post is not None:
+        result = post(result)
     results = _flatten_tensors(result) if isinstance(result, (list, tuple)) else [result]
     if len(results) != len(metas):
         raise AssertionError(f"lowering of {plan.functional} returned {len(results)} values, expected {len(metas)}")
@@ -847,8 +864,12 @@ def meta_for(plan: OpPlan, values: list[Any], specs: list, key: _C.OpKey) -> tup
     return m
 
 
-def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry) -> list[torch.Tensor | None]:
-    """Launch ``entry`` on the collected inputs; bind outputs to new tensors or written storages."""
+def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry,
+                     shapes: Sequence[tuple[int, ...] | None] | None = None) -> list[torch.Tensor | None]:
+    """Launch ``entry`` on the collected inputs; bind outputs to new tensors or written storages.
+
+    ``shapes``: per output, the shape of its new tensor where not the buffer's (a bucketed
+    call's exact-size result on its bucket-sized buffer, engine/eager_buckets.py)."""
     device = col.device or 0
     client = _device_state.client()
     buffers = []
@@ -874,13 +895,14 @@ def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry) -> list[torch.
     outs = launch(entry.executable, buffers, device, entry.donate)
     new_tensors = []
     bufs = iter(outs)
-    for spec in entry.outputs:
+    for i, spec in enumerate(entry.outputs):
         if spec[0] == "none":
             new_tensors.append(None)
             continue
         buf = next(bufs)
         if spec[0] == "new":
-            new_tensors.append(_new_tensor(spec[2], spec[3], spec[1], device, _BUFFER_ATTR, buf)[0])
+            shape = spec[2] if shapes is None or shapes[i] is None else shapes[i]
+            new_tensors.append(_new_tensor(shape, spec[3], spec[1], device, _BUFFER_ATTR, buf)[0])
         else:
             st.set_storage_buffer(col.storages[spec[1]], buf)
     return new_tensors

@@ -76,6 +76,10 @@ _VARIABLES = (
              "costs memory mappings, of which Linux allows 65,530 by default", minimum=0),
     Variable("TORCH_TPU_DYNAMIC_BUCKETS", "text", "pow2",
              "compiled dynamic shapes: `pow2`, `exact` (no padding) or ascending sizes `64,128,512`"),
+    Variable("TORCH_TPU_EAGER_BUCKETS", "choice", "pow2",
+             "eager modes: a loop over changing lengths runs padded to power-of-two buckets, one program "
+             "(Strict) or fused program (DeferAndFuse) per bucket (docs/eager_shapes.md); `exact`: per size",
+             choices=("pow2", "exact")),
     Variable("TORCH_TPU_TIER2_COMPILATION_CACHE", "text", None,
              "tier-2 (host-shared memory) compile cache: a name under /dev/shm, or `disabled`; "
              "unset: `torchtpu-<uid>`"),

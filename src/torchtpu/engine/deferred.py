@@ -281,9 +281,7 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
                 if io is None:  # an RNG seed among the inputs (or the native path switched off)
                     io = _record_io_python(g, col, layouts, info.written, node_index, device)
                 inputs, wires, new_tensors = io
-                g.wiring.append((info.key_id, wires))
-                g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
-                g.keys.append(info.key_id)
+                _add_node(g, info, inputs, wires, device)
         except AssertionError:
             # the recorders refuse a Pending of an older graph; one whose graph failed is the
             # user's to hear about (the failure's text), not an internal error
@@ -292,6 +290,13 @@ def record(plan: Any, values: list[Any], specs: list, skeys: tuple, col: Any, ke
         # the repeated-ops heuristic and chunk cuts (csrc/defer.cpp)
         _C._after_record(g, node_index)
     return executor.op_result(plan, values, new_tensors)
+
+
+def _add_node(g: _Graph, info: _OpInfo, inputs: list[tuple], wires: tuple, device: int) -> None:
+    """Append a node recorded in Python (its inputs and wires already in ``g``)."""
+    g.wiring.append((info.key_id, wires))
+    g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
+    g.keys.append(info.key_id)
 
 
 # op key id -> the masks of a node recorded bucketed (engine/eager_buckets.py), for _emit
@@ -316,9 +321,7 @@ def record_bucketed(plan: Any, values: list[Any], specs: list, skeys: tuple, col
         device = col.device or 0
         try:
             inputs, wires, new_tensors = _record_io_python(g, col, layouts, info.written, node_index, device)
-            g.wiring.append((info.key_id, wires))
-            g.nodes.append(_Node(info, inputs, device, "" if info.emitted else _user_line()))
-            g.keys.append(info.key_id)
+            _add_node(g, info, inputs, wires, device)
         except AssertionError:
             _raise_if_an_input_failed(col)
             raise

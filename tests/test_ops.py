@@ -455,6 +455,26 @@ def test_arg_reductions_and_scans():
     both(lambda t: t.sum(0, dtype=torch.float64), x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_cummax_and_cummin_over_long_dims(dtype):
+    """Regression: a dim of 17 or more made XLA:CPU refuse cummax/cummin's program (its variadic
+    reduce_window over value and index: "The shape doesn't match when replacing reduce-window").
+    Values and CPU's indices (ties and NaNs take the later position), NaN and -inf included."""
+    g = torch.Generator().manual_seed(0)
+    for shape, dim in (((17,), 0), ((100, 3), 0), ((2, 33, 2), 1)):
+        if dtype == torch.bool:
+            x = torch.rand(shape, generator=g) < 0.5
+        else:
+            x = torch.randint(-3, 3, shape, generator=g).to(dtype)
+        if dtype.is_floating_point:
+            x[torch.rand(shape, generator=g) < 0.1] = float("nan")
+            x[torch.rand(shape, generator=g) < 0.05] = float("-inf")
+        for fn in (torch.cummax, torch.cummin):
+            want, got = fn(x, dim), fn(x.to("tpu"), dim)
+            torch.testing.assert_close(got.values.cpu(), want.values, equal_nan=True, rtol=0, atol=0)
+            assert torch.equal(got.indices.cpu(), want.indices), (shape, fn)
+
+
 def test_softmax_family():
     x = torch.randn(3, 10)
     both(lambda t: F.softmax(t, -1), x)

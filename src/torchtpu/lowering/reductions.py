@@ -378,47 +378,47 @@ def _vector_norm(ctx: LoweringContext, x: Value, ord: Any = 2, dim: Any = None, 
 
 @register(aten.cummax.default, aten.cummin.default)
 def _cummax(ctx: LoweringContext, x: Value, dim: int) -> tuple[Value, Value]:
-    """Running max/min with CPU's index rule: ties and NaNs take the later position."""
+    """Running max/min with CPU's index rule: ties and NaNs take the later position.
+
+    Three single-output running maxima, not one reduce_window over (value, index) pairs: XLA:CPU
+    failed to compile that variadic form once the dim reached 17 ("The shape doesn't match when
+    replacing reduce-window"). The index is the latest position where the value equals the running
+    extremum (a new extremum or a tie: every such position is one), or the latest NaN once one came.
+    """
     b = ctx.b
     if x.rank == 0:
         return x, b.constant(0, torch.int64)
     d = dim % x.rank
-    n = x.shape[d]
     if x.numel == 0:
         return x, b.constant(0, torch.int64, x.shape)
     is_max = ctx.op is aten.cummax.default
-    floating = x.dtype.is_floating_point
-    idx = b.iota(x.shape, d, torch.int64)
-
-    def body(bb: Builder, av: Value, ai: Value, ev: Value, ei: Value) -> list[Value]:
-        # Order: NaN above everything, then by value, then by index (later wins).
-        later = bb.compare(ei, ai, "GT")
-        better = bb.compare(ev, av, "GT" if is_max else "LT")
-        same = bb.compare(ev, av, "EQ")
-        if floating:
-            e_nan, a_nan = bb.compare(ev, ev, "NE"), bb.compare(av, av, "NE")
-            both_nan = bb.binary("and", e_nan, a_nan)
-            better = bb.binary("or", bb.binary("and", e_nan, bb.unary("not", a_nan)),
-                               bb.binary("and", better, bb.unary("not", a_nan)))
-            same = bb.binary("or", bb.binary("and", same, bb.unary("not", a_nan)), both_nan)
-        take = bb.binary("or", better, bb.binary("and", same, later))
-        return [bb.select(take, ev, av), bb.select(take, ei, ai)]
-
-    init_v = b.constant(_init_max(x.dtype, is_max), x.dtype)
-    init_i = b.constant(-1, torch.int64)
+    n = x.shape[d]
     window = [1] * x.rank
     window[d] = n
+    ones = [1] * x.rank
     pads = [(0, 0)] * x.rank
     pads[d] = (n - 1, 0)
-    region = b.region([((), x.dtype), ((), torch.int64), ((), x.dtype), ((), torch.int64)], body)
-    pad_attr = ", ".join(f"[{lo}, {hi}]" for lo, hi in pads)
-    ones = ", ".join(["1"] * x.rank)
-    attrs = (f"window_dimensions = array<i64: {', '.join(map(str, window))}>, window_strides = array<i64: {ones}>, "
-             f"base_dilations = array<i64: {ones}>, window_dilations = array<i64: {ones}>, "
-             f"padding = dense<[{pad_attr}]> : tensor<{x.rank}x2xi64>")
-    vals, inds = b.op("stablehlo.reduce_window", [x, idx, init_v, init_i],
-                      [(x.shape, x.dtype), (x.shape, torch.int64)], attrs=attrs, region=region)
-    return vals, inds
+
+    def running(v: Value, op: str) -> Value:
+        init = b.constant(_init_max(v.dtype, op == "stablehlo.maximum"), v.dtype)
+        return b.reduce_window(v, init, op, window, ones, pads)
+
+    idx = b.iota(x.shape, d, torch.int64)
+    none = b.constant(-1, torch.int64, x.shape)
+    extreme = "stablehlo.maximum" if is_max else "stablehlo.minimum"
+    if not x.dtype.is_floating_point:
+        vals = running(x, extreme)
+        return vals, running(b.select(b.compare(x, vals, "EQ"), idx, none), "stablehlo.maximum")
+    nan = b.compare(x, x, "NE")
+    # NaN set aside (XLA:CPU's max may drop it): the running extremum of the numbers, and the latest NaN
+    numbers = b.select(nan, b.constant(_init_max(x.dtype, is_max), x.dtype, x.shape), x)
+    vals = running(numbers, extreme)
+    record = b.binary("and", b.compare(x, vals, "EQ"), b.unary("not", nan))
+    at = running(b.select(record, idx, none), "stablehlo.maximum")
+    last_nan = running(b.select(nan, idx, none), "stablehlo.maximum")
+    seen_nan = b.compare(last_nan, b.constant(0, torch.int64, x.shape), "GE")
+    vals = b.select(seen_nan, b.constant(math.nan, x.dtype, x.shape), vals)
+    return vals, b.select(seen_nan, last_nan, at)
 
 
 @register(aten.logcumsumexp.default, aten._logcumsumexp.default)

@@ -28,6 +28,8 @@ def test_verify_list_names_existing_samples_functions_and_tests():
     for line in _verify_lines():
         if line.startswith("fn "):
             assert callable(getattr(torch, line[3:], None)), line
+        elif line.startswith("probe "):
+            assert os.path.isfile(os.path.join(SUITE, line[6:])), line
         elif line.startswith("test "):
             args = shlex.split(line[5:])
             paths = [a for a in args if a.startswith("tests/")]

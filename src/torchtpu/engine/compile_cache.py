@@ -686,8 +686,8 @@ def compile(
         _add("tier1_hits")
         return fut.result()
     _add("tier1_misses")
-    client.note_program(code)
     try:
+        client.note_program(code)  # may refuse the program: inside, so its waiters hear it too
         exe = _resolve(text, text_digest, client, options)
     except BaseException as e:
         with _tier1_lock:

@@ -245,8 +245,6 @@ class Client:
         ``options`` overrides with raw CompileOptionsProto bytes (never empty).
         """
         code = mlir.encode() if isinstance(mlir, str) else bytes(mlir)
-        if not self.supports_complex128 and b"complex<f64>" in code:
-            raise UnsupportedDtypeError(COMPLEX128_ON_TPU)
         self.note_program(code)
         if options is None:
             # StreamExecutor-style ordinal = the device's local hardware id.
@@ -276,8 +274,11 @@ class Client:
         return Executable(self, r.executable)
 
     def note_program(self, code: bytes) -> None:
-        """Say once, on a plugin that emulates float64, that a program takes or makes float64 data
-        (called for every new program, cached or compiled)."""
+        """Refuse a complex128 program where the plugin cannot compile it, and say once, on a
+        plugin that emulates float64, that a program takes or makes float64 data (called for
+        every new program, cached or compiled: a cached one is refused as a compiled one)."""
+        if not self.supports_complex128 and b"complex<f64>" in code:
+            raise UnsupportedDtypeError(COMPLEX128_ON_TPU)
         if self.emulates_float64 and _signature_has_float64(code):
             _warn_float64_emulated()
 

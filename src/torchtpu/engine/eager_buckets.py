@@ -25,10 +25,10 @@ so that its fused region is keyed by bucketed op keys.
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import os
 import types
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -147,10 +147,7 @@ def _dynamic_dim(spec: tuple, sk: tuple) -> tuple[int, int, int] | None:
     outer = dims[-1]
     size = shape[outer]
     padded = bucket(size)
-    numel = 1
-    for x in sk[1]:
-        numel *= x
-    if padded * stride[outer] > numel:
+    if padded * stride[outer] > math.prod(sk[1]):
         return None
     return outer, size, padded
 
@@ -240,7 +237,7 @@ def _bucketed_call(plan: Any, specs: list, skeys: tuple, col: Any, precision: st
             bspecs[i] = ("L", tuple(_expanded_spec(x, (i, j), sizes, dynamic) if x[0] == "T" else x
                                     for j, x in enumerate(bspecs[i][1])))
     # a padded read needs the storage's whole buffer: its numel in the key is the buffer's
-    bskeys = tuple((sk[0], sk[1], sk[2], _numel(sk[1])) if k in read_whole else sk for k, sk in enumerate(skeys))
+    bskeys = tuple((sk[0], sk[1], sk[2], math.prod(sk[1])) if k in read_whole else sk for k, sk in enumerate(skeys))
     pattern = tuple(sorted(dynamic.items()))
     key = _C._op_key((plan, precision, col.has_f64, tuple(bspecs), bskeys, ("bucketed", pattern)))
     if key in _exact_keys:
@@ -256,13 +253,6 @@ def _refuse(key: Any) -> None:
 
 def _exact_shapes(shape_dims: list[tuple[int, ...] | None], sizes: list[int]) -> list[tuple[int, ...] | None]:
     return [None if dims is None else tuple(sizes[-d - 1] if d < 0 else d for d in dims) for dims in shape_dims]
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for x in shape:
-        n *= x
-    return n
 
 
 def _bucket_spec(s: tuple, path: tuple, skeys: tuple, col: Any, sizes: list[int], dynamic: dict,
@@ -324,16 +314,9 @@ def _compile(plan: Any, values: list[Any], bspecs: list, bskeys: tuple, col: Any
         raise bucketing.NotBucketable(f"meta at bucket sizes: {e}") from None
     b = Builder()
     input_values, storage_vals = executor.program_inputs(b, col, bskeys)
-    buckets = {sym: _spec_at(bspecs, path)[3][dim] for path, (dim, k) in dynamic.items()
-               for sym in [graph_plan.symbols[k]]}
-    hook = bucketing.MaskHook(graph_plan, b, input_values[slot], buckets)
-
-    def arg_hook(args: list) -> tuple[list, Any]:
-        args, _, post = hook(node, args, {})
-        return args, post
-
+    masks = _mask_hook(graph_plan, node, _buckets(graph_plan, bspecs, dynamic), b, input_values[slot])
     outputs, out_values = executor.emit_op(b, plan, bspecs, values, bskeys, input_values, storage_vals, metas,
-                                           func_args, precision, arg_hook)
+                                           func_args, precision, masks)
     shape_dims = _output_dims(graph_plan, outputs)
     text = b.module(out_values)
     exe = compile_cache.compile_program(
@@ -361,12 +344,23 @@ class RecordedHook:
 
     def arg_hook(self, b: Builder, input_values: list[Any]) -> Any:
         """emit_op's ``arg_hook`` for this node, in the fused program ``b``."""
-        hook = bucketing.MaskHook(self.graph_plan, b, input_values[self.slot], self.buckets)
+        return _mask_hook(self.graph_plan, self.node, self.buckets, b, input_values[self.slot])
 
-        def arg_hook(args: list) -> tuple[list, Any]:
-            args, _, post = hook(self.node, args, {})
-            return args, post
-        return arg_hook
+
+def _buckets(graph_plan: bucketing.Plan, bspecs: list, dynamic: dict) -> dict:
+    """Each size symbol of the one-op graph -> its bucket (the padded dim's size in the call's specs)."""
+    return {graph_plan.symbols[k]: _spec_at(bspecs, path)[3][dim] for path, (dim, k) in dynamic.items()}
+
+
+def _mask_hook(graph_plan: bucketing.Plan, node: torch.fx.Node, buckets: dict, b: Builder, sizes: Any) -> Any:
+    """emit_op's ``arg_hook`` for a bucketed call: the analysis's masks, with the actual ``sizes``
+    (the program's input Value), as MaskHook applies them to a compiled graph's node."""
+    hook = bucketing.MaskHook(graph_plan, b, sizes, buckets)
+
+    def arg_hook(args: list) -> tuple[list, Any]:
+        args, _, post = hook(node, args, {})
+        return args, post
+    return arg_hook
 
 
 # bucketed key -> its RecordedHook (DeferAndFuse; bounded like the refusals)
@@ -388,10 +382,10 @@ def _plan_record(plan: Any, values: list[Any], bspecs: list, dynamic: dict, size
         stride = m.stride() if executor.is_dense_permutation(m.shape, m.stride()) else \
             executor.contiguous_strides(m.shape)
         outputs.append(("new", m.dtype, tuple(m.shape), tuple(stride)))
-    buckets = {graph_plan.symbols[k]: _spec_at(bspecs, path)[3][dim] for path, (dim, k) in dynamic.items()}
     if len(_recorded) >= _MAX_SITES:
         _recorded.clear()
-    return RecordedHook(graph_plan, node, buckets, slot, _output_dims(graph_plan, outputs))
+    return RecordedHook(graph_plan, node, _buckets(graph_plan, bspecs, dynamic), slot,
+                        _output_dims(graph_plan, outputs))
 
 
 def _spec_at(specs: list, path: tuple) -> tuple:

@@ -2,8 +2,11 @@
 and their backward.
 
 Source coordinates follow ATen's ``grid_sampler_compute_source_index`` (unnormalize,
-then clip or reflect); taps are gathered per batch item, and the backward scatters
-the weighted output gradient back onto the taps.
+then clip or reflect). The input is read as rows, one per (batch item, spatial point) holding
+that point's channels: a tap gathers whole rows, and the backward scatters the weighted output
+gradient back onto them, row by row. (Gathering one element at a time, with an int64
+(n, c, point) coordinate per element, did not finish within 240 s on a TPU v5e for OpInfo's
+(20, 21, 22, 23, 24) grid_sampler_3d sample; row indices are int32 where they fit.)
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import math
 import torch
 
 from .builder import Builder, Value
-from .indexing import _scatter_elements, take_per_batch
+from .indexing import scatter_add_rows, take_rows
 from .registry import LoweringContext, register
 
 aten = torch.ops.aten
@@ -106,24 +109,43 @@ def _taps(b: Builder, index: list[Value], mode: int) -> list[tuple[list[Value], 
     return taps
 
 
+def _row_type(n: int, points: int) -> torch.dtype:
+    return torch.int32 if n * points < 2**31 else torch.int64
+
+
 def _flat_index(b: Builder, at: list[Value], spatial: tuple[int, ...]) -> tuple[Value, Value]:
-    """(row-major index into the spatial dims, clamped for gathering; in-bounds mask)."""
-    flat = inb = None
+    """(row of the input's rows (``_rows``) each tap reads, clamped into its batch item's rows;
+    in-bounds mask), both of the grid's shape (N, *out)."""
+    n, points = at[0].shape[0], math.prod(spatial)
+    itype = _row_type(n, points)
+    flat = b.mul(b.iota(at[0].shape, 0, itype), b.constant(points, itype, at[0].shape))  # the batch item's rows
+    inb = None
     stride = 1
     for k, t in enumerate(at):
         size = spatial[-1 - k]
         ok = b.binary("and", b.compare(t, _c(b, 0.0, t), "GE"), b.compare(t, _c(b, size - 1.0, t), "LE"))
         inb = ok if inb is None else b.binary("and", inb, ok)
-        i = b.convert(b.minimum(b.maximum(t, _c(b, 0.0, t)), _c(b, size - 1.0, t)), torch.int64)
-        term = b.mul(i, b.constant(stride, torch.int64, i.shape)) if stride != 1 else i
-        flat = term if flat is None else b.add(flat, term)
+        i = b.convert(b.minimum(b.maximum(t, _c(b, 0.0, t)), _c(b, size - 1.0, t)), itype)
+        flat = b.add(flat, b.mul(i, b.constant(stride, itype, i.shape)) if stride != 1 else i)
         stride *= size
     return flat, inb
 
 
+def _rows(b: Builder, v: Value, acc: torch.dtype) -> Value:
+    """v (N, C, *spatial) as rows (N * points, C), in ``acc``: row n * points + p holds v[n, :, p]."""
+    n, c, *spatial = v.shape
+    points = math.prod(spatial)
+    return b.reshape(b.transpose(b.reshape(b.convert(v, acc), (n, c, points)), [0, 2, 1]), (n * points, c))
+
+
+def _channels_first(b: Builder, v: Value) -> Value:
+    """(N, *out, C) -> (N, C, *out)."""
+    return b.transpose(v, [0, v.rank - 1, *range(1, v.rank - 1)])
+
+
 def _over_channels(b: Builder, v: Value, shape: tuple[int, ...]) -> Value:
-    """A (N, *out) value broadcast over the channels of (N, C, *out)."""
-    return b.broadcast_in_dim(v, shape, [0, *range(2, len(shape))])
+    """A (N, *out) value broadcast over the channels of (N, *out, C)."""
+    return b.broadcast_in_dim(v, shape, list(range(len(shape) - 1)))
 
 
 def _grid_sampler(ctx: LoweringContext, x: Value, grid: Value, mode: int, padding: int, align: bool) -> Value:
@@ -131,16 +153,16 @@ def _grid_sampler(ctx: LoweringContext, x: Value, grid: Value, mode: int, paddin
         raise NotImplementedError("torchtpu: grid_sampler with bicubic interpolation is not implemented")
     b = ctx.b
     acc, index, _ = _prep(ctx, x, grid, padding, align)
-    n, c, *spatial = x.shape
-    planes = b.reshape(b.convert(x, acc), (n, c, math.prod(spatial)))
+    spatial = tuple(x.shape[2:])
+    rows = _rows(b, x, acc)
     out = None
     for at, wt, _ in _taps(b, index, mode):
-        flat, inb = _flat_index(b, at, tuple(spatial))
-        vals = take_per_batch(b, planes, flat)
+        flat, inb = _flat_index(b, at, spatial)
+        vals = take_rows(b, rows, flat, 0, in_range=True)  # (N, *out, C)
         wt = b.select(inb, wt, _c(b, 0.0, wt))
         term = b.mul(vals, _over_channels(b, wt, vals.shape))
         out = term if out is None else b.add(out, term)
-    return b.convert(out, ctx.out_dtype())
+    return b.convert(_channels_first(b, out), ctx.out_dtype())
 
 
 def _grid_sampler_backward(ctx: LoweringContext, grad: Value, x: Value, grid: Value, mode: int, padding: int,
@@ -151,33 +173,32 @@ def _grid_sampler_backward(ctx: LoweringContext, grad: Value, x: Value, grid: Va
     acc, index, d_index = _prep(ctx, x, grid, padding, align)
     n, c, *spatial = x.shape
     out_shape = tuple(grid.shape[:-1])
-    points = math.prod(out_shape[1:])
-    size = math.prod(spatial)
-    g = b.convert(grad, acc)
-    planes = b.reshape(b.convert(x, acc), (n, c, size))
+    g = b.transpose(b.convert(grad, acc), [0, *range(2, grad.rank), 1])  # (N, *out, C), as the rows
     taps = _taps(b, index, mode)
     gin = None
     if output_mask[0]:
-        base = b.constant(0.0, acc, (n, c, size))
-        gflat = b.reshape(g, (n, c, points))
+        base = b.constant(0.0, acc, (n * math.prod(spatial), c))
         for at, wt, _ in taps:
             flat, inb = _flat_index(b, at, tuple(spatial))
-            tgt = b.select(inb, flat, b.constant(size, torch.int64, flat.shape))  # out of bounds: dropped
-            tgt = b.broadcast_in_dim(b.reshape(tgt, (n, points)), (n, c, points), [0, 2])
-            upd = b.mul(gflat, b.broadcast_in_dim(b.reshape(wt, (n, points)), (n, c, points), [0, 2]))
-            base = _scatter_elements(ctx, base, 2, tgt, upd, "add")
-        gin = b.convert(b.reshape(base, x.shape), ctx.out_dtype(0))
+            # an out-of-bounds tap adds an exact zero to its clamped row (0 * inf would be NaN)
+            upd = b.mul(g, _over_channels(b, wt, g.shape))
+            upd = b.select(_over_channels(b, inb, g.shape), upd, _c(b, 0.0, upd))
+            base = scatter_add_rows(b, base, b.reshape(flat, (flat.numel,)), b.reshape(upd, (flat.numel, c)), 0,
+                                    in_range=True)
+        gin = b.reshape(b.transpose(b.reshape(base, (n, math.prod(spatial), c)), [0, 2, 1]), x.shape)
+        gin = b.convert(gin, ctx.out_dtype(0))
     ggrid = None
     if output_mask[1]:
         if mode == _NEAREST:
             ggrid = b.constant(0, ctx.out_dtype(1), ctx.out_shape(1))
         else:
+            rows = _rows(b, x, acc)
             lows = [b.unary("floor", i) for i in index]
             sums: list[Value | None] = [None] * len(index)
             for at, _, upper in taps:
                 flat, inb = _flat_index(b, at, tuple(spatial))
-                vals = b.mul(take_per_batch(b, planes, flat), g)
-                s = b.reduce(vals, [1], b.constant(0.0, acc), "stablehlo.add")  # (N, *out)
+                vals = b.mul(take_rows(b, rows, flat, 0, in_range=True), g)
+                s = b.reduce(vals, [vals.rank - 1], b.constant(0.0, acc), "stablehlo.add")  # (N, *out)
                 s = b.select(inb, s, _c(b, 0.0, s))
                 for k in range(len(index)):
                     # d weight / d index k: the other coordinates' factors, signed by the side

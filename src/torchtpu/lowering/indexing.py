@@ -24,9 +24,12 @@ def _wrap(b: Builder, idx: Value, size: int) -> Value:
     return b.select(b.compare(idx, zero, "LT"), b.add(idx, b.constant(size, torch.int64, idx.shape)), idx)
 
 
-def take_rows(b: Builder, x: Value, idx: Value, dim: int) -> Value:
-    """x.index_select(dim, idx) for an n-d idx: result shape x.shape[:dim] + idx.shape + x.shape[dim+1:]."""
-    idx = _wrap(b, idx, x.shape[dim])
+def take_rows(b: Builder, x: Value, idx: Value, dim: int, in_range: bool = False) -> Value:
+    """x.index_select(dim, idx) for an n-d idx: result shape x.shape[:dim] + idx.shape + x.shape[dim+1:].
+    ``in_range``: idx is known to lie in [0, size), so it is used as it is, in its own integer type
+    (no int64 wrap of negative indices: 64-bit integers are emulated on a TPU)."""
+    if not in_range:
+        idx = _wrap(b, idx, x.shape[dim])
     rank = idx.rank
     offset_dims = list(range(dim)) + list(range(dim + rank, x.rank - 1 + rank))
     slice_sizes = list(x.shape)
@@ -71,9 +74,10 @@ def _embedding(ctx: LoweringContext, weight: Value, indices: Value, padding_idx:
     return take_rows(ctx.b, weight, indices, 0)
 
 
-def scatter_add_rows(b: Builder, base: Value, idx: Value, updates: Value, dim: int) -> Value:
-    """base.index_add(dim, idx, updates) for 1-d idx."""
-    idx = _wrap(b, idx, base.shape[dim])
+def scatter_add_rows(b: Builder, base: Value, idx: Value, updates: Value, dim: int, in_range: bool = False) -> Value:
+    """base.index_add(dim, idx, updates) for 1-d idx (``in_range`` as for take_rows)."""
+    if not in_range:
+        idx = _wrap(b, idx, base.shape[dim])
     update_window_dims = [i for i in range(base.rank) if i != dim]
     region = b.region([((), base.dtype), ((), base.dtype)], lambda bb, a, c: bb.add(a, c))
     attrs = ("scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = ["

@@ -854,3 +854,91 @@ def test_a_flush_survives_the_garbage_collector_freeing_pending_storages():
         print("ok")
     """, env={"TORCH_TPU_DEFER_AND_FUSE": "1", "PYTHONMALLOC": "debug"})
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+def _compiles_held_until(monkeypatch, release):
+    """deferred._compile_fused on a pool of 4 threads, each compile waiting (at most 20 s) for
+    ``release`` to be set: the cut graphs stay in flight meanwhile. Returns the compiles' start order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    started = []
+    compile_fused = deferred._compile_fused
+
+    def held(*args):
+        started.append(len(started))
+        release.wait(20)
+        return compile_fused(*args)
+
+    pool = ThreadPoolExecutor(4, thread_name_prefix="torchtpu-compile-test")
+    monkeypatch.setattr(deferred, "_compiler", pool)
+    monkeypatch.setattr(deferred, "_compile_fused", held)
+    return started
+
+
+def test_cut_graphs_compile_side_by_side_and_keep_their_programs(monkeypatch):
+    """A cut does not wait for an earlier cut's compile: the next graph records the earlier one's
+    results as 'later' arguments and its program compiles at once, beside the first. Each program
+    is the one it would be had the earlier graph launched first: the next pass compiles nothing."""
+    import threading
+
+    monkeypatch.setattr(deferred, "CHUNK_NODES", 6)
+    monkeypatch.setattr(deferred, "MIN_PERIOD", 10_000)  # only chunking cuts here
+    deferred.cache_clear()
+    torch.tpu.clear_compile_cache(1)
+    w = torch.randn(8, 8) * 0.3
+    x = torch.randn(4, 8)
+
+    def step(t, wt, acc):
+        for _ in range(6):
+            t = torch.tanh(t @ wt).add(1).mul(0.5)
+            acc.add_(t)  # an in-place update of a storage that the cut graphs also write
+        return t
+
+    acc_ref = torch.zeros(4, 8)
+    ref = step(x, w, acc_ref)
+    release = threading.Event()
+    started = _compiles_held_until(monkeypatch, release)
+    with torch.tpu.defer_and_fuse(), torch.tpu.precision("highest"):
+        wt, xt, acc = w.to("tpu"), x.to("tpu"), torch.zeros(4, 8, device="tpu")
+        out = step(xt, wt, acc)
+        in_flight = len(deferred._in_flight)
+        side_by_side = len(started)
+        release.set()
+        got, got_acc = out.cpu(), acc.cpu()
+        before = deferred.stats["compiles"] + deferred.stats["background_compiles"]
+        acc2 = torch.zeros(4, 8, device="tpu")
+        again = step(xt, wt, acc2).cpu()
+        compiled_again = deferred.stats["compiles"] + deferred.stats["background_compiles"] - before
+    assert in_flight >= 3 and side_by_side >= 3, (in_flight, side_by_side)  # all held, none waited for
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(got_acc, acc_ref)
+    torch.testing.assert_close(again, ref)
+    assert compiled_again == 0, compiled_again
+
+
+def test_native_dead_arguments_match_python_for_later_arguments(monkeypatch):
+    """Results of a cut graph still compiling are 'later' arguments: dead (donatable) when their
+    tensor was freed or updated in place, as a buffer argument would be; natively and in Python."""
+    import threading
+
+    release = threading.Event()
+    _compiles_held_until(monkeypatch, release)
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        torch.tpu.synchronize()
+        a = torch.full((4,), 1.0, device="tpu")
+        p, q, r = a * 1, a * 2, a * 3
+        deferred.flush(cut=True)  # p, q, r: results of a graph in flight
+        assert deferred._in_flight
+        s = p * q + r
+        p.add_(s)  # p's storage holds this graph's result: dead, paired with it
+        t = q * 2
+        del q  # freed: dead
+        g = deferred._graph
+        assert [a_[0] for a_ in g.args].count("later") == 3
+        live = deferred._C._live_outputs(g, g.touched)[0]
+        native = deferred._C._dead_arguments(g, g.args, live)
+        python = deferred._dead_arguments_python(g, g.args, live)
+        assert native == python and len(native) == 2, (native, python)
+        release.set()
+        assert p.cpu().tolist() == [6.0] * 4 and s.cpu().tolist() == [5.0] * 4 and t.cpu().tolist() == [4.0] * 4
+        assert r.cpu().tolist() == [3.0] * 4

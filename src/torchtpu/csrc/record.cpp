@@ -287,7 +287,8 @@ py::tuple dead_arguments(py::handle g, py::handle args, py::handle live) {
   const Py_ssize_t n = PyList_GET_SIZE(args.ptr());
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* a = PyList_GET_ITEM(args.ptr(), i);
-    if (!is_kind(PyTuple_GET_ITEM(a, 0), k_buf)) continue;
+    const bool later = is_kind(PyTuple_GET_ITEM(a, 0), k_later);  // a cut graph's result (a Pending)
+    if (!later && !is_kind(PyTuple_GET_ITEM(a, 0), k_buf)) continue;
     PyObject* s = PyWeakref_GetObject(PyTuple_GET_ITEM(a, 2));  // borrowed
     if (s == nullptr) throw py::error_already_set();
     const py::object s_ref = py::reinterpret_borrow<py::object>(s);  // alive while looked at (see live_outputs)
@@ -297,6 +298,8 @@ py::tuple dead_arguments(py::handle g, py::handle args, py::handle live) {
       if (_PyObject_LookupAttr(s, g_attr, &raw) < 0) throw py::error_already_set();
       v = py::reinterpret_steal<py::object>(raw);
       if (v.ptr() == PyTuple_GET_ITEM(a, 1)) continue;  // still this graph's argument
+      // a later argument's Pending whose graph has launched since: the storage holds its buffer
+      if (later && v && v.ptr() == get_slot(PyTuple_GET_ITEM(a, 1), g_slots.resolved)) continue;
     }
     long j = -1;
     if (v && Py_TYPE(v.ptr()) == reinterpret_cast<PyTypeObject*>(g_pending_type) &&

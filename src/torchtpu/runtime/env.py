@@ -64,6 +64,9 @@ _VARIABLES = (
     Variable("TORCH_TPU_DEFER_CHUNK_NODES", "int", 40,
              "DeferAndFuse: launch a program every N recorded ops (0: only at reads, syncs and repeats)",
              minimum=0),
+    Variable("TORCH_TPU_COMPILE_THREADS", "int", None,
+             "DeferAndFuse: threads compiling the programs of cut graphs side by side; unset: the host's "
+             "cores, at most 8", minimum=1),
     Variable("TORCH_TPU_FUSE_OPTIMIZER_STEPS", "flag", True,
              "Strict mode: record a torch.optim step over tpu parameters and run it as one program"),
     Variable("TORCH_TPU_FUSE_COMPILED_STEPS", "choice", "backward",

@@ -942,3 +942,33 @@ def test_native_dead_arguments_match_python_for_later_arguments(monkeypatch):
         release.set()
         assert p.cpu().tolist() == [6.0] * 4 and s.cpu().tolist() == [5.0] * 4 and t.cpu().tolist() == [4.0] * 4
         assert r.cpu().tolist() == [3.0] * 4
+
+
+def test_a_cut_graph_that_fails_to_compile_fails_only_what_needs_it(monkeypatch):
+    # regression: a cut graph's failed compile stayed first in line, and every later read and
+    # even leaving DeferAndFuse raised it again; now the next read raises it once, the values
+    # that needed that graph say why they were never computed, and everything else runs
+    monkeypatch.setattr(deferred, "CHUNK_NODES", 4)
+    monkeypatch.setattr(deferred, "MIN_PERIOD", 10_000)
+    compile_fused, calls = deferred._compile_fused, []
+
+    def second_fails(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected compile failure")
+        return compile_fused(*args)
+
+    monkeypatch.setattr(deferred, "_compile_fused", second_fails)
+    deferred.cache_clear()
+    with torch.tpu.defer_and_fuse():
+        x = torch.ones(4, device="tpu")
+        for _ in range(20):
+            x = x + 1.5  # several chunks: the second one's compile fails
+        with pytest.raises(RuntimeError, match="injected compile failure"):
+            x.cpu()
+        assert (torch.ones(3, device="tpu") * 2).cpu().tolist() == [2.0] * 3
+        with pytest.raises(RuntimeError, match=r"never computed.*\(RuntimeError: injected compile failure\)$"):
+            x.cpu()
+        with pytest.raises(RuntimeError, match="never computed"):
+            x + 1  # an op on it says so too
+    assert (torch.arange(3.0, device="tpu") + 1).cpu().tolist() == [1.0, 2.0, 3.0]

@@ -418,7 +418,16 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
     const long node_index = static_cast<long>(PyList_GET_SIZE(nodes.ptr()));
     py::object layouts =
         fp.mutated ? py::none() : py::reinterpret_borrow<py::object>(get_slot(info, g_op_info_slots.layouts));
-    new_tensors = record_node(g, info_ref, col, layouts, node_index, device);
+    try {
+      new_tensors = record_node(g, info_ref, col, layouts, node_index, device);
+    } catch (py::error_already_set& e) {
+      // the recorder refuses a Pending of an older graph; one whose graph failed is the user's to
+      // hear about (the failure's text), not an internal error (as deferred.record does)
+      if (e.matches(PyExc_AssertionError)) {
+        py::reinterpret_borrow<py::object>(g_deferred).attr("_raise_if_an_input_failed")(col);
+      }
+      throw;
+    }
     if (new_tensors.is_none()) return fallback;  // an RNG seed input: nothing was recorded
     after_record(g, node_index);
   }

@@ -185,6 +185,7 @@ _graph = _Graph()
 # step recording ends there (step_recording._ended).
 on_materialize: Any = None
 _in_flight: deque[_InFlight] = deque()
+_unreported: list[Exception] = []  # a cut graph's failure, raised at the next read (see _launch_in_flight)
 _compiler: ThreadPoolExecutor | None = None
 _stats_lock = threading.Lock()
 _cache: dict[_C.OpKey, _Fused] = BoundedCache()  # graph key -> its fused program (bounded: engine/bounded.py)
@@ -402,15 +403,47 @@ def has_pending() -> bool:
 
 def _launch_in_flight(wait: bool = True) -> None:
     """Launch the cut graphs, oldest first, as their programs become ready: all of them
-    (``wait``), or those whose programs are ready, up to the first still compiling."""
+    (``wait``), or those whose programs are ready, up to the first still compiling.
+
+    A graph whose program failed to compile or launch, or that reads a result of one that did,
+    never runs: its values say why when read (failure_of), and the next read or
+    synchronization raises the error (``_unreported``); the graphs after it still run."""
     while _in_flight:
         f = _in_flight[0]
         if not wait and not f.future.done():
             return
-        fused = f.future.result()  # a compile error surfaces here, at the next flush
         _in_flight.popleft()
-        _cache[f.key] = fused
-        _launch(fused, f.args, f.device, f.held())
+        why = _failed_input(f.args)  # the failure it inherits (already reported), if any
+        if why is None:
+            try:
+                fused = f.future.result()
+                _cache[f.key] = fused
+                _launch(fused, f.args, f.device, f.held())
+                continue
+            except Exception as e:  # noqa: BLE001  (kept for the next read)
+                why = f"{type(e).__name__}: {e}"
+                if not _unreported:
+                    _unreported.append(e.with_traceback(None))  # (its frames would hold this graph)
+        for pairs in f.bindings.values():
+            for _, pending in pairs:
+                _failed[pending] = why
+
+
+def _failed_input(args: list[tuple]) -> str | None:
+    """Why a result of a cut graph that this graph reads was never computed, if one was not."""
+    for a in args:
+        if a[0] == "later":
+            why = _failed.get(a[1])
+            if why is not None:
+                return why
+    return None
+
+
+def _raise_unreported() -> None:
+    """At a read or synchronization: the first failure of a cut graph since the last one."""
+    if _unreported:
+        e = _unreported.pop()
+        raise e
 
 
 def _unresolved_later(g: _Graph) -> bool:
@@ -487,6 +520,8 @@ def flush(cut: bool = False) -> None:
         _launch_in_flight(wait=not cut)
         g = _graph
         if not g.nodes:
+            if not cut:
+                _raise_unreported()
             return
         _graph = _Graph()
         stats["flushes"] += 1
@@ -494,7 +529,18 @@ def flush(cut: bool = False) -> None:
         live, holders = (_live_outputs if _native_record else _live_outputs_python)(g, g.touched)
         if not live:
             _release(g)
+            if not cut:
+                _raise_unreported()
             return
+        failed = _failed_input(g.args) if g.has_later and not cut else None
+        if failed is not None:  # it reads a result of a cut graph that failed: it cannot run either
+            for pairs in holders.values():
+                for _, pending in pairs:
+                    _failed[pending] = failed
+            del holders
+            _release(g)
+            _raise_unreported()
+            raise never_computed(failed)
         if g.has_later and not (cut and _unresolved_later(g)):
             _rewire(g)  # the cut graphs it reads from have launched above
         args, wiring = g.args, g.wiring
@@ -506,13 +552,13 @@ def flush(cut: bool = False) -> None:
             if fused is None:
                 text, layout, aliases = _emit(g, args, live, key)
                 future = _background().submit(_compile_fused, text, live, layout, aliases, _label(g))
+                stats["background_compiles"] += 1
             else:
                 future = Future()
                 future.set_result(fused)
             g.in_flight = True
             weak = {k: [(weakref.ref(st_), p) for st_, p in pairs] for k, pairs in holders.items()}
             _in_flight.append(_InFlight(future, key, args, g.nodes[0].device, weak))
-            stats["background_compiles"] += 1
             _release(g)
             return
         try:
@@ -537,6 +583,8 @@ def flush(cut: bool = False) -> None:
             raise
         del args
         _release(g)
+        if not cut:
+            _raise_unreported()
 
 
 # Pendings whose graph failed to emit, compile or launch, with the error's text (weakly: they go

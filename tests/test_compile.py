@@ -790,3 +790,56 @@ def test_compiled_graph_that_does_not_lower_in_defer_and_fuse_runs_as_before(mon
     torch.testing.assert_close(got, f(x))
     assert any(p._node is None for p in made)  # (the graph with the mask assignment)
     torch._dynamo.reset()
+
+
+def _assemble_spec_by_spec(specs, outs, args):
+    """graph_runner's results assembled spec by spec (as before ResultPlan): the reference."""
+    results = []
+    for spec in specs:
+        if spec.kind == "tensor":
+            results.append(outs[spec.index])
+        elif spec.kind == "input":
+            results.append(args[spec.index])
+        elif spec.kind == "input_view":
+            results.append(args[spec.index].as_strided(*spec.value))
+        elif spec.kind == "output_view":
+            results.append(outs[spec.index].as_strided(*spec.value))
+        else:
+            results.append(spec.value)
+    return results
+
+
+@pytest.mark.parametrize("kinds", ["", "t", "i", "v", "o", "I", "tiovIt", "vvi", "oOoti"])
+def test_result_plan_assembles_a_graphs_results_as_spec_by_spec(kinds):
+    """graph_runner.ResultPlan (planned once per graph, one itemgetter per call) returns what the
+    spec-by-spec assembly returned: the same objects, views of the same storages with the same
+    layouts, constants, in order; for no result and one result too, and again when the number of
+    arguments or outputs changes."""
+    from torchtpu.engine.graph_runner import OutSpec, ResultPlan
+
+    outs = [torch.arange(12.0), torch.arange(6.0).reshape(2, 3)]
+    args = [torch.ones(4, 3), torch.zeros(5)]
+    specs = []
+    for n, k in enumerate(kinds):
+        if k == "t":
+            specs.append(OutSpec("tensor", n % 2))
+        elif k == "i":
+            specs.append(OutSpec("input", n % 2))
+        elif k == "v":
+            specs.append(OutSpec("value", value=n if n % 2 else None))
+        elif k in "oO":
+            specs.append(OutSpec("output_view", 0, ((3, 2), (1, 3), n % 3)))
+        else:
+            specs.append(OutSpec("input_view", 0, ((3, 2), (1, 3), 1)))
+    plan = ResultPlan(specs)
+    for outs_now, args_now in [(outs, args), (outs, args), (outs + [torch.ones(1)], args), (outs, args[:1] + args)]:
+        got = plan(outs_now, args_now)
+        want = _assemble_spec_by_spec(specs, outs_now, args_now)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            if isinstance(w, torch.Tensor) and w._is_view():
+                assert g._is_view() and g._base is w._base
+                assert (g.shape, g.stride(), g.storage_offset()) == (w.shape, w.stride(), w.storage_offset())
+                torch.testing.assert_close(g, w)
+            else:
+                assert g is w

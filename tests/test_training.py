@@ -419,3 +419,25 @@ def test_an_optimizer_step_that_raises_leaves_strict_mode_at_the_next_step():
     torch.optim.SGD([p], lr=0.5).step()  # its hook ends the failed step's recording first
     assert torch.tpu.get_eager_mode() == "strict"
     assert p.cpu().tolist() == [0.0, 0.0, 0.0]
+
+
+def test_optimizer_step_recording_starts_only_over_dense_tpu_parameters_and_gradients():
+    """step_recording._on_tpu, which decides at every step's pre-hook whether Strict mode records
+    it: parameters without a gradient are skipped; any gradient or parameter off the tpu (a
+    parameter's ``.data`` moved to the CPU keeps its tpu gradient) stops it."""
+    from torchtpu import step_recording
+
+    a, b = (torch.ones(3).to("tpu").requires_grad_() for _ in range(2))
+    opt = torch.optim.AdamW([a, b])
+    assert not step_recording._on_tpu(opt)  # no gradient at all
+    b.grad = torch.ones(3).to("tpu")
+    assert step_recording._on_tpu(opt)  # a's gradient None: skipped
+    opt.add_param_group({"params": [c := torch.ones(3).requires_grad_()]})
+    c.grad = torch.ones(3)
+    assert not step_recording._on_tpu(opt)  # a CPU parameter in another group
+    c.grad = None
+    assert step_recording._on_tpu(opt)
+    b.data = torch.ones(3)  # the parameter leaves the tpu; its gradient stays there
+    assert b.grad.device.type == "tpu" and not step_recording._on_tpu(opt)
+    b.data = torch.ones(3).to("tpu")
+    assert step_recording._on_tpu(opt)

@@ -46,13 +46,28 @@ _recording = False  # Strict mode is recording a step
 _optimizer: torch.optim.Optimizer | None = None  # the optimizer whose post-hook ends it
 
 
+_IS_TPU: dict[torch.device, bool] = {}  # device -> whether it is a tpu (reading .type costs more)
+
+
+def _is_tpu(device: torch.device) -> bool:
+    is_tpu = _IS_TPU.get(device)
+    if is_tpu is None:
+        is_tpu = _IS_TPU[device] = device.type == "tpu"
+    return is_tpu
+
+
 def _on_tpu(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether every parameter with a gradient is a tpu tensor with a dense tpu gradient (and
+    one has a gradient). Runs at every optimizer step, over every parameter."""
     seen = False
+    known = _IS_TPU
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if p.grad is None:
+            g = p.grad
+            if g is None:
                 continue
-            if p.device.type != "tpu" or p.grad.device.type != "tpu" or p.grad.is_sparse:
+            if not (known.get(p.device) or _is_tpu(p.device)) or not (known.get(g.device) or _is_tpu(g.device)) \
+                    or g.is_sparse:
                 return False
             seen = True
     return seen

@@ -79,6 +79,7 @@ class InlinedGraph:
             else:
                 self.results.append(graph_runner.OutSpec("tensor", output(node)))
         self.checks = bool(program.bounded)
+        self.assemble = graph_runner.ResultPlan(self.results)
 
     def out_metas(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """The op's outputs as meta tensors: the new values, the written inputs' new values, the flag."""
@@ -139,7 +140,7 @@ class InlinedGraph:
             # one recorded op for all (an in-graph optimizer step writes ~4 tensors per parameter:
             # a copy_ each cost more host time than the launches the recording saves)
             torch._foreach_copy_([args[pos] for pos in self.mutated], written)
-        return graph_runner.assemble_results(self.results, outs, args)
+        return self.assemble(outs, args)
 
 
 _GRAPHS: dict[int, InlinedGraph] = {}
@@ -195,13 +196,15 @@ def takes(args: list[Any]) -> bool:
     if not args:
         return False
     device = None
+    tensor = torch.Tensor
     for a in args:
-        if not isinstance(a, torch.Tensor) or a.device.type != "tpu":
+        if not isinstance(a, tensor):
             return False
-        if device is None:
-            device = a.device
-        elif a.device != device:
-            return False
+        d = a.device  # (one device object per read: compared once, its type read once)
+        if d != device:
+            if device is not None or d.type != "tpu":
+                return False
+            device = d
     return True
 
 

@@ -36,3 +36,19 @@ def _fresh_process_tests_leave_the_chip_to_their_children(request):
         assert not _device_state.is_initialized(), (
             "a fresh_process test opened the device in the test process: the later ones' children "
             "could not open the chip")
+
+
+@pytest.fixture
+def module_texts(monkeypatch):
+    """The StableHLO text of every program compiled while the test runs."""
+    from torchtpu.engine import compile_cache
+
+    texts = []
+    real = compile_cache.compile
+
+    def spy(text, **kwargs):
+        texts.append(text if isinstance(text, str) else text.decode())
+        return real(text, **kwargs)
+
+    monkeypatch.setattr(compile_cache, "compile", spy)
+    return texts

@@ -6,7 +6,6 @@ import pytest
 import torch
 from helpers import run_python
 
-from torchtpu.engine import compile_cache
 from torchtpu.lowering import target
 from torchtpu.runtime import cpu_kernels
 
@@ -15,20 +14,6 @@ needs_kernels = pytest.mark.skipif(not cpu_kernels.available(),
                                    reason="the CPU kernels need x86-64 with AVX2")
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-@pytest.fixture
-def module_texts(monkeypatch):
-    """The StableHLO text of every program compiled while the test runs."""
-    texts = []
-    real = compile_cache.compile
-
-    def spy(text, **kwargs):
-        texts.append(text if isinstance(text, str) else text.decode())
-        return real(text, **kwargs)
-
-    monkeypatch.setattr(compile_cache, "compile", spy)
-    return texts
 
 
 @pytest.mark.parametrize("shape", [(512, 384), (3, 17, 33), (2, 16, 16), (1, 5), (40, 7), (2, 3, 32, 48)])

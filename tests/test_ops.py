@@ -257,20 +257,10 @@ def test_grid_sample_3d(mode):
                 assert_matches(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_grid_sample_gathers_and_scatters_rows_with_int32_indices(monkeypatch):
+def test_grid_sample_gathers_and_scatters_rows_with_int32_indices(module_texts):
     # regression: each tap gathered single elements with an int64 (n, c, point) coordinate per
     # element, and OpInfo's (20, 21, 22, 23, 24) grid_sampler_3d sample did not finish in 240 s
     # on a TPU v5e; now a tap reads whole rows of channels by an int32 row index
-    from torchtpu.engine import compile_cache
-
-    texts = []
-    real = compile_cache.compile
-
-    def spy(text, **kwargs):
-        texts.append(text if isinstance(text, str) else text.decode())
-        return real(text, **kwargs)
-
-    monkeypatch.setattr(compile_cache, "compile", spy)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, 7, 5, 4, 6, generator=g)  # shapes no other test uses: compiled here, not cached
     grid = torch.rand(3, 2, 3, 5, 3, generator=g) * 2.4 - 1.2
@@ -285,7 +275,7 @@ def test_grid_sample_gathers_and_scatters_rows_with_int32_indices(monkeypatch):
         assert_matches(got, want, rtol=1e-5, atol=1e-5)
     # each gather or scatter: its attributes and its operand types (a scatter's region in between)
     moves = re.findall(r'"stablehlo\.(?:gather|scatter)"\(.*?\) (?:\(\{.*?\}\) )?\{(.*?)\} : \((.*?)\) ->',
-                       "\n".join(texts), re.DOTALL)
+                       "\n".join(module_texts), re.DOTALL)
     assert len(moves) >= 8 * 3, moves  # 8 taps: the forward's gathers, the backward's scatters and gathers
     for attrs, operands in moves:
         assert operands.split(", ")[1].endswith("xi32>"), operands  # an int32 row index

@@ -905,6 +905,7 @@ def test_cut_graphs_compile_side_by_side_and_keep_their_programs(monkeypatch):
         side_by_side = len(started)
         release.set()
         got, got_acc = out.cpu(), acc.cpu()
+
         before = deferred.stats["compiles"] + deferred.stats["background_compiles"]
         acc2 = torch.zeros(4, 8, device="tpu")
         again = step(xt, wt, acc2).cpu()
@@ -972,3 +973,29 @@ def test_a_cut_graph_that_fails_to_compile_fails_only_what_needs_it(monkeypatch)
         with pytest.raises(RuntimeError, match="never computed"):
             x + 1  # an op on it says so too
     assert (torch.arange(3.0, device="tpu") + 1).cpu().tolist() == [1.0, 2.0, 3.0]
+
+
+def test_a_graph_cut_again_while_its_program_compiles_waits_for_that_compile(monkeypatch):
+    # regression: a graph cut again before its first cut's program was ready (the next steps of a
+    # loop without reads, while the first step's programs compile) was emitted and compiled again:
+    # 63 programs where 10 do for a small GPT's training loop on a cold cache
+    import threading
+
+    monkeypatch.setattr(deferred, "CHUNK_NODES", 5)
+    monkeypatch.setattr(deferred, "MIN_PERIOD", 10_000)
+    deferred.cache_clear()
+    torch.tpu.clear_compile_cache(1)
+    w = torch.randn(8, 8) * 0.3
+    release = threading.Event()
+    started = _compiles_held_until(monkeypatch, release)
+    with torch.tpu.defer_and_fuse():
+        t, wt = torch.randn(4, 8).to("tpu"), w.to("tpu")
+        torch.tpu.synchronize()
+        for _ in range(40):  # 8 chunks of the same 5 ops
+            t = torch.tanh(t @ wt).add(1).mul(0.5).sub(0.25)
+        submitted = len(started)
+        release.set()
+        got = t.cpu()
+    # every chunk is the same program (an argument, whether uploaded or a cut graph's result)
+    assert submitted == 1, submitted
+    assert torch.isfinite(got).all()

@@ -185,6 +185,10 @@ _graph = _Graph()
 # step recording ends there (step_recording._ended).
 on_materialize: Any = None
 _in_flight: deque[_InFlight] = deque()
+# graph key -> its program's compile, submitted and not yet launched: the same graph cut again
+# meanwhile (the next step, while the first step's programs still compile) waits on it instead of
+# compiling again
+_compiling: dict[_C.OpKey, Future] = {}
 _unreported: list[Exception] = []  # a cut graph's failure, raised at the next read (see _launch_in_flight)
 _compiler: ThreadPoolExecutor | None = None
 _stats_lock = threading.Lock()
@@ -413,6 +417,8 @@ def _launch_in_flight(wait: bool = True) -> None:
         if not wait and not f.future.done():
             return
         _in_flight.popleft()
+        if _compiling.get(f.key) is f.future:
+            del _compiling[f.key]
         why = _failed_input(f.args)  # the failure it inherits (already reported), if any
         if why is None:
             try:
@@ -549,13 +555,16 @@ def flush(cut: bool = False) -> None:
         key = _C._op_key((tuple(wiring), tuple(live), dead))
         fused = _cache.get(key)
         if cut and (fused is None or _in_flight):  # compiles meanwhile, or waits its turn to launch
-            if fused is None:
-                text, layout, aliases = _emit(g, args, live, key)
-                future = _background().submit(_compile_fused, text, live, layout, aliases, _label(g))
-                stats["background_compiles"] += 1
-            else:
+            if fused is not None:
                 future = Future()
                 future.set_result(fused)
+            else:
+                future = _compiling.get(key)  # the same graph, cut before and still compiling
+                if future is None:
+                    text, layout, aliases = _emit(g, args, live, key)
+                    future = _compiling[key] = _background().submit(_compile_fused, text, live, layout, aliases,
+                                                                    _label(g))
+                    stats["background_compiles"] += 1
             g.in_flight = True
             weak = {k: [(weakref.ref(st_), p) for st_, p in pairs] for k, pairs in holders.items()}
             _in_flight.append(_InFlight(future, key, args, g.nodes[0].device, weak))

@@ -430,9 +430,14 @@ def _launch_in_flight(wait: bool = True) -> None:
                 why = f"{type(e).__name__}: {e}"
                 if not _unreported:
                     _unreported.append(e.with_traceback(None))  # (its frames would hold this graph)
-        for pairs in f.bindings.values():
-            for _, pending in pairs:
-                _failed[pending] = why
+        _mark_failed(f.bindings, why)
+
+
+def _mark_failed(bindings: dict[tuple[int, int], list[tuple[Any, Pending]]], why: str) -> None:
+    """A graph's values will never exist: a later read of one says why (see failure_of)."""
+    for pairs in bindings.values():
+        for _, pending in pairs:
+            _failed[pending] = why
 
 
 def _failed_input(args: list[tuple]) -> str | None:
@@ -452,9 +457,9 @@ def _raise_unreported() -> None:
         raise e
 
 
-def _unresolved_later(g: _Graph) -> bool:
-    """Whether the graph reads a result of a cut graph that has not launched yet."""
-    return any(inp[0] == "later" and inp[1].resolved is None for node in g.nodes for inp in node.inputs)
+def _unresolved_later(args: list[tuple]) -> bool:
+    """Whether a graph with these arguments reads a result of a cut graph not launched yet."""
+    return any(a[0] == "later" and a[1].resolved is None for a in args)
 
 
 def _launch(fused: _Fused, args: list[tuple], device: int,
@@ -540,14 +545,12 @@ def flush(cut: bool = False) -> None:
             return
         failed = _failed_input(g.args) if g.has_later and not cut else None
         if failed is not None:  # it reads a result of a cut graph that failed: it cannot run either
-            for pairs in holders.values():
-                for _, pending in pairs:
-                    _failed[pending] = failed
+            _mark_failed(holders, failed)
             del holders
             _release(g)
             _raise_unreported()
             raise never_computed(failed)
-        if g.has_later and not (cut and _unresolved_later(g)):
+        if g.has_later and not (cut and _unresolved_later(g.args)):
             _rewire(g)  # the cut graphs it reads from have launched above
         args, wiring = g.args, g.wiring
         # exact and fast to compare: a step's graph has thousands of wires (see csrc/op_key.cpp)
@@ -580,13 +583,9 @@ def flush(cut: bool = False) -> None:
                 executor.stats.hits += 1
             _launch(fused, args, g.nodes[0].device, holders)
         except Exception as e:
-            # The graph's values will never exist: a later read of one says why (see failure_of).
             # Only the text is kept: the exception's traceback holds this frame, whose storages
             # hold the Pendings, which would then never be freed.
-            why = f"{type(e).__name__}: {e}"
-            for pairs in holders.values():
-                for _, pending in pairs:
-                    _failed[pending] = why
+            _mark_failed(holders, f"{type(e).__name__}: {e}")
             del holders
             _release(g)
             raise

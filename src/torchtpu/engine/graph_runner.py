@@ -48,13 +48,9 @@ class OutSpec:
     value: Any = None
 
 
-def assemble_results(specs: list[OutSpec], outs: list[Any], args: list[Any]) -> list[Any]:
-    """A graph's results from its program's outputs and its arguments (views cut from either)."""
-    return ResultPlan(specs)(outs, args)
-
-
 class ResultPlan:
-    """``assemble_results`` for one list of specs, planned once and called at every launch.
+    """A graph's results from its program's outputs and its arguments (views cut from either),
+    for one list of specs: planned once, called at every launch.
 
     A training step's forward and backward graphs return ~60 results each: walking their specs
     one by one (attribute reads and string compares per result) cost ~1 us a result on the host.

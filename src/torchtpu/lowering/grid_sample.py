@@ -175,11 +175,11 @@ def _grid_sampler_backward(ctx: LoweringContext, grad: Value, x: Value, grid: Va
     out_shape = tuple(grid.shape[:-1])
     g = b.transpose(b.convert(grad, acc), [0, *range(2, grad.rank), 1])  # (N, *out, C), as the rows
     taps = _taps(b, index, mode)
+    rows_read = [_flat_index(b, at, tuple(spatial)) for at, _, _ in taps]  # (row, in bounds) per tap
     gin = None
     if output_mask[0]:
         base = b.constant(0.0, acc, (n * math.prod(spatial), c))
-        for at, wt, _ in taps:
-            flat, inb = _flat_index(b, at, tuple(spatial))
+        for (_, wt, _), (flat, inb) in zip(taps, rows_read):
             # an out-of-bounds tap adds an exact zero to its clamped row (0 * inf would be NaN)
             upd = b.mul(g, _over_channels(b, wt, g.shape))
             upd = b.select(_over_channels(b, inb, g.shape), upd, _c(b, 0.0, upd))
@@ -195,8 +195,7 @@ def _grid_sampler_backward(ctx: LoweringContext, grad: Value, x: Value, grid: Va
             rows = _rows(b, x, acc)
             lows = [b.unary("floor", i) for i in index]
             sums: list[Value | None] = [None] * len(index)
-            for at, _, upper in taps:
-                flat, inb = _flat_index(b, at, tuple(spatial))
+            for (_, _, upper), (flat, inb) in zip(taps, rows_read):
                 vals = b.mul(take_rows(b, rows, flat, 0, in_range=True), g)
                 s = b.reduce(vals, [vals.rank - 1], b.constant(0.0, acc), "stablehlo.add")  # (N, *out)
                 s = b.select(inb, s, _c(b, 0.0, s))

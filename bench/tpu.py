@@ -12,7 +12,10 @@ Modes: ``jax_jit`` (the JAX peer in ``bench/peers``, jitted), ``jax_eager`` (JAX
 ``strict`` (torchtpu's default eager mode), ``defer`` (DeferAndFuse: ``TORCH_TPU_DEFER_AND_FUSE=1``)
 ``compiled`` (``torch.compile(..., backend="tpu")``; the optimizer runs in Strict eager) and
 ``compiled_defer`` (the same in DeferAndFuse mode: the compiled graphs are recorded with the eager
-optimizer, one program per step or per few steps).
+optimizer, one program per step or per few steps). For the ``flash_*`` workloads: ``jax_flash``
+(the JAX peer with JAX's Pallas TPU flash-attention kernel), ``compiled`` with torchtpu's flash
+attention forced on (``TORCH_TPU_FLASH_ATTENTION=1``) and ``compiled_math`` with it off (``=0``,
+attention by the math lowering).
 
 Workloads (``--small`` shrinks each to tiny sizes and few steps, for the CPU emulator):
 - ``op_chain``: 1,000 tiny dependent elementwise ops then one read, µs per op. Its ratios are to
@@ -27,6 +30,17 @@ Workloads (``--small`` shrinks each to tiny sizes and few steps, for the CPU emu
 - ``decode_b1`` / ``decode_b8``: greedy decoding of the 100M model with a static KV cache at
   batch 1 / 8, tokens/s; torch: one token per ``torch.compile``d step writing the preallocated
   cache in place with ``index_copy_``; JAX: jit and ``lax.dynamic_update_slice``.
+- ``flash_s512`` / ``flash_s2048``: the 100M GPT train step (float32, AdamW) at seq 512 batch 16
+  and at seq 2048 batch 4 (the same tokens per step): flash attention against the math lowering
+  and against JAX's own Pallas kernel (torchtpu's block sizes: 512, clipped to the length), plus
+  MFU and the process's peak device memory (MiB). Peak memory: on the torch side the PJRT
+  allocator's ``peak_bytes_in_use`` where the plugin reports it (a TPU: every buffer and program
+  temporary, the math lowering's score matrices included), else torchtpu's own peak of the
+  buffers it holds (``torch.tpu.max_memory_reserved()``; the CPU emulator: no program
+  temporaries); on the JAX side ``jax.devices()[0].memory_stats()["peak_bytes_in_use"]`` (none on
+  CPU). Each cell records its source (``peak_mem_source``). Both are the peak over the worker's
+  whole life, first step included: each cell is a process of its own. After the table, the
+  ratios of flash to the math lowering and to JAX's kernel.
 - ``warm_start``: the demo GPT's first train step in a fresh process with an empty persistent
   compile cache (cold), then in a second process with it filled by the first (warm): seconds and
   XLA compiles (torchtpu: tier 3 under ``TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT``, counted by
@@ -68,12 +82,14 @@ from pathlib import Path
 from typing import Any
 
 RESULT_PREFIX = "BENCH_RESULT "
-MODES = ("jax_jit", "jax_eager", "strict", "defer", "compiled", "compiled_defer")
-MODE_LABELS = {"jax_jit": "JAX jit", "jax_eager": "JAX op-by-op", "strict": "Strict",
-               "defer": "DeferAndFuse", "compiled": "compiled", "compiled_defer": "compiled+Defer"}
-JAX_MODES = ("jax_jit", "jax_eager")
+MODES = ("jax_jit", "jax_eager", "jax_flash", "strict", "defer", "compiled", "compiled_defer", "compiled_math")
+MODE_LABELS = {"jax_jit": "JAX jit", "jax_eager": "JAX op-by-op", "jax_flash": "JAX flash", "strict": "Strict",
+               "defer": "DeferAndFuse", "compiled": "compiled", "compiled_defer": "compiled+Defer",
+               "compiled_math": "compiled math"}
+JAX_MODES = ("jax_jit", "jax_eager", "jax_flash")
 TORCH_EAGER_MODE = {"strict": "strict", "defer": "defer_and_fuse", "compiled": "strict",
-                    "compiled_defer": "defer_and_fuse"}
+                    "compiled_defer": "defer_and_fuse", "compiled_math": "strict"}
+MIB = 2**20
 REPO = Path(__file__).resolve().parent.parent
 
 # ---------------------------------------------------------------------------------------------
@@ -83,6 +99,11 @@ DEMO = {"vocab": 256, "seq": 64, "d_model": 128, "heads": 4, "layers": 2}
 GPT_100M = {"vocab": 8192, "seq": 512, "d_model": 768, "heads": 12, "layers": 12}
 TINY = {"vocab": 64, "seq": 16, "d_model": 32, "heads": 2, "layers": 1}
 TINY_100M = {"vocab": 128, "seq": 32, "d_model": 64, "heads": 4, "layers": 2}  # 100M's structure, tiny
+# flash_* at --small: the smallest shapes the kernel takes (torchtpu.flash_attention.qualifies):
+# lengths a multiple of 128, head dim 64
+TINY_FLASH = {"vocab": 128, "d_model": 128, "heads": 2, "layers": 1}
+FLASH_SHAPES = {"flash_s512": {"seq": 512, "batch": 16}, "flash_s2048": {"seq": 2048, "batch": 4}}
+FLASH_SHAPES_SMALL = {"flash_s512": {"seq": 128, "batch": 2}, "flash_s2048": {"seq": 256, "batch": 1}}
 
 
 def sizes(workload: str, small: bool) -> dict[str, Any]:
@@ -97,6 +118,11 @@ def sizes(workload: str, small: bool) -> dict[str, Any]:
         big = {"warmup": 1, "windows": 3, "steps": 5}
         return {"cfg": TINY_100M if small else GPT_100M, "batch": 2 if small else 16, "lr": 1e-3,
                 **(train if small else big)}
+    if workload in FLASH_SHAPES:
+        shape = (FLASH_SHAPES_SMALL if small else FLASH_SHAPES)[workload]
+        big = {"warmup": 1, "windows": 3, "steps": 5}
+        return {"cfg": {**(TINY_FLASH if small else GPT_100M), "seq": shape["seq"]}, "batch": shape["batch"],
+                "lr": 1e-3, **(train if small else big)}
     if workload in ("decode_b1", "decode_b8"):
         # generate from one start token: 128 new tokens fit the 100M model's 512 positions
         return {"cfg": TINY_100M if small else GPT_100M, "batch": 1 if workload == "decode_b1" else 8,
@@ -130,10 +156,15 @@ class Workload:
     rows: tuple[Row, ...]
     ref: str = "jax_jit"
     phases: tuple[str, ...] = ("",)  # warm_start: ("cold", "warm"), sharing one cache directory
+    pairs: tuple[tuple[str, str], ...] = ()  # (mode, against): ratios printed after the table too
 
 
 TRAIN_ROWS = (Row("step_ms", "train step ms", "lower"), Row("first_step_s", "first step s", "lower"))
 MFU_ROW = Row("mfu_pct", "MFU %", "higher")
+PEAK_MEM_ROW = Row("peak_mem_mib", "peak device MiB", "lower", "{:.0f}")
+FLASH_MODES = ("jax_jit", "jax_flash", "compiled", "compiled_math")
+FLASH_PAIRS = (("compiled", "compiled_math"), ("compiled", "jax_flash"))
+PAIR_METRICS = ("step_ms", "peak_mem_mib")  # the rows a workload's pairs are given for
 TRAIN_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer")
 WORKLOADS: dict[str, Workload] = {
     "op_chain": Workload(("jax_jit", "jax_eager", "strict", "defer"),
@@ -141,6 +172,8 @@ WORKLOADS: dict[str, Workload] = {
     "gpt_demo": Workload(TRAIN_MODES, TRAIN_ROWS),
     "gpt_100m": Workload(TRAIN_MODES, (*TRAIN_ROWS, MFU_ROW)),
     "gpt_100m_bf16": Workload(TRAIN_MODES, (*TRAIN_ROWS, MFU_ROW)),
+    "flash_s512": Workload(FLASH_MODES, (*TRAIN_ROWS, MFU_ROW, PEAK_MEM_ROW), pairs=FLASH_PAIRS),
+    "flash_s2048": Workload(FLASH_MODES, (*TRAIN_ROWS, MFU_ROW, PEAK_MEM_ROW), pairs=FLASH_PAIRS),
     "decode_b1": Workload(("jax_jit", "compiled"), (Row("tokens_per_s", "tokens/s", "higher", "{:.4g}"),
                                                     Row("first_gen_s", "first generation s", "lower"))),
     "decode_b8": Workload(("jax_jit", "compiled"), (Row("tokens_per_s", "tokens/s", "higher", "{:.4g}"),
@@ -204,7 +237,7 @@ def time_runs(run: Callable[[], None], reps: int) -> tuple[float, list[float]]:
 
 
 def add_mfu(out: dict[str, Any], workload: str, p: dict[str, Any], peak_tflops: float) -> None:
-    if workload.startswith("gpt_100m"):
+    if workload.startswith(("gpt_100m", "flash_")):
         flops = model_flops_per_step(p["cfg"], p["batch"])
         out["model_flops_per_step"] = flops
         out["mfu_pct"] = 100.0 * flops / (out["step_ms"] * 1e-3) / (peak_tflops * 1e12)
@@ -275,6 +308,31 @@ def torch_gpt_train(p: dict[str, Any], mode: str, bf16: bool) -> dict[str, Any]:
     return out
 
 
+def torch_peak_memory(torch: Any) -> dict[str, Any]:
+    """The process's peak device memory (see the module docstring) and where it came from."""
+    from torchtpu import _device_state
+
+    stats = _device_state.client().memory_stats(0)
+    out = {"peak_storage_mib": torch.tpu.max_memory_allocated() / MIB}  # live tpu storages only
+    if stats and "peak_bytes_in_use" in stats:
+        return {**out, "peak_mem_mib": stats["peak_bytes_in_use"] / MIB, "peak_mem_source": "pjrt peak_bytes_in_use"}
+    return {**out, "peak_mem_mib": torch.tpu.max_memory_reserved() / MIB,
+            "peak_mem_source": "torchtpu max_memory_reserved"}
+
+
+def torch_flash_check(torch: Any, p: dict[str, Any], mode: str) -> None:
+    """Raise unless the GPT's attention takes the path the mode is meant to measure (``compiled``:
+    the flash kernel; ``compiled_math``: the math lowering), e.g. the kernel not taking a shape,
+    or its being off at a float32 precision other than "medium" on a TPU."""
+    from torchtpu import flash_attention
+
+    cfg = p["cfg"]
+    q = torch.empty(p["batch"], cfg["heads"], cfg["seq"], cfg["d_model"] // cfg["heads"], device="meta")
+    flash = flash_attention.enabled() and flash_attention.qualifies(q, q, q, None, 0.0, True)
+    if flash != (mode == "compiled"):
+        raise RuntimeError(f"mode {mode} but flash attention {'on' if flash else 'off'} for {tuple(q.shape)}")
+
+
 def torch_first_step(p: dict[str, Any], mode: str) -> dict[str, Any]:
     """warm_start: one train step in this fresh process, and the XLA compiles it took."""
     one = {**p, "warmup": 0, "windows": 0}
@@ -342,10 +400,13 @@ def torch_worker(workload: str, mode: str, p: dict[str, Any], peak_tflops: float
     elif workload.startswith("decode"):
         out = torch_decode(p)
     else:
+        if workload in FLASH_SHAPES:
+            torch_flash_check(torch, p, mode)
         compiles0 = torch.tpu.compile_cache_stats()["compiles"]
         out = torch_gpt_train(p, mode, bf16=workload.endswith("bf16"))
         out["compiles"] = torch.tpu.compile_cache_stats()["compiles"] - compiles0
         add_mfu(out, workload, p, peak_tflops)
+        out.update(torch_peak_memory(torch))
     out.update(platform=torch.tpu.get_device_name(), eager_mode=torch.tpu.get_eager_mode(),
                torch=torch.__version__)
     return out
@@ -375,7 +436,15 @@ def _jax_compile_counter() -> dict[str, int]:
     return counts
 
 
-def jax_gpt_train(p: dict[str, Any], bf16: bool) -> dict[str, Any]:
+def jax_peak_memory(jax: Any) -> dict[str, Any]:
+    """The process's peak device memory per JAX's device, None where it reports none (CPU)."""
+    stats = jax.devices()[0].memory_stats()
+    if stats and "peak_bytes_in_use" in stats:
+        return {"peak_mem_mib": stats["peak_bytes_in_use"] / MIB, "peak_mem_source": "jax peak_bytes_in_use"}
+    return {"peak_mem_mib": None, "peak_mem_source": f"none: no memory_stats on {jax.devices()[0].platform}"}
+
+
+def jax_gpt_train(p: dict[str, Any], bf16: bool, flash: bool = False) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
     from peers import jax_gpt
@@ -384,7 +453,7 @@ def jax_gpt_train(p: dict[str, Any], bf16: bool) -> dict[str, Any]:
     state = {"params": jax_gpt.init_params(cfg)}
     n_params = jax_gpt.param_count(state["params"])
     state["opt"] = jax_gpt.adamw_init(state["params"])
-    train_step = jax_gpt.make_train_step(cfg, p["lr"], jnp.bfloat16 if bf16 else None)
+    train_step = jax_gpt.make_train_step(cfg, p["lr"], jnp.bfloat16 if bf16 else None, flash)
     x, y = jax_gpt.make_batch(cfg, p["batch"])
 
     def step() -> Any:
@@ -445,8 +514,9 @@ def jax_worker(workload: str, mode: str, p: dict[str, Any], peak_tflops: float) 
     elif workload.startswith("decode"):
         out = jax_decode(p)
     else:
-        out = jax_gpt_train(p, bf16=workload.endswith("bf16"))
+        out = jax_gpt_train(p, bf16=workload.endswith("bf16"), flash=mode == "jax_flash")
         add_mfu(out, workload, p, peak_tflops)
+        out.update(jax_peak_memory(jax))
     out.update(platform=jax.devices()[0].device_kind, jax=jax.__version__)
     return out
 
@@ -462,8 +532,9 @@ def worker_main(workload: str, mode: str, small: bool, peak_tflops: float) -> No
 # the driver
 
 
-def worker_env(mode: str, tmp: str, persistent: bool) -> dict[str, str]:
-    """The worker's environment: its eager mode, and only the compile caches it is meant to use:
+def worker_env(mode: str, tmp: str, persistent: bool, workload: str = "") -> dict[str, str]:
+    """The worker's environment: its eager mode, flash attention on or off for the ``flash_*``
+    workloads (forced on: unset, it is on only on a TPU), and only the compile caches it is meant to use:
     the persistent ones (torchtpu's tier 3, JAX's cache dir) under ``tmp`` when ``persistent``.
     PyTorch's own on-disk caches (dynamo/AOTAutograd, under TORCHINDUCTOR_CACHE_DIR) always go
     under ``tmp``, which is fresh per (workload, mode), so no first step hits an earlier run's work."""
@@ -476,6 +547,8 @@ def worker_env(mode: str, tmp: str, persistent: bool) -> dict[str, str]:
     env["TORCH_TPU_TIER2_COMPILATION_CACHE"] = "disabled"
     env["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = cache_dir or "disabled"
     env.pop("BENCH_JAX_CACHE_DIR", None)
+    if workload in FLASH_SHAPES:
+        env["TORCH_TPU_FLASH_ATTENTION"] = "0" if mode == "compiled_math" else "1"
     if cache_dir:
         os.makedirs(cache_dir, exist_ok=True)
         env["BENCH_JAX_CACHE_DIR"] = cache_dir
@@ -494,7 +567,7 @@ def run_worker(workload: str, mode: str, args: argparse.Namespace, tmp: str, per
     t0 = time.perf_counter()
     # its own session: on a timeout the whole process group goes, children included
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=worker_env(mode, tmp, persistent), cwd=REPO, start_new_session=True)
+                            env=worker_env(mode, tmp, persistent, workload), cwd=REPO, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -569,7 +642,12 @@ def build_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str,
                         cells[mode]["timed_compiles"] = r["timed_compiles"]
                 else:
                     cells[mode] = {"error": f"no {row.metric}"}
-            table.append({"workload": name, "row": row.label, "ref": wl.ref, "cells": cells})
+            entry = {"workload": name, "row": row.label, "ref": wl.ref, "cells": cells}
+            if wl.pairs and row.metric in PAIR_METRICS:
+                value = {m: r.get(row.metric) for m, r in by_mode.items() if "error" not in r}
+                entry["pairs"] = {f"{m}/{a}": ratio(row, value[m], value[a]) if m in value and a in value else None
+                                  for m, a in wl.pairs}
+            table.append(entry)
     return table
 
 
@@ -579,6 +657,8 @@ def format_cell(cell: dict[str, Any] | None, row: Row, width: int) -> str:
     if "error" in cell:
         text = cell["error"]
         return text if len(text) <= width else text[: width - 1] + "…"
+    if cell["value"] is None:
+        return "n/a"  # not measured there (JAX's peak memory on CPU)
     s = row.fmt.format(cell["value"])
     s += f" ({cell['ratio']:.2f}x)" if cell["ratio"] is not None else ""
     return s + (" *" if cell.get("timed_compiles") else "")
@@ -595,6 +675,14 @@ def format_table(table: list[dict[str, Any]], cell_width: int = 28) -> str:
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *body]]
     lines.insert(1, "-+-".join("-" * w for w in widths))
+    pairs = []
+    for e in table:
+        if e.get("pairs"):
+            ratios = [(*key.split("/"), r) for key, r in e["pairs"].items()]
+            pairs.append(f"  {e['workload']} {e['row']}: " + ", ".join(
+                f"{MODE_LABELS[m]} vs {MODE_LABELS[a]} " + ("n/a" if r is None else f"{r:.2f}x") for m, a, r in ratios))
+    if pairs:
+        lines += ["", "flash against the math lowering and JAX's kernel (>1: the first is better):", *pairs]
     return "\n".join(lines)
 
 

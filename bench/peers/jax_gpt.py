@@ -16,10 +16,16 @@ Linear weight and bias U(-1/sqrt(in), 1/sqrt(in)), LayerNorm ones and zeros.
 ``compute_dtype=jnp.bfloat16`` mirrors ``torch.autocast(dtype=torch.bfloat16)``: Linear layers take
 bf16 inputs and give bf16 outputs (accumulated in f32 by the MXU), while LayerNorm, the softmax and
 the loss run in float32, and the residual stream stays float32 (f32 + bf16 promotes to f32 in both).
+
+``flash=True`` computes the causal attention with JAX's Pallas TPU flash-attention kernel
+(``jax.experimental.pallas.ops.tpu.flash_attention``) as torchtpu's SDPA does
+(``torchtpu.flash_attention``): the same block sizes, float32 operands entering as bfloat16. Off a
+TPU the kernel runs in Pallas' interpret mode (Mosaic lowers for TPUs only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +39,7 @@ from jax import lax
 Params = dict[str, jax.Array]
 
 LN_EPS = 1e-5  # nn.LayerNorm's default
+FLASH_BLOCK = 512  # torchtpu.flash_attention.BLOCK_Q and BLOCK_K: the same kernel grid on both sides
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,41 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax
     return jax.nn.softmax(s, axis=-1).astype(v.dtype) @ v
 
 
+def _flash_block(length: int) -> int:
+    """torchtpu's block edge along a length (``flash_attention._edge``): 512 clipped to the length
+    if it divides it, else 128 (which divides every length the kernel takes beyond 128)."""
+    edge = min(FLASH_BLOCK, length)
+    return edge if length % edge == 0 else min(128, length)
+
+
+def _flash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal ``softmax(q k^T / sqrt(hd)) v`` through the Pallas TPU flash kernel. float32 operands
+    enter as bfloat16, as torchtpu feeds the kernel at its default "medium" precision (and as XLA's
+    default precision multiplies the math path's float32 operands on a TPU: one bf16 pass); scores,
+    softmax and accumulation stay float32 inside the kernel."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+    bq, bk = _flash_block(q.shape[2]), _flash_block(k.shape[2])
+    blocks = fa.BlockSizes(block_q=bq, block_k_major=bk, block_k=bk, block_b=1,
+                           block_q_major_dkv=bq, block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq,
+                           block_k_major_dq=bk, block_k_dq=bk, block_q_dq=bq)
+    dtype = q.dtype
+    if dtype == jnp.float32:
+        q, k, v = (z.astype(jnp.bfloat16) for z in (q, k, v))
+    out = fa.flash_attention(q, k, v, causal=True, sm_scale=1.0 / math.sqrt(q.shape[-1]), block_sizes=blocks)
+    return out.astype(dtype)
+
+
+def kernel_mode(flash: bool) -> contextlib.AbstractContextManager:
+    """Where a jitted function holding the flash kernel is traced (its forward and its backward):
+    Pallas' interpret mode off a TPU, since Mosaic lowers for TPUs only."""
+    if not flash or jax.default_backend() == "tpu":
+        return contextlib.nullcontext()
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.force_tpu_interpret_mode(True)  # True: plain HLO loops, as torchtpu's emulator runs it
+
+
 def _split_heads(z: jax.Array, heads: int) -> jax.Array:
     b, t, d = z.shape
     return z.reshape(b, t, heads, d // heads).transpose(0, 2, 1, 3)
@@ -133,8 +175,8 @@ def _mlp(p: Params, blk: str, x: jax.Array, cd: Any) -> jax.Array:
     return _linear(p, f"{blk}.out", h, cd)
 
 
-def forward(p: Params, idx: jax.Array, cfg: GPTConfig, compute_dtype: Any = None) -> jax.Array:
-    """Logits ``(batch, seq, vocab)`` of ``GPT.forward``."""
+def forward(p: Params, idx: jax.Array, cfg: GPTConfig, compute_dtype: Any = None, flash: bool = False) -> jax.Array:
+    """Logits ``(batch, seq, vocab)`` of ``GPT.forward`` (``flash``: attention by the Pallas kernel)."""
     t = idx.shape[1]
     x = p["tok.weight"][idx] + p["pos.weight"][jnp.arange(t)]
     causal = jnp.tril(jnp.ones((t, t), bool))
@@ -142,14 +184,16 @@ def forward(p: Params, idx: jax.Array, cfg: GPTConfig, compute_dtype: Any = None
         blk = f"blocks.{i}"
         qkv = _linear(p, f"{blk}.qkv", _layer_norm(p, f"{blk}.ln1", x), compute_dtype)
         q, k, v = (_split_heads(z, cfg.heads) for z in jnp.split(qkv, 3, axis=-1))
-        x = x + _linear(p, f"{blk}.proj", _merge_heads(_attention(q, k, v, causal)), compute_dtype)
+        a = _flash_attention(q, k, v) if flash else _attention(q, k, v, causal)
+        x = x + _linear(p, f"{blk}.proj", _merge_heads(a), compute_dtype)
         x = x + _mlp(p, blk, x, compute_dtype)
     return _linear(p, "head", _layer_norm(p, "ln", x), compute_dtype)
 
 
-def loss_fn(p: Params, x: jax.Array, y: jax.Array, cfg: GPTConfig, compute_dtype: Any = None) -> jax.Array:
+def loss_fn(p: Params, x: jax.Array, y: jax.Array, cfg: GPTConfig, compute_dtype: Any = None,
+            flash: bool = False) -> jax.Array:
     """``GPT.loss``: mean cross-entropy over every position (computed in float32)."""
-    logits = forward(p, x, cfg, compute_dtype).astype(jnp.float32)
+    logits = forward(p, x, cfg, compute_dtype, flash).astype(jnp.float32)
     logz = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0]
     return (logz - picked).mean()
@@ -182,13 +226,14 @@ def adamw_update(params: Params, grads: Params, state: dict[str, Any], lr: float
     return new, {"step": step, "m": m, "v": v}
 
 
-def make_train_step(cfg: GPTConfig, lr: float, compute_dtype: Any = None):
+def make_train_step(cfg: GPTConfig, lr: float, compute_dtype: Any = None, flash: bool = False):
     """A jitted ``(params, opt_state, x, y) -> (params, opt_state, loss)``: forward, grad and AdamW in
     one program; params and optimizer state are donated (updated in place, as torch's are)."""
 
     @partial(jax.jit, donate_argnums=(0, 1))
     def step(params: Params, opt_state: dict[str, Any], x: jax.Array, y: jax.Array):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y, cfg, compute_dtype)
+        with kernel_mode(flash):  # around value_and_grad: the kernel's backward is traced there too
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, y, cfg, compute_dtype, flash)
         params, opt_state = adamw_update(params, grads, opt_state, lr)
         return params, opt_state, loss
 

@@ -1,0 +1,40 @@
+"""bench/tpu.py end to end at --small: its flash-attention workloads, every cell a worker process."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).parents[1] / "bench" / "tpu.py"
+
+
+@pytest.mark.fresh_process  # the workers open the device (on a TPU host: before this process does)
+def test_flash_workloads_small(tmp_path):
+    # JAX both for its cells and for torchtpu's kernel (without it the compiled cell raises)
+    pytest.importorskip("jax.experimental.pallas")
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, str(BENCH), "--small", "--only", "flash_s512,flash_s2048",
+                        "--timeout", "300", "--out", str(out)], capture_output=True, text=True,
+                       env=dict(os.environ), timeout=900, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    results = json.loads(out.read_text())
+    for workload in ("flash_s512", "flash_s2048"):
+        cells = results["results"][workload]
+        assert set(cells) == {"jax_jit", "jax_flash", "compiled", "compiled_math"}
+        for mode, cell in cells.items():
+            assert "error" not in cell, (workload, mode, cell)
+            assert cell["step_ms"] > 0 and cell["mfu_pct"] > 0 and cell["peak_mem_source"]
+        for mode in ("compiled", "compiled_math"):
+            assert cells[mode]["peak_mem_mib"] > 0
+        # the same model and batch: flash and the math lowering give the same first loss
+        assert cells["compiled"]["loss0"] == pytest.approx(cells["compiled_math"]["loss0"], rel=1e-3)
+        assert cells["jax_flash"]["loss0"] == pytest.approx(cells["jax_jit"]["loss0"], rel=1e-3)
+    pairs = [e for e in results["table"] if e.get("pairs")]
+    assert {(e["workload"], e["row"]) for e in pairs} == {
+        (w, row) for w in ("flash_s512", "flash_s2048") for row in ("train step ms", "peak device MiB")}
+    assert "compiled vs compiled math" in r.stdout

@@ -1,6 +1,7 @@
 """torchtpu.kernels: StableHLO modules and JAX functions as custom ops on ``tpu``."""
 
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -196,6 +197,58 @@ def test_pallas_kernel_in_interpret_mode(jax):
 
     x, y = torch.randn(8, 128), torch.randn(8, 128)
     torch.testing.assert_close(pallas_axpy(x.to("tpu"), y.to("tpu")).cpu(), 2 * x + y)
+
+
+def _pallas_scaled_add(jax: Any) -> Any:
+    """``2 x + y`` and its gradients as Pallas kernels written for a TPU: no ``interpret=True``."""
+    pl = pytest.importorskip("jax.experimental.pallas")
+
+    def axpy_body(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0 + y_ref[...]
+
+    def double_body(g_ref, o_ref):
+        o_ref[...] = g_ref[...] * 2.0
+
+    def backward(x, y, g):
+        return pl.pallas_call(double_body, out_shape=jax.ShapeDtypeStruct(g.shape, g.dtype))(g), g
+
+    @kernels.custom_jax_kernel(backward=backward)
+    def pallas_scaled_add(x, y):
+        return pl.pallas_call(axpy_body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+
+    return pallas_scaled_add
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "compiled"])
+def test_pallas_kernel_written_for_the_tpu(jax, mode):
+    """A Pallas kernel as written for a TPU runs with Mosaic on a TPU and in Pallas' interpret mode
+    on the emulator (kernels.pallas_lowering_mode), forward and through its Pallas backward."""
+    f = _pallas_scaled_add(jax)
+    x, y = torch.randn(8, 128), torch.randn(8, 128)
+    xt, yt = (t.to("tpu").requires_grad_() for t in (x, y))
+    if mode == "compiled":
+        out = torch.compile(f, backend="tpu")(xt, yt)
+    else:
+        with torch.tpu.eager_mode(mode):
+            out = f(xt, yt)
+    (out * torch.arange(128.0, device="tpu")).sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), 2 * x + y)
+    torch.testing.assert_close(xt.grad.cpu(), 2 * torch.arange(128.0).expand(8, 128))
+    torch.testing.assert_close(yt.grad.cpu(), torch.arange(128.0).expand(8, 128))
+
+
+def test_pallas_kernel_exports_as_mosaic_for_a_tpu(jax, monkeypatch):
+    """What a TPU is sent for a Pallas kernel: one ``tpu_custom_call`` (Mosaic), no HLO loop; what
+    the emulator runs: the interpret mode's plain HLO, no custom call."""
+    f = _pallas_scaled_add(jax)
+    kernel = f.kernel
+    key = (((8, 128), (8, 128)), (torch.float32, torch.float32), ())
+    text, _ = kernel.module_for(*key)
+    assert "tpu_custom_call" not in text
+    monkeypatch.setattr(kernels, "_export_platform", lambda: "tpu")
+    kernel._modules.clear()
+    text, _ = kernel.module_for(*key)
+    assert text.count("tpu_custom_call") == 1 and "stablehlo.while" not in text
 
 
 def test_too_new_stablehlo_is_a_clear_error(jax, monkeypatch):

@@ -24,7 +24,6 @@ float32 inside the kernel. At ``high`` and ``highest`` the kernel multiplies flo
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import math
@@ -110,24 +109,6 @@ def _precision() -> str:
 
 # -- the kernel, as JAX functions ------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _lowering_mode() -> Any:
-    """Pallas interpret mode while lowering for the CPU emulator (plain HLO loops); on a TPU, Mosaic."""
-    from .kernels import _export_platform
-
-    if _export_platform() == "tpu":
-        yield
-        return
-    from jax._src import config
-
-    flag = config.pallas_tpu_interpret_mode_context_manager
-    previous = flag.swap_local(True)
-    try:
-        yield
-    finally:
-        flag.set_local(previous)
-
-
 def _library() -> Any:
     from jax.experimental.pallas.ops.tpu import flash_attention
 
@@ -168,9 +149,8 @@ def _forward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], q: 
     fa = _library()
     out_dtype = q.dtype
     qk, kk, vk, bias, sm_scale = _operands(causal, scale, low, q, k, v, mask[0] if mask else None)
-    with _lowering_mode():
-        o, l, m = fa._flash_attention(qk, kk, vk, bias, None, True, causal, sm_scale,
-                                      _block_sizes(fa, *blocks), False)
+    # exported by kernels: Mosaic on a TPU, Pallas' interpret mode on the emulator
+    o, l, m = fa._flash_attention(qk, kk, vk, bias, None, True, causal, sm_scale, _block_sizes(fa, *blocks), False)
     return o.astype(out_dtype), m + jnp.log(l)
 
 
@@ -189,10 +169,8 @@ def _backward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], q:
     # The kernel's residuals are the row max m and row sum l of exp(s - m); with m = logsumexp
     # and l = 1 it computes the same probabilities exp(s - lse).
     residuals = (qk, kk, vk, bias, None, out, jnp.ones_like(lse), lse)
-    with _lowering_mode():
-        dq, dk, dv, dbias, _ = fa._flash_attention_bwd(False, causal, sm_scale,
-                                                       _block_sizes(fa, *blocks), False,
-                                                       residuals, grad_out)
+    dq, dk, dv, dbias, _ = fa._flash_attention_bwd(False, causal, sm_scale, _block_sizes(fa, *blocks), False,
+                                                   residuals, grad_out)
     if mask is not None:
         dq = dq.astype(jnp.float32) * scale
         return dq.astype(dtype), dk.astype(dtype), dv.astype(dtype), dbias.astype(mask.dtype)

@@ -16,6 +16,7 @@ the three tiers like any program. See docs/custom_kernels.md.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import os
@@ -336,6 +337,24 @@ def _export_platform() -> str:
     return "tpu" if target.tpu() else "cpu"
 
 
+@contextlib.contextmanager
+def pallas_lowering_mode() -> Any:
+    """Where a kernel is exported: on a TPU, as written (a Pallas TPU kernel lowers with Mosaic to a
+    ``tpu_custom_call``); on the CPU emulator, with Pallas' TPU interpret mode on, so the same kernel,
+    written for a TPU without ``interpret=True``, lowers to plain HLO loops the CPU plugin runs."""
+    if _export_platform() == "tpu":
+        yield
+        return
+    from jax._src import config
+
+    flag = config.pallas_tpu_interpret_mode_context_manager
+    previous = flag.swap_local(True)
+    try:
+        yield
+    finally:
+        flag.set_local(previous)
+
+
 def _jax_dtype(jnp: Any, dtype: torch.dtype) -> Any:
     return jnp.dtype(str(dtype).removeprefix("torch."))
 
@@ -384,8 +403,9 @@ class _JaxKernel(_Kernel):
         if hit is None:
             jax = _import_jax()
             specs = self.out_specs(shapes, dtypes, static)
-            exported = jax.export.export(jax.jit(self.bound(static), keep_unused=True), platforms=[_export_platform()])(
-                *self._avals(jax, shapes, dtypes))
+            with pallas_lowering_mode():
+                exported = jax.export.export(jax.jit(self.bound(static), keep_unused=True),
+                                             platforms=[_export_platform()])(*self._avals(jax, shapes, dtypes))
             _check_version(exported)
             hit = self._modules[key] = (exported.mlir_module(), specs)
         return hit
@@ -485,6 +505,7 @@ def custom_jax_kernel(jax_fn: Callable[..., Any] | None = None, *, name: str | N
         return tuple(outs) if kernel.returns_tuple else outs[0]
 
     call.op = op  # type: ignore[attr-defined]
+    call.kernel = kernel  # type: ignore[attr-defined]  # its exports, per shapes (tests read the modules)
     call.backward_op = bwd_op  # type: ignore[attr-defined]
     return call
 

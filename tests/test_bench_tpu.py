@@ -30,11 +30,15 @@ def test_flash_workloads_small(tmp_path):
             assert "error" not in cell, (workload, mode, cell)
             assert cell["step_ms"] > 0 and cell["mfu_pct"] > 0 and cell["peak_mem_source"]
         for mode in ("compiled", "compiled_math"):
-            assert cells[mode]["peak_mem_mib"] > 0
+            assert cells[mode]["peak_mem_mib"] > 0 and cells[mode]["temp_mib"] > 0
+            assert cells[mode]["peak_total_mib"] == cells[mode]["peak_mem_mib"] + cells[mode]["temp_mib"]
+        for mode in ("jax_jit", "jax_flash"):  # the step's compiled memory_analysis
+            assert cells[mode]["temp_mib"] > 0
         # the same model and batch: flash and the math lowering give the same first loss
         assert cells["compiled"]["loss0"] == pytest.approx(cells["compiled_math"]["loss0"], rel=1e-3)
         assert cells["jax_flash"]["loss0"] == pytest.approx(cells["jax_jit"]["loss0"], rel=1e-3)
     pairs = [e for e in results["table"] if e.get("pairs")]
     assert {(e["workload"], e["row"]) for e in pairs} == {
-        (w, row) for w in ("flash_s512", "flash_s2048") for row in ("train step ms", "peak device MiB")}
+        (w, row) for w in ("flash_s512", "flash_s2048")
+        for row in ("train step ms", "peak device MiB", "largest program scratch MiB", "peak + scratch MiB")}
     assert "compiled vs compiled math" in r.stdout

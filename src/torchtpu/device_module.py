@@ -272,6 +272,8 @@ def reset_peak_memory_stats(device: int | str | torch.device | None = None) -> N
 
 
 def memory_stats(device: int | str | torch.device | None = None) -> dict[str, int]:
+    from .engine import compile_cache
+
     index = _index(device)
     s = _C._memory_stats(index)
     held, held_peak = _held_bytes(index)
@@ -279,7 +281,9 @@ def memory_stats(device: int | str | torch.device | None = None) -> dict[str, in
             "reserved_bytes.all.current": max(s["allocated_bytes"], held),
             "reserved_bytes.all.peak": max(s["peak_bytes"], held_peak),
             "allocation.all.current": s["allocations"], "allocation.all.allocated": s["total_allocations"],
-            "allocation.all.freed": s["total_frees"]}
+            "allocation.all.freed": s["total_frees"],
+            # torchtpu's own: a program's intermediates are its scratch, not tensors (see memory_reserved)
+            "temp_bytes.largest_program": compile_cache.largest_temp_bytes()}
 
 
 def memory_reserved(device: int | str | torch.device | None = None) -> int:

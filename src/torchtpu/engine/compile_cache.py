@@ -695,8 +695,26 @@ def compile(
                 del _tier1[k1]
         fut.set_exception(e)
         raise
+    _note_temp(exe)
     fut.set_result(exe)
     return exe
+
+
+_largest_temp = 0  # bytes: the largest scratch of a program this process compiled or loaded
+
+
+def _note_temp(exe: runtime.Executable) -> None:
+    global _largest_temp
+    stats = exe.compiled_memory_stats()
+    if stats is not None:
+        _largest_temp = max(_largest_temp, stats["temp"])
+
+
+def largest_temp_bytes() -> int:
+    """The largest device scratch (``temp``, PJRT's compiled memory stats) among the programs this
+    process compiled or loaded, 0 where the plugin does not say. A program's intermediates live
+    there, not in buffers: a device allocator's count of buffers in use does not include them."""
+    return _largest_temp
 
 
 def clear(tier: int | None = None) -> None:

@@ -162,6 +162,23 @@ class Executable:
             return None
         return ffi.string(r.executable_fingerprint, r.executable_fingerprint_size).decode("utf-8", "replace")
 
+    def compiled_memory_stats(self) -> dict[str, int] | None:
+        """PJRT_Executable_GetCompiledMemoryStats in bytes (device side): ``argument``, ``output``,
+        ``alias`` (outputs written into donated arguments), ``temp`` (the program's scratch, which no
+        buffer outlives) and ``generated_code``; None where the plugin has none."""
+        p = self._plugin
+        if not p.has("PJRT_Executable_GetCompiledMemoryStats"):
+            return None
+        try:
+            r = p.call("PJRT_Executable_GetCompiledMemoryStats", executable=self._exe)
+        except PjrtError as e:
+            if e.code == UNIMPLEMENTED:
+                return None
+            raise
+        return {"argument": int(r.argument_size_in_bytes), "output": int(r.output_size_in_bytes),
+                "alias": int(r.alias_size_in_bytes), "temp": int(r.temp_size_in_bytes),
+                "generated_code": int(r.generated_code_size_in_bytes)}
+
     def serialize(self) -> bytes:
         """Plugin-specific bytes for Client.deserialize (same plugin build only)."""
         p = self._plugin

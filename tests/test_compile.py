@@ -656,6 +656,45 @@ def test_compiled_training_step_in_strict_mode_is_one_or_two_launches(fuse, per_
     assert torch.tpu.get_eager_mode() == "strict" and not step_recording.recording()
 
 
+def test_a_compiled_steps_two_programs_compile_side_by_side(monkeypatch):
+    """Strict mode's first compiled training step: the forward-through-backward program is cut at
+    the optimizer's pre-hook and compiles in the background while the optimizer step is recorded,
+    and the optimizer step's program starts compiling before the first one is done (before, the
+    step's end waited for the first compile, then compiled the second: a first step paid both).
+    The losses are those of the steps run op by op."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torchtpu import step_recording
+    from torchtpu.engine import deferred
+
+    monkeypatch.setattr(step_recording, "_FUSE_COMPILED", "off")
+    separate, _ = _compiled_gpt_losses("strict", 3, read_each_step=True)
+    monkeypatch.setattr(step_recording, "_FUSE_COMPILED", "backward")
+    deferred.cache_clear()
+    torch.tpu.clear_compile_cache(1)
+    finished_before_start: list[int] = []  # per background compile: how many had finished when it began
+    finished: list[int] = []
+    two_in_flight = threading.Event()
+    compile_fused = deferred._compile_fused
+
+    def held(*args):
+        finished_before_start.append(len(finished))
+        if len(finished_before_start) >= 2:
+            two_in_flight.set()
+        two_in_flight.wait(5)  # without the overlap, the first compile goes on alone after 5 s
+        try:
+            return compile_fused(*args)
+        finally:
+            finished.append(1)
+
+    monkeypatch.setattr(deferred, "_compiler", ThreadPoolExecutor(4, thread_name_prefix="torchtpu-compile-test"))
+    monkeypatch.setattr(deferred, "_compile_fused", held)
+    fused, _ = _compiled_gpt_losses("strict", 3, read_each_step=True)
+    assert finished_before_start[:2] == [0, 0], finished_before_start
+    torch.testing.assert_close(fused, separate, rtol=2e-3, atol=2e-3)
+
+
 def test_recorded_compiled_steps_without_reads_make_one_program_variant(monkeypatch):
     """A graph with index checks (the GPT's embeddings) takes the device's check flag. The flag
     it took was a dead input (donated) when it came from the step before and a live one after a

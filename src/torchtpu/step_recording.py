@@ -13,7 +13,11 @@ has the same ops). Recording
   that is not a cut), or at a change of eager mode. Ops in between (a loss scaled, gradients
   clipped) are recorded too. A recording begun at a compiled graph ends by default where the
   optimizer step begins (``TORCH_TPU_FUSE_COMPILED_STEPS=backward``), and the step is recorded as a
-  program of its own: two launches per training step. Through the optimizer step (``=optimizer``)
+  program of its own: two launches per training step. That end is a cut (as DeferAndFuse's chunk
+  cuts): on a first step the forward-backward program compiles in the background while the
+  optimizer step is recorded, and the optimizer step's program, cut again at its end, compiles
+  beside it; the step's end then launches both in order (a first step pays the longer compile,
+  not both). Through the optimizer step (``=optimizer``)
   a step is one launch, but a model's first step (which creates the optimizer's state) and later
   steps are two variants of the whole step's program, and both compile: measured on the emulator
   for a 12-layer GPT, 13 s to reach speed instead of 10 s, where the two-program step compiles
@@ -78,10 +82,22 @@ def _on_tpu(optimizer: torch.optim.Optimizer) -> bool:
 # record_function scopes such as the step's own).
 _lib = torch.library.Library("torchtpu", "FRAGMENT")
 _lib.define("optimizer_step() -> ()")
-_lib.impl("optimizer_step", lambda: deferred.flush(), "CompositeExplicitAutograd")
-# The same for what a compiled step recorded up to its optimizer step.
-_lib.define("compiled_step() -> ()")
-_lib.impl("compiled_step", lambda: deferred.flush(), "CompositeExplicitAutograd")
+
+
+def _run_step() -> None:
+    # A cut first: where the graph before it (a compiled step's forward and backward, cut at the
+    # optimizer's pre-hook) still compiles, this one compiles beside it instead of after it
+    # (deferred.flush waits for the graphs in flight before it emits its own). Then the flush
+    # launches both, in order, and ends the recording.
+    deferred.flush(cut=True)
+    deferred.flush()
+
+
+_lib.impl("optimizer_step", _run_step, "CompositeExplicitAutograd")
+# The same for what a compiled step recorded up to its optimizer step: a cut where the optimizer
+# step goes on recording (see _pre_hook), else a flush.
+_lib.define("compiled_step(bool cut=False) -> ()")
+_lib.impl("compiled_step", lambda cut=False: deferred.flush(cut=cut), "CompositeExplicitAutograd")
 
 
 def recording() -> bool:
@@ -129,6 +145,14 @@ def _pre_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         torch.ops.torchtpu.optimizer_step()
     if _recording:  # begun at a compiled graph
         if _FUSE_COMPILED == "optimizer":  # this step ends it
+            _optimizer = optimizer
+            return
+        if _FUSE_OPTIMIZER and _on_tpu(optimizer):
+            # Forward through backward: one program, cut here, so that a first step compiles it in
+            # the background while the optimizer step is recorded and compiled beside it (on a TPU
+            # v5e compiles run side by side: docs/tpu.md); a cached one launches at once. The
+            # recording goes on into the optimizer step, whose end flushes both, in order.
+            torch.ops.torchtpu.compiled_step(True)
             _optimizer = optimizer
             return
         torch.ops.torchtpu.compiled_step()  # forward through backward: one program (ends it)

@@ -12,7 +12,10 @@ Modes: ``jax_jit`` (the JAX peer in ``bench/peers``, jitted), ``jax_eager`` (JAX
 ``strict`` (torchtpu's default eager mode), ``defer`` (DeferAndFuse: ``TORCH_TPU_DEFER_AND_FUSE=1``)
 ``compiled`` (``torch.compile(..., backend="tpu")``; the optimizer runs in Strict eager) and
 ``compiled_defer`` (the same in DeferAndFuse mode: the compiled graphs are recorded with the eager
-optimizer, one program per step or per few steps). For the ``flash_*`` workloads: ``jax_flash``
+optimizer, one program per step or per few steps), ``compiled_graph`` (the compiled model's train step
+captured once with ``torch.tpu.graph`` and replayed: ``TPUGraph.replay()`` per step, one launch and
+no Python of the step's; AdamW ``capturable=True``; the first step runs as usual, then the capture).
+For the ``flash_*`` workloads: ``jax_flash``
 (the JAX peer with JAX's Pallas TPU flash-attention kernel), ``compiled`` with torchtpu's flash
 attention forced on (``TORCH_TPU_FLASH_ATTENTION=1``) and ``compiled_math`` with it off (``=0``,
 attention by the math lowering).
@@ -82,13 +85,14 @@ from pathlib import Path
 from typing import Any
 
 RESULT_PREFIX = "BENCH_RESULT "
-MODES = ("jax_jit", "jax_eager", "jax_flash", "strict", "defer", "compiled", "compiled_defer", "compiled_math")
+MODES = ("jax_jit", "jax_eager", "jax_flash", "strict", "defer", "compiled", "compiled_defer", "compiled_graph",
+         "compiled_math")
 MODE_LABELS = {"jax_jit": "JAX jit", "jax_eager": "JAX op-by-op", "jax_flash": "JAX flash", "strict": "Strict",
                "defer": "DeferAndFuse", "compiled": "compiled", "compiled_defer": "compiled+Defer",
-               "compiled_math": "compiled math"}
+               "compiled_graph": "compiled, TPUGraph", "compiled_math": "compiled math"}
 JAX_MODES = ("jax_jit", "jax_eager", "jax_flash")
 TORCH_EAGER_MODE = {"strict": "strict", "defer": "defer_and_fuse", "compiled": "strict",
-                    "compiled_defer": "defer_and_fuse", "compiled_math": "strict"}
+                    "compiled_defer": "defer_and_fuse", "compiled_graph": "strict", "compiled_math": "strict"}
 MIB = 2**20
 REPO = Path(__file__).resolve().parent.parent
 
@@ -169,7 +173,8 @@ FLASH_ROWS = (*TRAIN_ROWS, MFU_ROW, PEAK_MEM_ROW, TEMP_ROW, PEAK_TOTAL_ROW)
 FLASH_MODES = ("jax_jit", "jax_flash", "compiled", "compiled_math")
 FLASH_PAIRS = (("compiled", "compiled_math"), ("compiled", "jax_flash"))
 PAIR_METRICS = ("step_ms", "peak_mem_mib", "temp_mib", "peak_total_mib")  # the rows a workload's pairs are given for
-TRAIN_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer")
+TRAIN_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer", "compiled_graph")
+WARM_START_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer")
 WORKLOADS: dict[str, Workload] = {
     "op_chain": Workload(("jax_jit", "jax_eager", "strict", "defer"),
                          (Row("us_per_op", "µs/op", "lower"),), ref="jax_eager"),
@@ -182,7 +187,7 @@ WORKLOADS: dict[str, Workload] = {
                                                     Row("first_gen_s", "first generation s", "lower"))),
     "decode_b8": Workload(("jax_jit", "compiled"), (Row("tokens_per_s", "tokens/s", "higher", "{:.4g}"),
                                                     Row("first_gen_s", "first generation s", "lower"))),
-    "warm_start": Workload(TRAIN_MODES, (Row("warm_first_step_s", "warm first step s", "lower"),
+    "warm_start": Workload(WARM_START_MODES, (Row("warm_first_step_s", "warm first step s", "lower"),
                                          Row("cold_first_step_s", "cold first step s", "lower"),
                                          Row("warm_compiles", "warm XLA compiles", None, "{:.0f}"),
                                          Row("cold_compiles", "cold XLA compiles", None, "{:.0f}")),
@@ -288,20 +293,41 @@ def torch_gpt_step(p: dict[str, Any], mode: str, bf16: bool) -> tuple[Any, Any, 
     torch, model = _torch_gpt(p, train=True)
     from torchtpu.examples.gpt import make_batch
 
-    opt = torch.optim.AdamW(model.parameters(), lr=p["lr"])
+    # a captured step keeps AdamW's step count on the device (as CUDA graphs need)
+    opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], capturable=mode == "compiled_graph")
     loss_fn = torch.compile(model.loss, backend="tpu") if mode.startswith("compiled") else model.loss
     x, y = (t.to("tpu") for t in make_batch(model.cfg, p["batch"], torch.Generator().manual_seed(0)))
 
-    def step() -> Any:
+    def forward_backward() -> Any:
         ctx = torch.autocast("tpu", torch.bfloat16) if bf16 else contextlib.nullcontext()
         with ctx:
             loss = loss_fn(x, y)
         loss.backward()
+        return loss
+
+    def step() -> Any:
+        loss = forward_backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
 
-    return torch, model, step
+    if mode != "compiled_graph":
+        return torch, model, step
+    captured: dict[str, Any] = {}
+
+    def replayed_step() -> Any:
+        if not captured:  # the first step as usual (it creates AdamW's state), then the capture
+            loss = step()
+            graph = torch.tpu.TPUGraph()
+            with torch.tpu.graph(graph):
+                captured["loss"] = forward_backward()
+                opt.step()
+            captured["graph"] = graph
+            return loss
+        captured["graph"].replay()
+        return captured["loss"]
+
+    return torch, model, replayed_step
 
 
 def torch_gpt_train(p: dict[str, Any], mode: str, bf16: bool) -> dict[str, Any]:

@@ -103,3 +103,27 @@ def test_device_time_only_while_a_profile_asks_for_it(tmp_path):
     with profile(activities=ACTIVITIES):
         assert device_trace.active()
     assert not device_trace.active()
+
+
+def test_a_replayed_tpu_graph_shows_its_device_time(tmp_path):
+    """torch.tpu.TPUGraph.replay launches as the op torchtpu::graph_replay: its program's device
+    time sits in that op's row."""
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+    x = torch.randn(16, 32).to("tpu")
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        model(x).sum().backward()
+        opt.step()
+    g.replay()
+    torch.tpu.synchronize()
+    with profile(activities=ACTIVITIES) as prof:
+        g.replay()
+        torch.tpu.synchronize()
+    kernels, _ = _kernels(prof, tmp_path)
+    assert len(kernels) == 1, [k["name"] for k in kernels]
+    ops = {e.key: e.device_time_total for e in prof.key_averages()}
+    assert ops["torchtpu::graph_replay"] > 0

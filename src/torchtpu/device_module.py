@@ -14,6 +14,7 @@ from ._config import config
 from .engine import deferred, executor
 from .engine import precision as _precision
 from .engine.precision import precision  # noqa: F401  (public: torch.tpu.precision)
+from .graphs import TPUGraph, graph, graph_pool_handle, is_current_stream_capturing  # noqa: F401
 from .runtime import PjrtError, host_memory
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
 

@@ -185,6 +185,9 @@ _graph = _Graph()
 # step recording ends there (step_recording._ended).
 on_materialize: Any = None
 _in_flight: deque[_InFlight] = deque()
+# The torch.tpu.TPUGraph capturing now (graphs.py), if one is: every op is recorded into one graph,
+# which capture_end compiles without running it; cuts do nothing and a read is refused.
+capturing: Any = None
 # graph key -> its program's compile, submitted and not yet launched: the same graph cut again
 # meanwhile (the next step, while the first step's programs still compile) waits on it instead of
 # compiling again
@@ -465,6 +468,12 @@ def _unresolved_later(args: list[tuple]) -> bool:
 def _launch(fused: _Fused, args: list[tuple], device: int,
             bindings: dict[tuple[int, int], list[tuple[torch.UntypedStorage, Pending]]]) -> None:
     """Run a fused program and bind each live output to the storages that await it."""
+    outs = run_fused(fused, args, device)
+    (_bind_outputs if _native_record else _bind_outputs_python)(fused.live, outs, bindings)
+
+
+def run_fused(fused: _Fused, args: list[tuple], device: int) -> list:
+    """Launch a fused program on these arguments (not waited for): its live outputs' buffers."""
     layout = fused.layout
     buffers = [_arg_buffer(args[i], device) for i in layout.own]
     if layout.packed:
@@ -480,7 +489,7 @@ def _launch(fused: _Fused, args: list[tuple], device: int,
             buffers.append(hit[2])
     outs = executor.launch(fused.executable, buffers, device, fused.donate)
     del buffers
-    (_bind_outputs if _native_record else _bind_outputs_python)(fused.live, outs, bindings)
+    return outs
 
 
 def _live_outputs_python(g: _Graph, touched: list) -> tuple[list[tuple[int, int]], dict]:
@@ -522,6 +531,10 @@ def flush(cut: bool = False) -> None:
     in the background (see the module docstring).
     """
     global _graph, _since_sync
+    if capturing is not None:  # a torch.tpu.graph capture: one graph, nothing runs (graphs.py)
+        if cut:
+            return
+        capturing.refuse("a read or synchronization")
     if not cut and on_materialize is not None:
         on_materialize()
     with _lock:

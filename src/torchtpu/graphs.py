@@ -1,0 +1,252 @@
+"""``torch.tpu.TPUGraph`` and ``torch.tpu.graph``: capture tpu work once, replay it as one program.
+
+They mirror ``torch.cuda.CUDAGraph`` and ``torch.cuda.graph``. Capture records every tpu op run
+inside the ``with`` block (model forward, ``backward()``, ``optimizer.step()``: eager ops and
+``torch.compile`` graphs alike) as DeferAndFuse does, into one graph, and compiles it as one XLA
+program; **nothing runs at capture**. ``replay()`` launches that program on the current values of
+the tensors the captured ops read, and writes its results into the tensors they wrote, with no
+Python, no autograd and no optimizer code: the whole training step is one launch of a few tens of
+microseconds of host time, where running the step's Python costs milliseconds (a tiny model's step
+is then bound by the device, not the host). As with CUDA graphs:
+
+- the tensors are static: feed new data by copying into the captured inputs
+  (``static_x.copy_(batch)``), read results from the tensors the capture produced (the loss, the
+  gradients), which replay overwrites; tensors the capture reads must stay alive;
+- Python values are fixed at capture (a float learning rate, a loop's trip count); an optimizer
+  must be ``capturable=True`` (its step count then lives on the device), and ``optimizer.step()``
+  under capture raises otherwise, as on CUDA;
+- a read of a value (``.item()``, ``.cpu()``, printing) or a synchronization inside the capture
+  raises, since nothing has been computed;
+- the tensors the capture writes keep their old values until the first replay (new tensors have
+  none: reading one raises until then).
+
+Random ops draw a fresh seed from the device's default generator at every replay.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from . import _C
+from ._config import config
+from .engine import deferred
+
+__all__ = ["TPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing"]
+
+
+class CaptureError(RuntimeError):
+    """An operation that cannot happen while a tpu graph is being captured."""
+
+
+class TPUGraph:
+    """A captured sequence of tpu work (see the module docstring). ``torch.cuda.CUDAGraph``'s
+    methods; ``pool``, ``capture_error_mode`` and debug dumps have no meaning here (PJRT owns the
+    device memory) and are accepted or refused as noted."""
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        self._fused: Any = None
+        self._args: list[tuple] = []
+        self._outputs: list[list[weakref.ref]] = []  # per program result: the storages it is written to
+        self._device = 0
+        self._empty = False
+        self._mode: tuple[bool, bool] = (False, False)  # config's (defer_and_fuse, launch_blocking) before
+
+    # -- capture ---------------------------------------------------------------------------------
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        """Begin capturing (``torch.tpu.graph`` calls this): what was launched or recorded before
+        runs first, then every tpu op is recorded, not run."""
+        if deferred.capturing is not None:
+            raise CaptureError("torchtpu: a tpu graph is already being captured (captures do not nest)")
+        if self._fused is not None or self._empty:
+            raise CaptureError("torchtpu: this TPUGraph was captured already; call reset() to capture again")
+        torch.tpu.synchronize()  # the graph reads values: they exist before it begins
+        with deferred._lock:
+            deferred._reset_history()
+            deferred.capturing = self
+        # recorded in every eager mode: Debug mode (launch_blocking) runs ops one by one otherwise;
+        # its replays wait for the device instead
+        self._mode = (config.defer_and_fuse, config.launch_blocking)
+        config.defer_and_fuse, config.launch_blocking = True, False
+
+    def capture_end(self) -> None:
+        """End the capture: compile the captured graph as one program (not run)."""
+        if deferred.capturing is not self:
+            raise CaptureError("torchtpu: capture_end() without this graph's capture_begin()")
+        with deferred._lock:
+            g = deferred._graph
+            deferred._graph = deferred._Graph()
+            deferred.capturing = None
+            deferred._reset_history()
+            deferred._since_sync = 0
+        config.defer_and_fuse, config.launch_blocking = self._mode
+        live, holders = deferred._live_outputs(g, g.touched) if g.nodes else ([], {})
+        if not live:
+            deferred._release(g)
+            self._empty = True
+            return
+        try:
+            self._compile(g, live, holders)
+        finally:
+            deferred._release(g)
+
+    def _compile(self, g: Any, live: list[tuple[int, int]], holders: dict) -> None:
+        args = list(g.args)
+        freed = [a for a in args if a[0] == "buf" and a[2]() is None]
+        if freed:
+            raise CaptureError(
+                "torchtpu: the captured ops read a tensor that was freed before the capture ended (gradients "
+                "set to None inside the capture, for instance): a replay would have nothing to read. Free it "
+                "before the capture begins (optimizer.zero_grad(set_to_none=True) before `with torch.tpu.graph`), "
+                "or keep it alive")
+        dead = deferred._dead_arguments(g, args, live)
+        key = _C._op_key((tuple(g.wiring), tuple(live), dead))
+        fused = deferred._cache.get(key)
+        if fused is None:
+            text, layout, aliases = deferred._emit(g, args, live, key)
+            fused = deferred._compile_fused(text, live, layout, aliases, f"the captured graph ({len(g.nodes)} ops)")
+            deferred._cache[key] = fused
+        # the arguments without their capture-time buffers (a replay reads the storages' current
+        # ones; holding these would keep a copy of every parameter and optimizer state alive)
+        self._args = [("buf", None, a[2]) if a[0] == "buf" else a for a in args]
+        self._fused, self._device = fused, g.nodes[0].device
+        self._outputs = [[weakref.ref(s) for s, _ in holders[k]] for k in live]
+        # Nothing ran: a storage the graph read keeps its value (its buffer, an argument) until the
+        # first replay; one it only wrote (a new tensor) has none yet.
+        before = {id(ref()): a[1] for a in args if a[0] == "buf" and (ref := a[2])() is not None}
+        for k in live:
+            for s, pending in holders[k]:
+                buf = before.get(id(s))
+                if buf is not None:
+                    setattr(s, deferred._ATTR, buf)
+                else:
+                    deferred._failed[pending] = "it is written by a captured tpu graph that has not been replayed yet"
+
+    def refuse(self, what: str) -> None:
+        """Raise for an operation that cannot happen inside the capture (deferred.flush calls it)."""
+        raise CaptureError(f"torchtpu: {what} is not permitted while a tpu graph is being captured "
+                           "(torch.tpu.graph): nothing runs during a capture; read results after a replay")
+
+    # -- replay ----------------------------------------------------------------------------------
+    def replay(self) -> None:
+        """Run the captured program once on the captured tensors' current values (asynchronous)."""
+        global _replaying
+        _replaying = self
+        try:
+            torch.ops.torchtpu.graph_replay()  # an op: the profiler gives the program's device time to it
+        finally:
+            _replaying = None
+
+    def _replay(self) -> None:
+        if deferred.capturing is not None:
+            raise CaptureError("torchtpu: replay() while a tpu graph is being captured")
+        if self._empty:
+            return
+        if self._fused is None:
+            raise CaptureError("torchtpu: replay() before the graph was captured")
+        if deferred.has_pending():  # recorded work first: it may write what the graph reads
+            deferred.flush()
+        args = []
+        for a in self._args:
+            kind = a[0]
+            if kind == "buf":
+                s = a[2]()
+                buf = None if s is None else getattr(s, deferred._ATTR, None)
+                if buf is None or buf.__class__ is deferred.Pending:
+                    why = "was freed" if s is None else "holds no value"
+                    raise CaptureError(f"torchtpu: a tensor the captured tpu graph reads {why}: keep the "
+                                       "tensors a capture reads alive and filled while it is replayed")
+                args.append(("buf", buf, a[2]))
+            elif kind == "seed":
+                args.append(("seed", _C._next_seed(_C._default_generator(self._device))))
+            else:
+                args.append(a)
+        with deferred._lock:
+            outs = deferred.run_fused(self._fused, args, self._device)
+        del args
+        attr = deferred._ATTR
+        for refs, buf in zip(self._outputs, outs):
+            for ref in refs:
+                s = ref()
+                if s is not None:
+                    setattr(s, attr, buf)
+        if config.launch_blocking:  # Debug mode: synchronous, device errors surface here
+            torch.tpu.synchronize()
+
+    def reset(self) -> None:
+        """Drop the captured program; the graph may be captured again."""
+        self._fused, self._args, self._outputs, self._empty = None, [], [], False
+
+    def pool(self) -> tuple[int, int]:
+        """A memory-pool handle, as CUDA graphs share pools: PJRT owns tpu memory, so it is opaque."""
+        return graph_pool_handle()
+
+    def enable_debug_mode(self) -> None:
+        raise NotImplementedError("torchtpu: TPUGraph has no debug dump (the captured program is an XLA "
+                                  "program: TORCH_TPU_DUMP_DIR or torch.tpu's program traces show it)")
+
+    def debug_dump(self, debug_path: str) -> None:
+        self.enable_debug_mode()
+
+
+# TPUGraph.replay runs as an op, so that torch.profiler shows "torchtpu::graph_replay" with the
+# program's device time (Kineto correlates device events with ops, not with Python scopes)
+_replaying: TPUGraph | None = None
+_lib = torch.library.Library("torchtpu", "FRAGMENT")
+_lib.define("graph_replay() -> ()")
+_lib.impl("graph_replay", lambda: _replaying._replay(), "CompositeExplicitAutograd")
+
+
+class graph:
+    """``with torch.tpu.graph(g):`` captures the block into ``g`` (``torch.cuda.graph``'s
+    signature; ``pool`` and ``stream`` are accepted and have no effect: one device queue, PJRT's
+    memory)."""
+
+    def __init__(self, tpu_graph: TPUGraph, pool: Any = None, stream: Any = None,
+                 capture_error_mode: str = "global") -> None:
+        self.tpu_graph = tpu_graph
+
+    def __enter__(self) -> None:
+        self.tpu_graph.capture_begin()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc_type is None:
+            self.tpu_graph.capture_end()
+            return
+        # the block raised: drop what it recorded (nothing ran) and leave capture mode
+        with deferred._lock:
+            g = deferred._graph
+            deferred._graph = deferred._Graph()
+            deferred.capturing = None
+            deferred._reset_history()
+        config.defer_and_fuse, config.launch_blocking = self.tpu_graph._mode
+        deferred._release(g)
+
+
+def graph_pool_handle() -> tuple[int, int]:
+    """An opaque pool handle (``torch.cuda.graph_pool_handle``): tpu memory is PJRT's, not pooled."""
+    return (0, 0)
+
+
+def is_current_stream_capturing() -> bool:
+    """Whether a tpu graph is being captured now."""
+    return deferred.capturing is not None
+
+
+def _check_capturable(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """As CUDA's capture health check: a step under capture must keep its step count on the
+    device (``capturable=True``), or every replay would use the capture's bias corrections."""
+    if deferred.capturing is None or torch.compiler.is_compiling():
+        return
+    if "capturable" in optimizer.defaults and not all(g.get("capturable") for g in optimizer.param_groups):
+        raise CaptureError(f"torchtpu: capture of {type(optimizer).__name__}.step() in a tpu graph needs "
+                           "capturable=True in every param group (its step count then lives on the device; "
+                           "with capturable=False each replay would repeat the captured step's bias corrections)")
+
+
+def install() -> None:
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    register_optimizer_step_pre_hook(_check_capturable)

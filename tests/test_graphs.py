@@ -1,0 +1,171 @@
+"""torch.tpu.TPUGraph / torch.tpu.graph: a captured training step replayed as one program."""
+
+import pytest
+import torch
+from helpers import count_launches
+from torch import nn
+
+from torchtpu.examples.gpt import GPT, GPTConfig, make_batch
+from torchtpu.graphs import CaptureError, TPUGraph
+
+CFG = GPTConfig(vocab=64, seq=16, d_model=32, heads=2, layers=2)
+
+
+def _model_and_optimizer(dropout: float = 0.0):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**CFG.__dict__, "dropout": dropout})).to("tpu")
+    # eps: gradients near 0 would turn rounding differences into whole steps (m / sqrt(v) ~ +-1)
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-3, eps=1e-3, capturable=True)
+
+
+def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [make_batch(CFG, 4, g) for _ in range(n)]
+
+
+def _eager_losses(batches, compiled: bool = False) -> tuple[list[float], list[torch.Tensor]]:
+    model, opt = _model_and_optimizer()
+    loss_fn = torch.compile(model.loss, backend="tpu") if compiled else model.loss
+    losses = []
+    for x, y in batches:
+        loss = loss_fn(x.to("tpu"), y.to("tpu"))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def _graph_losses(batches, compiled: bool = False, warmup: int = 1) -> tuple[list[float], list[torch.Tensor], TPUGraph]:
+    model, opt = _model_and_optimizer()
+    loss_fn = torch.compile(model.loss, backend="tpu") if compiled else model.loss
+    static_x, static_y = (t.to("tpu") for t in batches[0])
+    losses = []
+    for x, y in batches[:warmup]:  # warm-up steps, run as usual (they create the optimizer's state)
+        static_x.copy_(x.to("tpu"))
+        static_y.copy_(y.to("tpu"))
+        loss = loss_fn(static_x, static_y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        static_loss = loss_fn(static_x, static_y)
+        static_loss.backward()
+        opt.step()
+    for x, y in batches[warmup:]:
+        static_x.copy_(x.to("tpu"))
+        static_y.copy_(y.to("tpu"))
+        g.replay()
+        losses.append(static_loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()], g
+
+
+@pytest.mark.parametrize("compiled, mode", [(False, "strict"), (True, "strict"), (False, "debug"),
+                                           (True, "defer_and_fuse")])
+def test_a_replayed_training_step_matches_running_it(compiled, mode):
+    """Forward, backward and a capturable AdamW step captured once (nothing runs at capture), then
+    replayed on new batches copied into the captured inputs: the losses and parameters of running
+    every step as usual, in each eager mode, the model compiled or not."""
+    batches = _batches(6)
+    with torch.tpu.eager_mode(mode):
+        ref_losses, ref_params = _eager_losses(batches, compiled)
+        losses, params, _ = _graph_losses(batches, compiled)
+        assert torch.tpu.get_eager_mode() == mode
+    # Debug mode runs the reference op by op, the replay as one fused program (XLA's fusions round
+    # differently); Strict and DeferAndFuse fuse the reference's optimizer step too
+    tol = {"rtol": 1e-4, "atol": 1e-5} if mode == "debug" else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(losses, ref_losses, **tol)
+    for got, want in zip(params, ref_params):
+        torch.testing.assert_close(got, want, **tol)
+
+
+def test_a_replay_is_one_launch(monkeypatch):
+    batches = _batches(3)
+    model, opt = _model_and_optimizer()
+    x, y = (t.to("tpu") for t in batches[0])
+    model.loss(x, y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        loss = model.loss(x, y)
+        loss.backward()
+        opt.step()
+    torch.tpu.synchronize()
+    launches = count_launches(monkeypatch)
+    for _ in range(5):
+        g.replay()
+    torch.tpu.synchronize()
+    assert launches[0] == 5, launches[0]
+    assert torch.tpu.get_eager_mode() == "strict" and not torch.tpu.is_current_stream_capturing()
+
+
+def test_nothing_runs_at_capture_and_new_tensors_wait_for_the_first_replay():
+    w = torch.ones(3, device="tpu")
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        assert torch.tpu.is_current_stream_capturing()
+        w.mul_(2)
+        out = w + 1
+    torch.testing.assert_close(w.cpu(), torch.ones(3))  # as CUDA: the capture did not run
+    with pytest.raises(RuntimeError, match="captured tpu graph that has not been replayed yet"):
+        out.cpu()
+    g.replay()
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 3.0))
+    g.replay()
+    torch.testing.assert_close((w.cpu(), out.cpu()), (torch.full((3,), 4.0), torch.full((3,), 5.0)))
+
+
+def test_a_read_inside_the_capture_raises_and_leaves_capture_mode():
+    x = torch.ones(2, device="tpu")
+    g = TPUGraph()
+    match = "read or synchronization is not permitted while a tpu graph is being"
+    with pytest.raises(CaptureError, match=match), torch.tpu.graph(g):
+        (x * 2).sum().item()
+    assert not torch.tpu.is_current_stream_capturing() and torch.tpu.get_eager_mode() == "strict"
+    torch.testing.assert_close((x * 3).cpu(), torch.full((2,), 3.0))
+
+
+def test_a_non_capturable_optimizer_step_under_capture_raises():
+    p = nn.Parameter(torch.ones(2, device="tpu"))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    p.grad = torch.ones(2, device="tpu")
+    opt.step()
+    with pytest.raises(CaptureError, match="needs capturable=True"), torch.tpu.graph(TPUGraph()):
+        opt.step()
+
+
+def test_a_tensor_freed_inside_the_capture_that_it_reads_is_refused():
+    model, opt = _model_and_optimizer()
+    x, y = (t.to("tpu") for t in _batches(1)[0])
+    model.loss(x, y).backward()  # gradients exist before the capture, which accumulates into them
+    match = "read a tensor that was freed before the capture ended"
+    with pytest.raises(CaptureError, match=match), torch.tpu.graph(TPUGraph()):
+        model.loss(x, y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def test_random_ops_draw_new_seeds_each_replay():
+    x = torch.ones(64, device="tpu")
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        out = torch.nn.functional.dropout(x, 0.5)
+    g.replay()
+    first = out.cpu()
+    g.replay()
+    second = out.cpu()
+    assert set(first.unique().tolist()) <= {0.0, 2.0} and not torch.equal(first, second)
+
+
+def test_replay_before_capture_and_captures_do_not_nest():
+    g = TPUGraph()
+    with pytest.raises(CaptureError, match="before the graph was captured"):
+        g.replay()
+    with torch.tpu.graph(g), pytest.raises(CaptureError, match="do not nest"):
+        TPUGraph().capture_begin()
+    g.replay()  # an empty capture replays as nothing
+    with pytest.raises(CaptureError, match="captured already"):
+        g.capture_begin()

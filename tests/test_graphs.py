@@ -128,6 +128,17 @@ def test_a_read_inside_the_capture_raises_and_leaves_capture_mode():
     torch.testing.assert_close((x * 3).cpu(), torch.full((2,), 3.0))
 
 
+def test_a_host_to_device_copy_inside_the_capture_raises():
+    """A CUDA graph's replay copies again from the host memory's current contents; a tpu graph
+    cannot, and a copy frozen at capture would silently feed the same batch forever."""
+    static_x = torch.zeros(4, device="tpu")
+    match = "a copy from the host to a tpu tensor is not permitted while a tpu graph is being captured"
+    with pytest.raises(CaptureError, match=match), torch.tpu.graph(TPUGraph()):
+        static_x.copy_(torch.ones(4))
+    static_x.copy_(torch.ones(4))  # outside a capture, as usual
+    torch.testing.assert_close(static_x.cpu(), torch.ones(4))
+
+
 def test_a_non_capturable_optimizer_step_under_capture_raises():
     p = nn.Parameter(torch.ones(2, device="tpu"))
     opt = torch.optim.AdamW([p], lr=0.1)

@@ -16,7 +16,9 @@ is then bound by the device, not the host). As with CUDA graphs:
   must be ``capturable=True`` (its step count then lives on the device), and ``optimizer.step()``
   under capture raises otherwise, as on CUDA;
 - a read of a value (``.item()``, ``.cpu()``, printing) or a synchronization inside the capture
-  raises, since nothing has been computed;
+  raises, since nothing has been computed; so does a copy from the host (a CUDA graph's replay
+  copies again from the host memory's current contents, which a tpu program cannot read): copy a
+  new batch into the captured input before ``replay()``, outside the capture;
 - the tensors the capture writes keep their old values until the first replay (new tensors have
   none: reading one raises until then).
 

@@ -86,6 +86,12 @@ def from_numpy(a: np.ndarray) -> torch.Tensor:
 
 def upload(host: torch.Tensor, device_index: int) -> Buffer:
     """Copy a CPU tensor into a new device buffer of its shape, laid out row-major."""
+    from .engine import deferred
+
+    if deferred.capturing is not None:
+        # A CUDA graph replays its host-to-device copies from the host memory's current contents;
+        # a tpu graph cannot re-read host memory, and a copy frozen at capture would be wrong
+        deferred.capturing.refuse("a copy from the host to a tpu tensor")
     host = host.detach()
     if not host.is_contiguous():
         host = host.contiguous()

@@ -18,7 +18,7 @@ from .buffer import Buffer
 from .compile_options import compile_options
 from .device import Device
 from .dtypes import HOST_PJRT_TYPES
-from .errors import UNIMPLEMENTED, PjrtError, UnsupportedDtypeError
+from .errors import PjrtError, UnsupportedDtypeError
 from .executable import Executable
 from .plugin import NamedValues, Plugin, load_plugin
 from .plugins import default_client_options, plugin_kind, resolve_plugin_path
@@ -168,16 +168,10 @@ class Client:
 
     def memory_stats(self, device: Device | int = 0) -> dict[str, int] | None:
         """Allocator statistics of a device, or None where unsupported (CPU)."""
-        p = self._plugin
-        if not p.has("PJRT_Device_MemoryStats"):
-            return None
         d = self.devices[device] if isinstance(device, int) else device
-        try:
-            r = p.call("PJRT_Device_MemoryStats", device=d.handle)
-        except PjrtError as e:
-            if e.code == UNIMPLEMENTED:
-                return None
-            raise
+        r = self._plugin.call_if_supported("PJRT_Device_MemoryStats", device=d.handle)
+        if r is None:
+            return None
         stats = {"bytes_in_use": int(r.bytes_in_use)}
         for name in _MEMORY_STATS_OPTIONAL:
             if getattr(r, name + "_is_set"):

@@ -15,7 +15,7 @@ from . import event as _event
 from ._pjrt_ffi import ffi
 from .buffer import Buffer
 from .dtypes import from_pjrt_type
-from .errors import UNIMPLEMENTED, PjrtError
+from .errors import PjrtError
 from .event import Event
 
 if TYPE_CHECKING:
@@ -149,16 +149,8 @@ class Executable:
 
     def fingerprint(self) -> str | None:
         """PJRT_Executable_Fingerprint, or None where the plugin has none."""
-        p = self._plugin
-        if not p.has("PJRT_Executable_Fingerprint"):
-            return None
-        try:
-            r = p.call("PJRT_Executable_Fingerprint", executable=self._exe)
-        except PjrtError as e:
-            if e.code == UNIMPLEMENTED:
-                return None
-            raise
-        if r.executable_fingerprint == _NULL:
+        r = self._plugin.call_if_supported("PJRT_Executable_Fingerprint", executable=self._exe)
+        if r is None or r.executable_fingerprint == _NULL:
             return None
         return ffi.string(r.executable_fingerprint, r.executable_fingerprint_size).decode("utf-8", "replace")
 
@@ -166,15 +158,9 @@ class Executable:
         """PJRT_Executable_GetCompiledMemoryStats in bytes (device side): ``argument``, ``output``,
         ``alias`` (outputs written into donated arguments), ``temp`` (the program's scratch, which no
         buffer outlives) and ``generated_code``; None where the plugin has none."""
-        p = self._plugin
-        if not p.has("PJRT_Executable_GetCompiledMemoryStats"):
+        r = self._plugin.call_if_supported("PJRT_Executable_GetCompiledMemoryStats", executable=self._exe)
+        if r is None:
             return None
-        try:
-            r = p.call("PJRT_Executable_GetCompiledMemoryStats", executable=self._exe)
-        except PjrtError as e:
-            if e.code == UNIMPLEMENTED:
-                return None
-            raise
         return {"argument": int(r.argument_size_in_bytes), "output": int(r.output_size_in_bytes),
                 "alias": int(r.alias_size_in_bytes), "temp": int(r.temp_size_in_bytes),
                 "generated_code": int(r.generated_code_size_in_bytes)}

@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from ._pjrt_ffi import PJRT_HEADER_VERSION, ffi
-from .errors import PjrtError, make_error
+from .errors import UNIMPLEMENTED, PjrtError, make_error
 
 # RTLD_NODELETE: cffi dlclose()s libraries when the interpreter exits while
 # XLA's worker threads still run code from the .so -> segfault at exit.
@@ -111,6 +111,18 @@ class Plugin:
             setattr(args, key, value)
         self.check(f(args))
         return args
+
+    def call_if_supported(self, fn_name: str, **fields: Any) -> Any | None:
+        """:meth:`call`, or None where the plugin lacks ``fn_name`` or answers UNIMPLEMENTED (an
+        optional query: fingerprints, memory statistics)."""
+        if not self.has(fn_name):
+            return None
+        try:
+            return self.call(fn_name, **fields)
+        except PjrtError as e:
+            if e.code == UNIMPLEMENTED:
+                return None
+            raise
 
     def check(self, err: Any) -> None:
         """Raise (and free) a returned ``PJRT_Error*``; no-op for NULL."""

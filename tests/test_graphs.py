@@ -123,9 +123,13 @@ def test_a_read_inside_the_capture_raises_and_leaves_capture_mode():
     g = TPUGraph()
     match = "read or synchronization is not permitted while a tpu graph is being"
     with pytest.raises(CaptureError, match=match), torch.tpu.graph(g):
+        x.mul_(5)
+        fresh = x + 1
         (x * 2).sum().item()
     assert not torch.tpu.is_current_stream_capturing() and torch.tpu.get_eager_mode() == "strict"
-    torch.testing.assert_close((x * 3).cpu(), torch.full((2,), 3.0))
+    torch.testing.assert_close((x * 3).cpu(), torch.full((2,), 3.0))  # the in-place update never ran
+    with pytest.raises(RuntimeError, match="the tpu graph capture that writes it raised"):
+        fresh.cpu()
 
 
 def test_a_host_to_device_copy_inside_the_capture_raises():
@@ -151,12 +155,22 @@ def test_a_non_capturable_optimizer_step_under_capture_raises():
 def test_a_tensor_freed_inside_the_capture_that_it_reads_is_refused():
     model, opt = _model_and_optimizer()
     x, y = (t.to("tpu") for t in _batches(1)[0])
+    model.loss(x, y).backward()
+    opt.step()  # the optimizer's state, made outside the capture
     model.loss(x, y).backward()  # gradients exist before the capture, which accumulates into them
+    before = [p.detach().cpu() for p in model.parameters()]
     match = "read a tensor that was freed before the capture ended"
     with pytest.raises(CaptureError, match=match), torch.tpu.graph(TPUGraph()):
         model.loss(x, y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+    # nothing ran: the parameters the captured step updated keep their values, and train on
+    for p, want in zip(model.parameters(), before):
+        torch.testing.assert_close(p.detach().cpu(), want)
+    opt.zero_grad(set_to_none=True)
+    model.loss(x, y).backward()
+    opt.step()
+    assert all(torch.isfinite(p.detach().cpu()).all() for p in model.parameters())
 
 
 def test_random_ops_draw_new_seeds_each_replay():

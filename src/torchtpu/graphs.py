@@ -19,8 +19,8 @@ is then bound by the device, not the host). As with CUDA graphs:
   raises, since nothing has been computed; so does a copy from the host (a CUDA graph's replay
   copies again from the host memory's current contents, which a tpu program cannot read): copy a
   new batch into the captured input before ``replay()``, outside the capture;
-- the tensors the capture writes keep their old values until the first replay (new tensors have
-  none: reading one raises until then).
+- the tensors the capture updates keep their old values until the first replay; new tensors, and
+  tensors it overwrites without reading them, have none until then (reading one raises).
 
 Random ops draw a fresh seed from the device's default generator at every replay.
 """
@@ -77,6 +77,29 @@ class TPUGraph:
         """End the capture: compile the captured graph as one program (not run)."""
         if deferred.capturing is not self:
             raise CaptureError("torchtpu: capture_end() without this graph's capture_begin()")
+        g, live, holders = self._leave()
+        if not live:
+            deferred._release(g)
+            self._empty = True
+            return
+        why = "it is written by a captured tpu graph that has not been replayed yet"
+        try:
+            self._compile(g, live, holders)
+        except Exception as e:
+            why = f"the tpu graph capture that writes it failed ({type(e).__name__}: {e})"
+            raise
+        finally:
+            _settle(g.args, live, holders, why)
+            deferred._release(g)
+
+    def abandon(self, cause: BaseException) -> None:
+        """End a capture whose block raised: nothing is compiled (``torch.tpu.graph`` calls this)."""
+        g, live, holders = self._leave()
+        _settle(g.args, live, holders, f"the tpu graph capture that writes it raised ({type(cause).__name__})")
+        deferred._release(g)
+
+    def _leave(self) -> tuple[Any, list[tuple[int, int]], dict]:
+        """Leave capture mode: the captured graph, its live outputs and their storages."""
         with deferred._lock:
             g = deferred._graph
             deferred._graph = deferred._Graph()
@@ -85,14 +108,7 @@ class TPUGraph:
             deferred._since_sync = 0
         config.defer_and_fuse, config.launch_blocking = self._mode
         live, holders = deferred._live_outputs(g, g.touched) if g.nodes else ([], {})
-        if not live:
-            deferred._release(g)
-            self._empty = True
-            return
-        try:
-            self._compile(g, live, holders)
-        finally:
-            deferred._release(g)
+        return g, live, holders
 
     def _compile(self, g: Any, live: list[tuple[int, int]], holders: dict) -> None:
         args = list(g.args)
@@ -115,16 +131,6 @@ class TPUGraph:
         self._args = [("buf", None, a[2]) if a[0] == "buf" else a for a in args]
         self._fused, self._device = fused, g.nodes[0].device
         self._outputs = [[weakref.ref(s) for s, _ in holders[k]] for k in live]
-        # Nothing ran: a storage the graph read keeps its value (its buffer, an argument) until the
-        # first replay; one it only wrote (a new tensor) has none yet.
-        before = {id(ref()): a[1] for a in args if a[0] == "buf" and (ref := a[2])() is not None}
-        for k in live:
-            for s, pending in holders[k]:
-                buf = before.get(id(s))
-                if buf is not None:
-                    setattr(s, deferred._ATTR, buf)
-                else:
-                    deferred._failed[pending] = "it is written by a captured tpu graph that has not been replayed yet"
 
     def refuse(self, what: str) -> None:
         """Raise for an operation that cannot happen inside the capture (deferred.flush calls it)."""
@@ -214,17 +220,25 @@ class graph:
         self.tpu_graph.capture_begin()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if exc_type is None:
+        if exc is None:
             self.tpu_graph.capture_end()
-            return
-        # the block raised: drop what it recorded (nothing ran) and leave capture mode
-        with deferred._lock:
-            g = deferred._graph
-            deferred._graph = deferred._Graph()
-            deferred.capturing = None
-            deferred._reset_history()
-        config.defer_and_fuse, config.launch_blocking = self.tpu_graph._mode
-        deferred._release(g)
+        elif deferred.capturing is self.tpu_graph:
+            self.tpu_graph.abandon(exc)  # the block raised: what it recorded never runs
+
+
+def _settle(args: list[tuple], live: list[tuple[int, int]], holders: dict, why: str) -> None:
+    """Nothing ran at the capture: each storage the captured graph wrote goes back to the buffer
+    it held before, where the graph read it (a parameter updated in place); one it only wrote (a new
+    tensor, a tensor overwritten without being read) has no value until a replay, and a read of it
+    says ``why``."""
+    before = {id(s): a[1] for a in args if a[0] == "buf" and (s := a[2]()) is not None}
+    for k in live:
+        for s, pending in holders[k]:
+            buf = before.get(id(s))
+            if buf is not None:
+                setattr(s, deferred._ATTR, buf)
+            else:
+                deferred._failed[pending] = why
 
 
 def graph_pool_handle() -> tuple[int, int]:

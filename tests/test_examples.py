@@ -44,6 +44,13 @@ def test_finetune_llama_trainer():
     assert result["losses"][-1] < result["losses"][0]
 
 
+def test_captured_training_step():
+    # the replayed step trains as the plain loop does (capturable AdamW in both, the same batches)
+    result = _load("captured_training_step").main(["--tiny", "--warmup", "2"])
+    assert len(result["losses"]) == 8 and result["losses"][-1] < result["losses"][0]
+    assert result["loss_diff"] < 1e-4, result["loss_diff"]
+
+
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
 def test_profile_training_step(mode, tmp_path):
     result = _load("profile_training_step").main(["--tiny", "--mode", mode, "--trace", str(tmp_path / "t.json")])

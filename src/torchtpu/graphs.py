@@ -192,8 +192,8 @@ class TPUGraph:
         return graph_pool_handle()
 
     def enable_debug_mode(self) -> None:
-        raise NotImplementedError("torchtpu: TPUGraph has no debug dump (the captured program is an XLA "
-                                  "program: TORCH_TPU_DUMP_DIR or torch.tpu's program traces show it)")
+        raise NotImplementedError("torchtpu: TPUGraph has no debug dump (the captured program is one XLA "
+                                  "program; torch.profiler shows its replays' device time)")
 
     def debug_dump(self, debug_path: str) -> None:
         self.enable_debug_mode()

@@ -194,3 +194,53 @@ def test_replay_before_capture_and_captures_do_not_nest():
     g.replay()  # an empty capture replays as nothing
     with pytest.raises(CaptureError, match="captured already"):
         g.capture_begin()
+
+
+def test_make_graphed_callables_trains_as_the_module_does():
+    """A module's forward and backward replayed as two captured graphs inside autograd (the loss
+    and optimizer around it run as usual): the losses and parameters of the module itself."""
+
+    def run(graphed: bool) -> tuple[list[float], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to("tpu")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(2)
+        data = [(torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)) for _ in range(5)]
+        if graphed:
+            model = torch.tpu.make_graphed_callables(model, (torch.randn(6, 8).to("tpu"),))
+            opt.zero_grad(set_to_none=True)  # the warm-up's backward left no gradients (autograd.grad)
+        losses = []
+        for x, y in data:
+            loss = (model(x.to("tpu")) - y.to("tpu")).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        return losses, [p.detach().cpu() for p in model.parameters()]
+
+    with torch.tpu.precision("highest"):
+        plain, graphed = run(False), run(True)
+    torch.testing.assert_close(graphed, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_make_graphed_callables_takes_functions_and_input_gradients():
+    """A function of two tensors returning two: its outputs and both inputs' gradients, call after
+    call on new values copied into the static inputs, as the CPU computes them."""
+    w = torch.randn(5, 3).to("tpu").requires_grad_()
+
+    def f(x, w):
+        return torch.tanh(x @ w), (x * 2).sum()
+
+    with torch.tpu.precision("highest"):
+        graphed = torch.tpu.make_graphed_callables(f, (torch.randn(4, 5).to("tpu").requires_grad_(), w))
+        for seed in range(3):
+            x = torch.randn(4, 5, generator=torch.Generator().manual_seed(seed))
+            xt = x.to("tpu").requires_grad_()
+            out, total = graphed(xt, w)
+            (out.sum() + total).backward()
+            xc, wc = x.clone().requires_grad_(), w.detach().cpu().requires_grad_()
+            want, want_total = f(xc, wc)
+            (want.sum() + want_total).backward()
+            torch.testing.assert_close((out.cpu(), total.cpu()), (want.detach(), want_total.detach()))
+            torch.testing.assert_close((xt.grad.cpu(), w.grad.cpu()), (xc.grad, wc.grad))
+            w.grad = None

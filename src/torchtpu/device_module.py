@@ -14,7 +14,13 @@ from ._config import config
 from .engine import deferred, executor
 from .engine import precision as _precision
 from .engine.precision import precision  # noqa: F401  (public: torch.tpu.precision)
-from .graphs import TPUGraph, graph, graph_pool_handle, is_current_stream_capturing  # noqa: F401
+from .graphs import (  # noqa: F401
+    TPUGraph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    make_graphed_callables,
+)
 from .runtime import PjrtError, host_memory
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
 

@@ -23,6 +23,8 @@ is then bound by the device, not the host). As with CUDA graphs:
   tensors it overwrites without reading them, have none until then (reading one raises).
 
 Random ops draw a fresh seed from the device's default generator at every replay.
+``make_graphed_callables`` graphs a callable's forward and backward as two graphs inside autograd,
+as ``torch.cuda.make_graphed_callables`` does.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from . import _C
 from ._config import config
 from .engine import deferred
 
-__all__ = ["TPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing"]
+__all__ = ["TPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables"]
 
 
 class CaptureError(RuntimeError):
@@ -249,6 +251,102 @@ def graph_pool_handle() -> tuple[int, int]:
 def is_current_stream_capturing() -> bool:
     """Whether a tpu graph is being captured now."""
     return deferred.capturing is not None
+
+
+def make_graphed_callables(callables: Any, sample_args: Any, num_warmup_iters: int = 3,
+                           allow_unused_input: bool = False, pool: Any = None) -> Any:
+    """``torch.cuda.make_graphed_callables`` for tpu: each callable (a function or an ``nn.Module``)
+    becomes one whose forward replays a captured forward graph and whose backward replays a captured
+    backward graph, inside autograd (the rest of the model runs as usual around it).
+
+    ``sample_args`` (a tuple of tensors per callable) are the static inputs; each call copies its
+    arguments into them. As on CUDA: the warm-up iterations run the callable and its backward
+    ``num_warmup_iters`` times; a module's training-mode forward is graphed, its eval-mode forward
+    is its own; a module must not have hooks. Unlike CUDA, the captured forward is replayed once
+    before the backward is captured (a tpu capture reads values, and the forward's had none yet):
+    one more forward of the kind the warm-up runs (batch-norm statistics, for instance, move once
+    more)."""
+    just_one = not isinstance(callables, tuple)
+    if just_one:
+        callables, sample_args = (callables,), (sample_args,)
+    graphed = tuple(_graph_callable(f, tuple(args), num_warmup_iters, allow_unused_input)
+                    for f, args in zip(callables, sample_args))
+    return graphed[0] if just_one else graphed
+
+
+def _graph_callable(func: Any, sample_args: tuple, warmup: int, allow_unused: bool) -> Any:
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    module = func if isinstance(func, torch.nn.Module) else None
+    if module is not None and (module._backward_hooks or module._forward_hooks or module._forward_pre_hooks):
+        raise RuntimeError("torchtpu: make_graphed_callables: a module with hooks cannot be graphed "
+                           "(the hooks would not run in a replay)")
+    params = tuple(p for p in module.parameters() if p.requires_grad) if module is not None else ()
+    static_inputs = sample_args + params
+    if not all(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in static_inputs):
+        raise TypeError("torchtpu: make_graphed_callables takes tpu tensors as sample arguments")
+    wrt = [t for t in static_inputs if t.requires_grad]
+
+    def grads_of(outputs: list[torch.Tensor], grad_outputs: list[torch.Tensor], retain: bool = False) -> tuple:
+        return torch.autograd.grad(outputs, wrt, grad_outputs=grad_outputs, allow_unused=allow_unused,
+                                   retain_graph=retain)
+
+    for _ in range(warmup):
+        outs = [o for o in tree_flatten(func(*sample_args))[0] if o.requires_grad]
+        grads_of(outs, [torch.ones_like(o) for o in outs])
+    del outs
+    forward_graph = TPUGraph()
+    with graph(forward_graph):
+        static_outputs = func(*sample_args)
+    flat_outputs, spec = tree_flatten(static_outputs)
+    forward_graph.replay()  # the backward's capture reads the forward's values (see the docstring)
+    differentiable = [o for o in flat_outputs if o.requires_grad]
+    # real buffers (zeros), not empty_like's uninitialized storages: the capture reads them, so a
+    # replay reads what backward copies in
+    static_grad_outputs = [torch.zeros_like(o) for o in differentiable]
+    backward_graph = TPUGraph()
+    with graph(backward_graph):
+        # the forward's saved tensors stay alive (retained): every backward replay reads them, as the
+        # forward's replays write them (CUDA keeps their memory in the graphs' pool instead)
+        static_grads = grads_of(differentiable, static_grad_outputs, retain=True)
+    needs_grad = [t.requires_grad for t in static_inputs]
+    n_args = len(sample_args)
+
+    class Graphed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *inputs: torch.Tensor) -> tuple:
+            for static, given in zip(static_inputs[:n_args], inputs[:n_args]):
+                if static.data_ptr() != given.data_ptr():
+                    static.copy_(given)
+            forward_graph.replay()
+            return tuple(o.detach() for o in flat_outputs)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+            given = iter(g for g, o in zip(grads, flat_outputs) if o.requires_grad)
+            for static, g in zip(static_grad_outputs, given):
+                if g is None:
+                    static.zero_()
+                elif static.data_ptr() != g.data_ptr():
+                    static.copy_(g)
+            backward_graph.replay()
+            out = iter(static_grads)
+            return tuple((None if (g := next(out)) is None else g.detach()) if rg else None for rg in needs_grad)
+
+    def graphed_call(*args: torch.Tensor) -> Any:
+        return tree_unflatten(list(Graphed.apply(*args, *params)), spec)
+
+    if module is None:
+        return graphed_call
+    eager_forward = module.forward
+    training = module.training
+
+    def forward(*args: torch.Tensor) -> Any:
+        return graphed_call(*args) if module.training == training else eager_forward(*args)
+
+    module.forward = forward
+    return module
 
 
 def _check_capturable(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -663,7 +663,7 @@ def run_workload(name: str, args: argparse.Namespace, no_jax: str | None) -> dic
             merged: dict[str, Any] = {}
             for phase in wl.phases:
                 r = run_worker(name, mode, args, tmp, persistent=bool(phase))
-                print(f"  {name:14} {MODE_LABELS[mode]:13} {phase:5} {r['wall_s']:6.1f} s  "
+                print(f"  {name:14} {MODE_LABELS[mode]:18} {phase:5} {r['wall_s']:6.1f} s  "
                       f"{'ERROR ' + r['error'] if 'error' in r else 'ok'}", file=sys.stderr, flush=True)
                 if "error" in r:
                     merged = {"error": (f"{phase}: " if phase else "") + r["error"]}

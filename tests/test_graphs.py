@@ -244,3 +244,42 @@ def test_make_graphed_callables_takes_functions_and_input_gradients():
             torch.testing.assert_close((out.cpu(), total.cpu()), (want.detach(), want_total.detach()))
             torch.testing.assert_close((xt.grad.cpu(), w.grad.cpu()), (xc.grad, wc.grad))
             w.grad = None
+
+
+def test_a_replayed_step_updates_batch_norm_statistics_and_accumulates_micro_batches():
+    """Module buffers updated in place (batch norm's running statistics, its batch counter) and
+    gradients accumulated over two micro-batches inside one capture: after replays, the state of
+    running the same steps as usual."""
+
+    def run(captured: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2)).to("tpu")
+        # SGD: Adam would turn the rounding noise of the first bias's ~0 gradient (batch norm
+        # follows it) into whole steps
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(3)
+        batches = [[torch.randn(5, 6, generator=g) for _ in range(2)] for _ in range(4)]
+        static = [b.to("tpu") for b in batches[0]]
+
+        def step():
+            for x in static:
+                model(x).square().mean().backward()
+            opt.step()
+
+        graph = None
+        for i, micro in enumerate(batches):
+            for s, x in zip(static, micro):
+                s.copy_(x.to("tpu"))
+            if not captured or i == 0:
+                step()
+                opt.zero_grad(set_to_none=True)
+                continue
+            if graph is None:
+                graph = TPUGraph()
+                with torch.tpu.graph(graph):
+                    step()
+            graph.replay()  # (the capture's gradients are its outputs: written, not accumulated, each time)
+        return [t.detach().cpu() for t in (*model.parameters(), *model.buffers())]
+
+    with torch.tpu.precision("highest"):
+        torch.testing.assert_close(run(True), run(False), rtol=1e-5, atol=1e-6)

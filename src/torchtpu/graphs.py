@@ -121,13 +121,8 @@ class TPUGraph:
                 "set to None inside the capture, for instance): a replay would have nothing to read. Free it "
                 "before the capture begins (optimizer.zero_grad(set_to_none=True) before `with torch.tpu.graph`), "
                 "or keep it alive")
-        dead = deferred._dead_arguments(g, args, live)
-        key = _C._op_key((tuple(g.wiring), tuple(live), dead))
-        fused = deferred._cache.get(key)
-        if fused is None:
-            text, layout, aliases = deferred._emit(g, args, live, key)
-            fused = deferred._compile_fused(text, live, layout, aliases, f"the captured graph ({len(g.nodes)} ops)")
-            deferred._cache[key] = fused
+        key = deferred.graph_key(g, live)
+        fused = deferred.fused_program(g, live, key, deferred._cache.get(key), f"the captured graph ({len(g.nodes)} ops)")
         # the arguments without their capture-time buffers (a replay reads the storages' current
         # ones; holding these would keep a copy of every parameter and optimizer state alive)
         self._args = [("buf", None, a[2]) if a[0] == "buf" else a for a in args]

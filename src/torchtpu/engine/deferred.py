@@ -565,10 +565,8 @@ def flush(cut: bool = False) -> None:
             raise never_computed(failed)
         if g.has_later and not (cut and _unresolved_later(g.args)):
             _rewire(g)  # the cut graphs it reads from have launched above
-        args, wiring = g.args, g.wiring
-        # exact and fast to compare: a step's graph has thousands of wires (see csrc/op_key.cpp)
-        dead = (_dead_arguments if _native_record else _dead_arguments_python)(g, args, live)
-        key = _C._op_key((tuple(wiring), tuple(live), dead))
+        args = g.args
+        key = graph_key(g, live)
         fused = _cache.get(key)
         if cut and (fused is None or _in_flight):  # compiles meanwhile, or waits its turn to launch
             if fused is not None:
@@ -587,13 +585,7 @@ def flush(cut: bool = False) -> None:
             _release(g)
             return
         try:
-            if fused is None:
-                text, layout, aliases = _emit(g, args, live, key)
-                fused = _compile_fused(text, live, layout, aliases, _label(g))
-                _cache[key] = fused
-            else:
-                stats["hits"] += 1
-                executor.stats.hits += 1
+            fused = fused_program(g, live, key, fused)
             _launch(fused, args, g.nodes[0].device, holders)
         except Exception as e:
             # Only the text is kept: the exception's traceback holds this frame, whose storages
@@ -606,6 +598,26 @@ def flush(cut: bool = False) -> None:
         _release(g)
         if not cut:
             _raise_unreported()
+
+
+def graph_key(g: _Graph, live: list[tuple[int, int]]) -> _C.OpKey:
+    """The key of a graph's fused program: its wiring, its live outputs and its dead arguments."""
+    dead = (_dead_arguments if _native_record else _dead_arguments_python)(g, g.args, live)
+    # exact and fast to compare: a step's graph has thousands of wires (see csrc/op_key.cpp)
+    return _C._op_key((tuple(g.wiring), tuple(live), dead))
+
+
+def fused_program(g: _Graph, live: list[tuple[int, int]], key: _C.OpKey, cached: _Fused | None,
+                  label: str | None = None) -> _Fused:
+    """The graph's fused program: ``cached`` (``_cache``'s entry for ``key``), or emitted and
+    compiled now (on this thread) and cached."""
+    if cached is not None:
+        stats["hits"] += 1
+        executor.stats.hits += 1
+        return cached
+    text, layout, aliases = _emit(g, g.args, live, key)
+    fused = _cache[key] = _compile_fused(text, live, layout, aliases, label or _label(g))
+    return fused
 
 
 # Pendings whose graph failed to emit, compile or launch, with the error's text (weakly: they go

@@ -501,15 +501,17 @@ def jax_gpt_train(p: dict[str, Any], bf16: bool, flash: bool = False, flash_memo
     state["opt"] = jax_gpt.adamw_init(state["params"])
     train_step = jax_gpt.make_train_step(cfg, p["lr"], jnp.bfloat16 if bf16 else None, flash)
     x, y = jax_gpt.make_batch(cfg, p["batch"])
-    compiled: list[Any] = []  # flash_*: compiled ahead (in the first step) for its memory_analysis
+    compiled: list[Any] = []
+
+    def compiled_ahead(*args: Any) -> Any:  # flash_*: compiled at the first step, for its memory_analysis
+        if not compiled:
+            compiled.append(train_step.lower(*args).compile())
+        return compiled[0](*args)
+
+    run = compiled_ahead if flash_memory else train_step
 
     def step() -> Any:
-        if not flash_memory:
-            state["params"], state["opt"], loss = train_step(state["params"], state["opt"], x, y)
-            return loss
-        if not compiled:
-            compiled.append(train_step.lower(state["params"], state["opt"], x, y).compile())
-        state["params"], state["opt"], loss = compiled[0](state["params"], state["opt"], x, y)
+        state["params"], state["opt"], loss = run(state["params"], state["opt"], x, y)
         return loss
 
     counts = _jax_compile_counter()

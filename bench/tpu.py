@@ -652,7 +652,9 @@ def jax_missing() -> str | None:
     return "jax not installed" if "No module named 'jax" in why else f"jax not importable: {why}"
 
 
-def run_workload(name: str, args: argparse.Namespace, no_jax: str | None) -> dict[str, dict[str, Any]]:
+def run_workload(name: str, args: argparse.Namespace, no_jax: str | None,
+                 on_cell: Callable[[dict[str, dict[str, Any]]], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Every selected mode of one workload, a worker process each; on_cell sees the cells so far after each."""
     wl = WORKLOADS[name]
     out: dict[str, dict[str, Any]] = {}
     for mode in wl.modes:
@@ -674,6 +676,8 @@ def run_workload(name: str, args: argparse.Namespace, no_jax: str | None) -> dic
             if wl.phases != ("",) and "error" not in merged:
                 merged["platform"] = merged.get(f"{wl.phases[-1]}_platform")
             out[mode] = merged
+        if on_cell:
+            on_cell(out)
     return out
 
 
@@ -800,10 +804,13 @@ def driver_main(args: argparse.Namespace) -> int:
     no_jax = jax_missing()
     info = meta(args, no_jax is None)
     results: dict[str, dict[str, dict[str, Any]]] = {}
-    for name in names:
-        results[name] = run_workload(name, args, no_jax)
-        # written after each workload: a run cut short (a TPU lease's call limit) keeps what finished
+    def keep(name: str, cells: dict[str, dict[str, Any]]) -> None:
+        # written after each cell: a run cut short (a TPU lease's call limit) keeps what finished
+        results[name] = dict(cells)
         write_results(args.out, info, results, time.perf_counter() - t0)
+
+    for name in names:
+        results[name] = run_workload(name, args, no_jax, on_cell=lambda cells, name=name: keep(name, cells))
     table = build_table(results)
     info["total_s"] = time.perf_counter() - t0
     info["platforms"] = platforms(results)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
-#   bash tools/tpu_suite/steps.sh demo|fresh|bench|verify SECONDS
+#   bash tools/tpu_suite/steps.sh demo|fresh|verify SECONDS
+#   bash tools/tpu_suite/steps.sh bench SECONDS demo|big
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N, threaded
 # Results come back in $OUT/STEP.tgz; the list of tests run stays in /tmp/done.txt while the host is warm.
 # A call brings back at most 8 files from $OUT (more are dropped: the twelfth round lost four
@@ -32,11 +33,15 @@ demo)
 fresh)
   bash .tpu/suite/suite_run.sh fresh $(( $(left) - 5 )) -m "fresh_process and not slow" tests
   cp $OUT/done.txt /tmp/done.txt ;;
-bench)  # the 15th session's open measurements: TPUGraph replay against JAX, then flash at seq 2048
+bench)  # SET (third argument): demo = TPUGraph replay against JAX on the demo GPT; big = flash at seq 2048 and the 100M GPT
   export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=
-  timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_demo --modes jax_jit,compiled,compiled_graph --timeout 100 --out $OUT/bdemo.json 2>&1 | tail -12 | tee $OUT/bench1.log
-  timeout $(( $(left) - 5 )) python3 bench/tpu.py --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tail -22 | tee $OUT/bench2.log
-  timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tail -12 | tee $OUT/bench3.log ;;
+  case ${3:-demo} in
+  demo)
+    timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_demo --modes jax_jit,compiled,compiled_graph --timeout 100 --out $OUT/bdemo.json 2>&1 | tee $OUT/bench1.log | tail -14 ;;
+  big)
+    timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tee $OUT/bench3.log | tail -14
+    timeout $(( $(left) - 5 )) python3 bench/tpu.py --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tee $OUT/bench2.log | tail -24 ;;
+  esac ;;
 verify)  # the samples and functions of tools/tpu_suite/verify.txt (last round's fixes), then their tests
   specs=$(grep -v '^#' tools/tpu_suite/verify.txt | grep ':' | tr '\n' ' ')
   funcs=$(grep -v '^#' tools/tpu_suite/verify.txt | grep '^fn ' | cut -c4- | tr '\n' ' ')

@@ -37,7 +37,7 @@ bench)  # SET (third argument): demo = TPUGraph replay against JAX on the demo G
   export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=
   case ${3:-demo} in
   demo)
-    timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_demo --modes jax_jit,compiled,compiled_graph --timeout 100 --out $OUT/bdemo.json 2>&1 | tee $OUT/bench1.log | tail -14 ;;
+    timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_demo --modes ${BENCH_MODES:-jax_jit,compiled,compiled_graph} --timeout 100 --out $OUT/bdemo.json 2>&1 | tee $OUT/bench1.log | tail -14 ;;
   big)
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tee $OUT/bench3.log | tail -14
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tee $OUT/bench2.log | tail -24 ;;

@@ -296,3 +296,147 @@ FORMS: dict[str, Callable[[Builder, Value], Value]] = {
     "chlo.sinh": sinh, "chlo.cosh": cosh, "chlo.asinh": asinh, "chlo.acosh": acosh, "chlo.atanh": atanh,
     "chlo.erf_inv": erfinv,
 }
+
+
+# -- float32 power from float32 pairs ------------------------------------------------------------
+# A TPU's f32 power composes its fast exp and log (3.1e-6 relative off on a v5e), and its f64 is
+# emulated: a power there in f64 (this builder's former form) compiled for 1.3 s per scalar power
+# on a v5e (tools/tpu_suite/probe_pow_compile.py: 29 of them 45.9 s; capturable AdamW holds two
+# per parameter). This form uses only f32 adds, multiplies and one divide, carrying log(|x|) and
+# y * log(|x|) as unevaluated f32 pairs (about 2^-40 relative): the result is rounded once from a
+# value within about 2^-29 of |x| ** y, as near as a correctly rounded powf.
+
+# log(2) = _LN2_HI15 + _LN2_LO15, the first with 15 significant bits: e * _LN2_HI15 is exact for the
+# exponents of f32 (|e| < 2^8), and so is k * _LN2_HI15 in the reduction of exp's argument
+_LN2_HI15 = 0.693145751953125
+_LN2_LO15 = 1.428606765330187e-06
+_TWO_THIRDS_HI = 0.6666666865348816
+_TWO_THIRDS_LO = -1.9868215517249155e-08
+_SIXTH_HI = 0.1666666716337204
+_SIXTH_LO = -4.967053879312289e-09
+# 2 atanh(u) = 2u + 2u^3/3 + u^5 * sum_k 2 w^k / (2k + 5), w = u^2 <= 0.0295 on the reduced range
+_ATANH_REST = tuple(2.0 / (2 * k + 5) for k in range(7))[::-1]
+# exp(q) = 1 + q + q^2/2 + q^3/6 + q^4 * sum_k q^k / (k + 4)!, |q| <= 0.35 (the first four terms in pairs)
+_EXP_REST = tuple(1.0 / math.factorial(k + 4) for k in range(8))[::-1]
+# past this |y log|x||, |x| ** y is inf or below f32's smallest subnormal: f32's own power says so
+_POWER_ARG_LIMIT = 103.0
+
+
+def _opaque_one(b: Builder, like: Value) -> Value:
+    """1, behind an optimization barrier: XLA's simplifier folds (x + 1) - 1 to x (constants
+    reassociated), which would zero the rounding errors the pair sums below recover."""
+    one = b.op1("stablehlo.optimization_barrier", [b.constant(1.0, like.dtype)], (), like.dtype)
+    return b.broadcast_to(one, like.shape)
+
+
+def _two_sum(b: Builder, x: Value, y: Value) -> tuple[Value, Value]:
+    """x + y as s + e exactly (Knuth's sum: no ordering of |x| and |y| needed)."""
+    s = b.add(x, y)
+    yv = b.sub(s, x)
+    return s, b.add(b.sub(x, b.sub(s, yv)), b.sub(y, yv))
+
+
+def _fast_two_sum(b: Builder, x: Value, y: Value) -> tuple[Value, Value]:
+    """x + y as s + e exactly where |x| >= |y| (or x is 0)."""
+    s = b.add(x, y)
+    return s, b.sub(y, b.sub(s, x))
+
+
+def _two_prod(b: Builder, x: Value, y: Value) -> tuple[Value, Value]:
+    """x * y as p + e exactly (Dekker's product through Veltkamp's split; |x|, |y| < 8e34)."""
+    p = b.mul(x, y)
+    x1, x2 = _split(b, x)
+    y1, y2 = _split(b, y)
+    e = b.add(b.add(b.add(b.sub(b.mul(x1, y1), p), b.mul(x1, y2)), b.mul(x2, y1)), b.mul(x2, y2))
+    return p, e
+
+
+def _log_pair(b: Builder, a: Value) -> tuple[Value, Value]:
+    """log(a) as an f32 pair, for finite a > 0: a = m 2^e with m in [sqrt(1/2), sqrt(2)), then
+    log(m) = 2 atanh(u), u = (m - 1) / (m + 1), its first two terms in pairs."""
+    i32 = torch.int32
+    shape = a.shape
+
+    def ci(v: int) -> Value:
+        return b.constant(v, i32, shape)
+
+    tiny = b.compare(a, _c(b, 2.0 ** -126, a), "LT")  # subnormal: scaled up to read its exponent
+    scaled = b.select(tiny, b.mul(a, _c(b, 2.0 ** 24, a)), a)
+    bits = b.bitcast_convert(scaled, i32, shape)
+    e = b.sub(b.binary("shift_right_arithmetic", bits, ci(23)), b.select(tiny, ci(127 + 24), ci(127)))
+    m = b.bitcast_convert(b.binary("or", b.binary("and", bits, ci(0x7FFFFF)), ci(0x3F800000)), a.dtype, shape)
+    high = b.compare(m, _c(b, math.sqrt(2.0), a), "GT")
+    m = b.select(high, b.mul(m, _c(b, 0.5, a)), m)
+    e = b.convert(b.add(e, b.select(high, ci(1), ci(0))), a.dtype)
+    one = _opaque_one(b, a)
+    f = b.sub(m, one)  # exact (Sterbenz)
+    s_hi = b.add(m, one)
+    s_lo = b.sub(m, b.sub(s_hi, one))  # both subtractions exact: m + 1 = s_hi + s_lo
+    u_hi = b.div(f, s_hi)
+    p, pe = _two_prod(b, u_hi, s_hi)
+    u_lo = b.div(b.sub(b.sub(b.sub(f, p), pe), b.mul(u_hi, s_lo)), s_hi)  # the division's residual
+    w_hi, w_lo = _two_prod(b, u_hi, u_hi)
+    w_lo = b.add(w_lo, b.mul(b.mul(_c(b, 2.0, a), u_hi), u_lo))
+    c_hi, c_lo = _two_prod(b, u_hi, w_hi)  # u^3
+    c_lo = b.add(c_lo, b.add(b.mul(u_hi, w_lo), b.mul(u_lo, w_hi)))
+    d_hi, d_lo = _two_prod(b, _c(b, _TWO_THIRDS_HI, a), c_hi)  # 2u^3/3
+    d_lo = b.add(d_lo, b.add(b.mul(_c(b, _TWO_THIRDS_HI, a), c_lo), b.mul(_c(b, _TWO_THIRDS_LO, a), c_hi)))
+    rest = b.mul(b.mul(c_hi, w_hi), _horner(b, _ATANH_REST, w_hi))
+    two = _c(b, 2.0, a)
+    l_hi, l_lo = _two_sum(b, b.mul(two, u_hi), d_hi)
+    l_lo = b.add(l_lo, b.add(b.add(b.mul(two, u_lo), d_lo), rest))
+    g_hi, g_lo = _two_sum(b, b.mul(e, _c(b, _LN2_HI15, a)), l_hi)
+    g_lo = b.add(g_lo, b.add(l_lo, b.mul(e, _c(b, _LN2_LO15, a))))
+    return _fast_two_sum(b, g_hi, g_lo)
+
+
+def _exp_of_pair(b: Builder, t: Value, t_lo: Value) -> Value:
+    """exp(t + t_lo) rounded once, for |t| <= _POWER_ARG_LIMIT: t = k log(2) + q, |q| <= 0.35,
+    exp(q) with its first terms in pairs, then 2^k in two exact steps (k reaches -149)."""
+    i32 = torch.int32
+    k = b.unary("round_nearest_even", b.mul(t, _c(b, 1.0 / math.log(2.0), t)))
+    q_hi = b.sub(t, b.mul(k, _c(b, _LN2_HI15, t)))  # exact (Cody and Waite)
+    q, q_lo = _fast_two_sum(b, q_hi, b.sub(t_lo, b.mul(k, _c(b, _LN2_LO15, t))))
+    one = _opaque_one(b, t)
+    sq_hi, sq_lo = _two_prod(b, q, q)
+    half = _c(b, 0.5, t)
+    a_hi, a_lo = _two_sum(b, one, q)
+    s_hi, s_lo = _two_sum(b, a_hi, b.mul(sq_hi, half))
+    c_hi, c_lo = _two_prod(b, q, sq_hi)  # q^3, then q^3 / 6 as pairs
+    c_lo = b.add(c_lo, b.mul(q, sq_lo))
+    d_hi, d_lo = _two_prod(b, _c(b, _SIXTH_HI, t), c_hi)
+    d_lo = b.add(d_lo, b.add(b.mul(_c(b, _SIXTH_HI, t), c_lo), b.mul(_c(b, _SIXTH_LO, t), c_hi)))
+    s_hi, s_lo2 = _two_sum(b, s_hi, d_hi)
+    small = b.add(b.mul(b.mul(sq_hi, sq_hi), _horner(b, _EXP_REST, q)),
+                  b.mul(q_lo, b.add(one, q)))  # exp(q + q_lo) ~ exp(q) (1 + q_lo)
+    lows = b.add(b.add(a_lo, s_lo), b.add(s_lo2, d_lo))
+    m = b.add(s_hi, b.add(lows, b.add(b.mul(sq_lo, half), small)))
+    k_int = b.convert(k, i32)
+    k1 = b.binary("shift_right_arithmetic", k_int, b.constant(1, i32, t.shape))
+    k2 = b.sub(k_int, k1)
+
+    def two_to(n: Value) -> Value:  # 2^n for |n| <= 126, built from its exponent bits
+        biased = b.binary("shift_left", b.add(n, b.constant(127, i32, t.shape)), b.constant(23, i32, t.shape))
+        return b.bitcast_convert(biased, t.dtype, t.shape)
+
+    return b.mul(b.mul(m, two_to(k1)), two_to(k2))
+
+
+def power(b: Builder, a: Value, y: Value) -> Value:
+    """|a| ** y in f32 (the caller puts the sign back): exp(y log|a|) with log|a| and the product
+    carried as f32 pairs. Zeros, infinities, NaNs and results past f32's range take f32's own
+    power, which gives them as IEEE's pow does."""
+    magnitude = b.unary("abs", a)
+    h, l = _log_pair(b, b.select(b.compare(magnitude, _c(b, 0.0, a), "GT"), magnitude, _c(b, 1.0, a)))
+    finite_y = b.op1("stablehlo.is_finite", [y], y.shape, torch.bool)
+    y_safe = b.select(finite_y, y, _c(b, 0.0, y))
+    t_hi, t_lo = _two_prod(b, b.clamp(_c(b, -1e30, y), y_safe, _c(b, 1e30, y)), h)
+    t, t_lo = _fast_two_sum(b, t_hi, b.add(t_lo, b.mul(y_safe, l)))
+    in_range = b.compare(b.unary("abs", t), _c(b, _POWER_ARG_LIMIT, t), "LE")
+    usable = b.binary("and", b.binary("and", finite_y, in_range),
+                      b.binary("and", b.compare(magnitude, _c(b, 0.0, a), "GT"),
+                               b.op1("stablehlo.is_finite", [magnitude], a.shape, torch.bool)))
+    t_safe = b.select(usable, t, _c(b, 0.0, t))
+    ours = _exp_of_pair(b, t_safe, b.select(usable, t_lo, _c(b, 0.0, t)))
+    own = b.op1("stablehlo.power", [magnitude, y], a.shape, a.dtype)
+    return b.select(usable, ours, own)

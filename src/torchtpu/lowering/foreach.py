@@ -7,12 +7,14 @@ the lowering of the matching single-tensor op.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from . import registry
-from .registry import LoweringContext, register
+from .builder import Value
+from .registry import LoweringContext, OutMeta, register
 
 aten = torch.ops.aten
 
@@ -52,6 +54,9 @@ def _lower_foreach(ctx: LoweringContext, *args: Any) -> list[Any]:
         raise NotImplementedError(f"torchtpu: no lowering for aten::{base} used by {op}")
     schema = op._schema.arguments
     n = next(len(a) for a, s in zip(args, schema) if str(s.type).startswith("List["))
+    stacked = _stacked_scalars(ctx, fn, base, args, schema, n)
+    if stacked is not None:
+        return stacked
     results = []
     for i in range(n):
         elem = []
@@ -63,6 +68,31 @@ def _lower_foreach(ctx: LoweringContext, *args: Any) -> list[Any]:
         sub = LoweringContext(ctx.b, base, [ctx.out[i]], ctx.precision, ctx.extras, metas=elem_meta)
         results.append(fn(sub, *elem))
     return results
+
+
+def _stacked_scalars(ctx: LoweringContext, fn: Any, base: torch._ops.OpOverload, args: tuple,
+                     schema: list, n: int) -> list[Any] | None:
+    """A list of one-element tensors (an optimizer's per-parameter step counts) as one vector
+    through the base op, then sliced: one op where a loop would write n. A TPU's compiler spends
+    about the same time on a scalar op as on a vector one (capturable AdamW's beta ** step, two
+    per parameter, was thousands of scalar ops). None where the lists are not all such scalars."""
+    lists = [i for i, s in enumerate(schema) if str(s.type).startswith("List[")]
+    if n < 2 or any(m is None for m in ctx.out) or len({(m.shape, m.dtype) for m in ctx.out}) != 1:
+        return None
+    shape = ctx.out[0].shape
+    if math.prod(shape) != 1:
+        return None
+    for i in lists:
+        if not all(isinstance(v, Value) and v.shape == shape and v.dtype == args[i][0].dtype for v in args[i]):
+            return None
+    b = ctx.b
+    elem = [b.concatenate([b.reshape(v, (1,)) for v in a], 0) if i in lists else a for i, a in enumerate(args)]
+    elem_meta = [m[0] if i in lists and m is not None else m for i, m in enumerate(ctx.metas or [None] * len(args))]
+    sub = LoweringContext(b, base, [OutMeta((n,), ctx.out[0].dtype)], ctx.precision, ctx.extras, metas=elem_meta)
+    vector = fn(sub, *elem)
+    if not isinstance(vector, Value) or vector.shape != (n,):
+        return None  # (a base lowering that answers otherwise: the per-element loop does it)
+    return [b.reshape(b.slice(vector, [i], [i + 1]), shape) for i in range(n)]
 
 
 def _register_all() -> None:

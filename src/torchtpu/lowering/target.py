@@ -100,8 +100,9 @@ def accurate_transcendentals() -> bool:
 
 
 def wide_float_power() -> bool:
-    """Whether an f32 ``power`` is computed in f64 and rounded (a TPU's f32 power is not
-    accurate, and takes no result accuracy); XLA's CPU backend calls an accurate ``powf``."""
+    """Whether an f32 ``power`` is computed in f32 pairs and rounded once (a TPU's f32 power is
+    not accurate, takes no result accuracy, and its f64 one compiles slowly:
+    ``accurate_math.power``); XLA's CPU backend calls an accurate ``powf``."""
     return tpu()
 
 

@@ -427,8 +427,8 @@ def test_memory_stats_name_the_largest_program_scratch():
     stats = exe.compiled_memory_stats()
     # (a v5e pads the 4-byte scalar result to 512 bytes)
     assert stats is not None and stats["argument"] == 512 * 512 * 4 and 4 <= stats["output"] <= 4096
-    # the emulator keeps the product in scratch; a TPU may fuse it away, but some scratch remains
-    assert stats["temp"] > 0 if on_tpu() else stats["temp"] >= 512 * 512 * 4
+    # the emulator keeps the product in scratch; the v5e fused it away (temp 0, sixteenth session)
+    assert isinstance(stats["temp"], int) and (on_tpu() or stats["temp"] >= 512 * 512 * 4)
     assert torch.tpu.memory_stats()["temp_bytes.largest_program"] >= stats["temp"]
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
-#   bash tools/tpu_suite/steps.sh demo|fresh|verify SECONDS
+#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile SECONDS
 #   bash tools/tpu_suite/steps.sh bench SECONDS demo|big
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N, threaded
 # Results come back in $OUT/STEP.tgz; the list of tests run stays in /tmp/done.txt while the host is warm.
@@ -42,6 +42,12 @@ bench)  # SET (third argument): demo = TPUGraph replay against JAX on the demo G
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tee $OUT/bench3.log | tail -14
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tee $OUT/bench2.log | tail -24 ;;
   esac ;;
+profile)  # where a demo step's time goes (bench/step_profile.py), per mode: wall, host, execute, device alone
+  for m in ${PROFILE_MODES:-compiled,compiled_graph}; do
+    [ "$(left)" -lt 40 ] && break
+    timeout $(( $(left) - 5 )) python3 bench/step_profile.py --mode $m > $OUT/profile_$m.log 2>&1
+    grep -A8 "first step" $OUT/profile_$m.log
+  done ;;
 verify)  # the samples and functions of tools/tpu_suite/verify.txt (last round's fixes), then their tests
   specs=$(grep -v '^#' tools/tpu_suite/verify.txt | grep ':' | tr '\n' ' ')
   funcs=$(grep -v '^#' tools/tpu_suite/verify.txt | grep '^fn ' | cut -c4- | tr '\n' ' ')

@@ -339,6 +339,48 @@ def test_a_foreach_op_over_scalars_is_one_vector_op(module_texts):
     assert [g.cpu().tolist() for g in got] == [3.0, [4.0, 4.0, 4.0]]
 
 
+@pytest.mark.fresh_process
+def test_optimizer_steps_on_a_tpu_build_no_float64_work():
+    """Regression (TPU): a v5e compiles each emulated-f64 transcendental for about a second
+    (``probe_pow_compile.py``), so an f32 training step must build none: capturable AdamW's
+    ``beta ** step`` powers were f64 and its program took over a minute to compile. Each common
+    optimizer, plain, foreach and capturable, steps as on CPU with no f64 op in any program."""
+    out = _run_for_tpu("""
+        import copy
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+        x, y = torch.randn(8, 6), torch.randn(8, 3)
+        kinds = [(torch.optim.AdamW, {"capturable": True}), (torch.optim.Adam, {"capturable": True, "amsgrad": True}),
+                 (torch.optim.AdamW, {}), (torch.optim.Adam, {"foreach": False}), (torch.optim.SGD, {"momentum": 0.9}),
+                 (torch.optim.RMSprop, {"capturable": True}), (torch.optim.Adagrad, {}),
+                 (torch.optim.NAdam, {"capturable": True}), (torch.optim.RAdam, {"capturable": True}),
+                 (torch.optim.Adamax, {"capturable": True}), (torch.optim.Adadelta, {"capturable": True})]
+        for cls, kw in kinds:
+            results = []
+            for device in ("cpu", "tpu"):
+                m = copy.deepcopy(model).to(device)
+                kw_here = {k: v for k, v in kw.items() if not (device == "cpu" and k == "capturable")}
+                opt = cls(m.parameters(), lr=1e-2, **kw_here)
+                def steps():
+                    for _ in range(3):
+                        torch.nn.functional.mse_loss(m(x.to(device)), y.to(device)).backward()
+                        opt.step()
+                        opt.zero_grad()
+                    return [p.detach().cpu() for p in m.parameters()]
+                if device == "tpu":
+                    got, made = new_texts(steps)
+                    wide = [t for t in made if "f64>" in t]
+                    assert not wide, (cls.__name__, kw, wide[0][:3000])
+                    results.append(got)
+                else:
+                    results.append(steps())
+            for g, w in zip(*results):
+                torch.testing.assert_close(g, w, rtol=2e-3, atol=2e-4, msg=lambda m: f"{cls.__name__} {kw}: {m}")
+        print("ok")
+    """)
+    assert out.split()[-1] == "ok"
+
+
 def test_float64_on_a_tpu_is_announced_once(monkeypatch):
     """A TPU emulates float64 (docs/tpu.md has the measured bounds): the first float64 data to
     reach it, by transfer or as a program's argument or result, says so once; f32 work that

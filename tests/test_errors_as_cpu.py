@@ -40,6 +40,10 @@ CASES = {
     "prod bool": lambda d: b.to(d).prod(),
     "bitwise float": lambda d: torch.ones(2).to(d) & torch.ones(2).to(d),
     "lshift float": lambda d: torch.ones(2).to(d) << 1,
+    # regression: XLA's compile error (stablehlo.or of floats) instead of CPU's NotImplementedError
+    "gcd float": lambda d: torch.gcd(torch.ones(2).to(d), torch.ones(2).to(d)),
+    "lcm bool": lambda d: torch.lcm(b.to(d), b.to(d)),
+    "gcd_ float": lambda d: torch.ones(2).to(d).gcd_(torch.ones(2).to(d)),
     "remainder int zero": lambda d: torch.tensor([1, 2]).to(d) % 0,
     "div int zero floor": lambda d: torch.div(torch.tensor([1, 2]).to(d), 0, rounding_mode="floor"),
     "matmul int float": lambda d: torch.ones(2, 2, dtype=torch.long).to(d) @ torch.ones(2, 2).to(d),

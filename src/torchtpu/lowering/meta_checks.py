@@ -293,6 +293,24 @@ for _kernel, _ops in (("bitwise_and", (aten.bitwise_and.Tensor, aten.bitwise_and
     register_meta_check(*_ops)(_integral_only(_kernel))
 
 
+def _integer_kernel(kernel: str) -> Callable[..., None]:
+    """gcd and lcm: integers only, bool refused too, as CPU's kernels (regression: XLA's compile
+    error naming ``stablehlo.or`` for float inputs)."""
+    def check(a: Any, b: Any, *rest: Any, **kwargs: Any) -> None:
+        if not _shapes_broadcast(a, b):
+            return
+        dtype = torch.result_type(a, b)
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise NotImplementedError(f'"{kernel}_tpu" not implemented for \'{scalar_type_name(dtype)}\'')
+
+    return check
+
+
+for _kernel in ("gcd", "lcm"):
+    _packet = getattr(aten, _kernel)
+    register_meta_check(_packet.default, _packet.out, getattr(aten, _kernel + "_").default)(_integer_kernel(_kernel))
+
+
 @register_meta_check(aten.complex.out)
 def _complex_out(real: torch.Tensor, imag: torch.Tensor, out: torch.Tensor) -> None:
     _complex(real, imag)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
-#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile SECONDS
+#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute SECONDS
 #   bash tools/tpu_suite/steps.sh bench SECONDS demo|big
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N, threaded
 # Results come back in $OUT/STEP.tgz; the list of tests run stays in /tmp/done.txt while the host is warm.
@@ -48,6 +48,9 @@ profile)  # where a demo step's time goes (bench/step_profile.py), per mode: wal
     timeout $(( $(left) - 5 )) python3 bench/step_profile.py --mode $m > $OUT/profile_$m.log 2>&1
     grep -A8 "first step" $OUT/profile_$m.log
   done ;;
+execute)  # host time of a PJRT execute by argument count and launch form, then JAX's dispatch (its own process)
+  timeout $(( $(left) / 2 )) python3 tools/tpu_suite/probe_execute_cost.py > $OUT/execute.log 2>&1; grep "^torchtpu" $OUT/execute.log
+  timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_execute_cost.py --jax > $OUT/execute_jax.log 2>&1; grep "^jax" $OUT/execute_jax.log ;;
 verify)  # the samples and functions of tools/tpu_suite/verify.txt (last round's fixes), then their tests
   specs=$(grep -v '^#' tools/tpu_suite/verify.txt | grep ':' | tr '\n' ' ')
   funcs=$(grep -v '^#' tools/tpu_suite/verify.txt | grep '^fn ' | cut -c4- | tr '\n' ' ')

@@ -37,3 +37,16 @@ def test_invalid():
         compile_options(num_replicas=0)
     with pytest.raises(ValueError):
         compile_options(device_ids=[[0]])  # portable + assignment
+
+
+def test_effort_fields(client, add_source):
+    """exec_time_optimization_effort (field 20, a float) and optimization_level (24, an enum) of
+    ExecutableBuildOptionsProto, for trading a TPU's compile time against run time; the plugin
+    takes them (the CPU plugin ignores them)."""
+    opts = compile_options(portable=False, exec_time_effort=-1.0, optimization_level=9)
+    # build options: num_replicas, num_partitions, then field 20 (fixed32 -1.0f), field 24 (varint 9)
+    assert opts == b"\x1a\x0d\x20\x01\x28\x01\xa5\x01\x00\x00\x80\xbf\xc0\x01\x09"
+    exe = client.compile(add_source, options=compile_options(exec_time_effort=-0.5, optimization_level=19))
+    assert exe.num_outputs == 1
+    with pytest.raises(ValueError):
+        compile_options(exec_time_effort=2.0)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
-#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute SECONDS
+#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute|jax SECONDS
 #   bash tools/tpu_suite/steps.sh bench SECONDS demo|big
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N, threaded
 # Results come back in $OUT/STEP.tgz; the list of tests run stays in /tmp/done.txt while the host is warm.
@@ -48,6 +48,8 @@ profile)  # where a demo step's time goes (bench/step_profile.py), per mode: wal
     timeout $(( $(left) - 5 )) python3 bench/step_profile.py --mode $m > $OUT/profile_$m.log 2>&1
     grep -A8 "first step" $OUT/profile_$m.log
   done ;;
+jax)  # JAX-only probes (no torch needed: the first call of a round, before the install, can run them)
+  timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_compile_effort.py 2>&1 | grep -v "^WARNING\|^I1\|^W1\|UserWarning\|warnings.warn" | tee $OUT/effort.log ;;
 execute)  # host time of a PJRT execute by argument count and launch form, then JAX's dispatch (its own process)
   timeout $(( $(left) / 2 )) python3 tools/tpu_suite/probe_execute_cost.py > $OUT/execute.log 2>&1; grep "^torchtpu" $OUT/execute.log
   timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_execute_cost.py --jax > $OUT/execute_jax.log 2>&1; grep "^jax" $OUT/execute_jax.log ;;

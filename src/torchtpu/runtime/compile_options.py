@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 
-_VARINT, _I64, _LEN = 0, 1, 2
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
 
 def _varint(value: int) -> bytes:
@@ -36,6 +36,10 @@ def _key(field: int, wire: int) -> bytes:
 
 def _int_field(field: int, value: int) -> bytes:
     return _key(field, _VARINT) + _varint(int(value))
+
+
+def _float_field(field: int, value: float) -> bytes:
+    return _key(field, _I32) + struct.pack("<f", float(value))
 
 
 def _bytes_field(field: int, payload: bytes) -> bytes:
@@ -78,6 +82,8 @@ def compile_options(
     portable: bool = True,
     device_ids: Sequence[Sequence[int]] | None = None,
     env_overrides: Mapping[str, str | float] | None = None,
+    exec_time_effort: float | None = None,
+    optimization_level: int | None = None,
 ) -> bytes:
     """Serialized CompileOptionsProto.
 
@@ -85,7 +91,9 @@ def compile_options(
     fixed device assignment, so one compilation can run on any addressable
     device via ``execute_device``. ``device_ids`` fixes the assignment instead
     (then ``portable`` must be False). ``env_overrides`` are per-compile
-    XLA debug options, e.g. ``{"xla_cpu_enable_fast_math": False}``.
+    XLA debug options, e.g. ``{"xla_cpu_enable_fast_math": False}``. ``exec_time_effort`` (in
+    [-1, 1], XLA's baseline 0) and ``optimization_level`` (ExecutionOptions.EffortLevel: 9, 19, 29,
+    39 for O0..O3) trade run time for compile time where the backend reads them.
     """
     if num_replicas < 1 or num_partitions < 1:
         raise ValueError("num_replicas and num_partitions must be >= 1")
@@ -98,6 +106,12 @@ def compile_options(
     build += _int_field(4, num_replicas) + _int_field(5, num_partitions)
     if device_ids is not None:
         build += _bytes_field(9, device_assignment(device_ids))
+    if exec_time_effort is not None:
+        if not -1.0 <= exec_time_effort <= 1.0:
+            raise ValueError(f"exec_time_effort must be in [-1, 1], not {exec_time_effort}")
+        build += _float_field(20, exec_time_effort)
+    if optimization_level is not None:
+        build += _int_field(24, optimization_level)
     out = _bytes_field(3, build)
     if portable:
         out += _int_field(4, 1)

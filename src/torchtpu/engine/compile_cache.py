@@ -739,10 +739,28 @@ class CompileError(RuntimeError):
     op and its inputs, or the fused or compiled graph); the plugin's diagnostic is its cause."""
 
 
-def compile_program(text: str | bytes, what: str) -> runtime.Executable:
-    """:func:`compile`, with a refusal re-raised as :class:`CompileError` naming ``what``."""
+# TORCH_TPU_EAGER_COMPILE_EFFORT -> ExecutableBuildOptions fields (compile_options' keywords)
+_EAGER_EFFORTS: dict[str, dict[str, float | int]] = {
+    "fast": {"exec_time_effort": -1.0}, "o0": {"optimization_level": 9}, "o1": {"optimization_level": 19}}
+
+
+def _eager_options() -> bytes | None:
+    """The options of one op's program: the default ones, with the chosen compile effort."""
+    chosen = env.read("TORCH_TPU_EAGER_COMPILE_EFFORT")
+    if chosen in (None, "default"):
+        return None
+    client = _device_state.client()
+    ordinal = client.devices[0].local_hardware_id
+    return runtime.compile_options(device_ordinal=0 if ordinal is None else ordinal, env_overrides={
+        **client.compile_overrides, "xla_allow_excess_precision": backend.allow_excess_precision},
+        **_EAGER_EFFORTS[chosen])
+
+
+def compile_program(text: str | bytes, what: str, eager: bool = False) -> runtime.Executable:
+    """:func:`compile`, with a refusal re-raised as :class:`CompileError` naming ``what``.
+    ``eager``: one op's program (Strict), compiled with TORCH_TPU_EAGER_COMPILE_EFFORT's effort."""
     try:
-        exe = compile(text)
+        exe = compile(text, options=_eager_options() if eager else None)
     except runtime.UnsupportedDtypeError as e:
         raise runtime.UnsupportedDtypeError(f"{e} (the program of {what})") from None  # a TypeError too
     except runtime.PjrtError as e:

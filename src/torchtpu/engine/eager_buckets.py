@@ -320,7 +320,7 @@ def _compile(plan: Any, values: list[Any], bspecs: list, bskeys: tuple, col: Any
     shape_dims = _output_dims(graph_plan, outputs)
     text = b.module(out_values)
     exe = compile_cache.compile_program(
-        text, f"aten::{plan.op.__name__}({executor.describe_arguments(values)}) [bucketed]")
+        text, f"aten::{plan.op.__name__}({executor.describe_arguments(values)}) [bucketed]", eager=True)
     executor.stats.misses += 1
     entry = _Bucketed(executor.Entry(exe, outputs, [executor._to_out_meta(m) for m in metas]), shape_dims)
     with executor._cache_lock:

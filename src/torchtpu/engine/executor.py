@@ -705,7 +705,8 @@ def _compile(plan: OpPlan, values: list[Any], specs: list, skeys: tuple, col: _C
                                   key[1])
     donate = alias_stores(b, col, skeys, outputs)
     text = b.module(out_values)
-    exe = compile_cache.compile_program(text, f"aten::{plan.op.__name__}({describe_arguments(values)})")
+    exe = compile_cache.compile_program(text, f"aten::{plan.op.__name__}({describe_arguments(values)})",
+                                       eager=True)
     entry = Entry(exe, outputs, [_to_out_meta(m) for m in metas], donate)
     with _cache_lock:
         _cache[key] = entry

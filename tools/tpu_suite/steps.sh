@@ -49,7 +49,10 @@ profile)  # where a demo step's time goes (bench/step_profile.py), per mode: wal
     grep -A8 "first step" $OUT/profile_$m.log
   done ;;
 jax)  # JAX-only probes (no torch needed: the first call of a round, before the install, can run them)
-  timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_compile_effort.py 2>&1 | grep -v "^WARNING\|^I1\|^W1\|UserWarning\|warnings.warn" | tee $OUT/effort.log ;;
+  for probe in probe_compile_effort probe_gather_compile; do
+    [ "$(left)" -lt 30 ] && break
+    timeout $(( $(left) - 5 )) python3 tools/tpu_suite/$probe.py 2>&1 | grep -v "^WARNING\|^I1\|^W1\|UserWarning\|warnings.warn" | tee $OUT/$probe.log
+  done ;;
 execute)  # host time of a PJRT execute by argument count and launch form, then JAX's dispatch (its own process)
   timeout $(( $(left) / 2 )) python3 tools/tpu_suite/probe_execute_cost.py > $OUT/execute.log 2>&1; grep "^torchtpu" $OUT/execute.log
   timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_execute_cost.py --jax > $OUT/execute_jax.log 2>&1; grep "^jax" $OUT/execute_jax.log ;;

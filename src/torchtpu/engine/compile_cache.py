@@ -244,17 +244,25 @@ def cpu_features() -> str:
     return _cpu_features
 
 
-def _default_options(client: runtime.Client, device_index: int) -> bytes:
-    # What Client.compile uses when options=None, and the backend's compiler switches.
+def _default_options(client: runtime.Client, device_index: int, effort: str = "default") -> bytes:
+    # What Client.compile uses when options=None, and the backend's compiler switches; ``effort``:
+    # a TORCH_TPU_EAGER_COMPILE_EFFORT choice (_EFFORTS)
     ordinal = client.devices[device_index].local_hardware_id
     return _options_for(device_index if ordinal is None else ordinal, backend.allow_excess_precision,
-                        tuple(sorted(client.compile_overrides.items())))
+                        tuple(sorted(client.compile_overrides.items())), effort)
+
+
+# TORCH_TPU_EAGER_COMPILE_EFFORT -> ExecutableBuildOptions fields (compile_options' keywords)
+_EFFORTS: dict[str, dict[str, float | int]] = {
+    "default": {}, "fast": {"exec_time_effort": -1.0}, "o0": {"optimization_level": 9},
+    "o1": {"optimization_level": 19}}
 
 
 @functools.lru_cache(maxsize=64)
-def _options_for(ordinal: int, allow_excess_precision: bool, plugin_overrides: tuple = ()) -> bytes:
+def _options_for(ordinal: int, allow_excess_precision: bool, plugin_overrides: tuple = (),
+                 effort: str = "default") -> bytes:
     return runtime.compile_options(device_ordinal=ordinal, env_overrides={
-        **dict(plugin_overrides), "xla_allow_excess_precision": allow_excess_precision})
+        **dict(plugin_overrides), "xla_allow_excess_precision": allow_excess_precision}, **_EFFORTS[effort])
 
 
 def cache_key(
@@ -739,21 +747,12 @@ class CompileError(RuntimeError):
     op and its inputs, or the fused or compiled graph); the plugin's diagnostic is its cause."""
 
 
-# TORCH_TPU_EAGER_COMPILE_EFFORT -> ExecutableBuildOptions fields (compile_options' keywords)
-_EAGER_EFFORTS: dict[str, dict[str, float | int]] = {
-    "fast": {"exec_time_effort": -1.0}, "o0": {"optimization_level": 9}, "o1": {"optimization_level": 19}}
-
-
 def _eager_options() -> bytes | None:
-    """The options of one op's program: the default ones, with the chosen compile effort."""
+    """The options of one op's program: the default ones (None), or with the chosen compile effort."""
     chosen = env.read("TORCH_TPU_EAGER_COMPILE_EFFORT")
     if chosen in (None, "default"):
         return None
-    client = _device_state.client()
-    ordinal = client.devices[0].local_hardware_id
-    return runtime.compile_options(device_ordinal=0 if ordinal is None else ordinal, env_overrides={
-        **client.compile_overrides, "xla_allow_excess_precision": backend.allow_excess_precision},
-        **_EAGER_EFFORTS[chosen])
+    return _default_options(_device_state.client(), 0, chosen)
 
 
 def compile_program(text: str | bytes, what: str, eager: bool = False) -> runtime.Executable:

@@ -147,10 +147,7 @@ def _reciprocal(b: Builder, d: Value) -> tuple[Value, Value]:
     """1/d as h + l, l = h (1 - h d) with 1 - h d exact (Dekker's product, the division's own
     rounding, even a TPU's ulp or two, is in l). d's 4097-fold must stay finite: |d| < 8e34."""
     h = b.div(_c(b, 1.0, d), d)
-    p = b.mul(h, d)
-    h1, h2 = _split(b, h)
-    d1, d2 = _split(b, d)
-    e = b.add(b.add(b.add(b.sub(b.mul(h1, d1), p), b.mul(h1, d2)), b.mul(h2, d1)), b.mul(h2, d2))
+    p, e = _two_prod(b, h, d)
     return h, b.mul(h, b.sub(b.sub(_c(b, 1.0, d), p), e))
 
 

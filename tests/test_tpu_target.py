@@ -347,6 +347,8 @@ def test_optimizer_steps_on_a_tpu_build_no_float64_work():
     optimizer, plain, foreach and capturable, steps as on CPU with no f64 op in any program."""
     out = _run_for_tpu("""
         import copy
+        # float32-accurate products: a chip's one bf16 pass moves RMSprop's g / sqrt(v) steps by ~1%
+        torch.set_float32_matmul_precision("highest")
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
         x, y = torch.randn(8, 6), torch.randn(8, 3)

@@ -245,10 +245,12 @@ def cpu_features() -> str:
 
 
 def _default_options(client: runtime.Client, device_index: int, effort: str = "default") -> bytes:
-    # What Client.compile uses when options=None, and the backend's compiler switches; ``effort``:
-    # a TORCH_TPU_EAGER_COMPILE_EFFORT choice (_EFFORTS)
-    ordinal = client.devices[device_index].local_hardware_id
-    return _options_for(device_index if ordinal is None else ordinal, backend.allow_excess_precision,
+    # The program compiled for the device alone (a fixed assignment: Executable.bind says why),
+    # with the plugin's and the backend's compiler switches; ``effort``: a
+    # TORCH_TPU_EAGER_COMPILE_EFFORT choice (_EFFORTS)
+    device = client.devices[device_index]
+    ordinal = device.local_hardware_id
+    return _options_for(device_index if ordinal is None else ordinal, device.id, backend.allow_excess_precision,
                         tuple(sorted(client.compile_overrides.items())), effort)
 
 
@@ -259,10 +261,12 @@ _EFFORTS: dict[str, dict[str, float | int]] = {
 
 
 @functools.lru_cache(maxsize=64)
-def _options_for(ordinal: int, allow_excess_precision: bool, plugin_overrides: tuple = (),
+def _options_for(ordinal: int, device_id: int, allow_excess_precision: bool, plugin_overrides: tuple = (),
                  effort: str = "default") -> bytes:
-    return runtime.compile_options(device_ordinal=ordinal, env_overrides={
-        **dict(plugin_overrides), "xla_allow_excess_precision": allow_excess_precision}, **_EFFORTS[effort])
+    return runtime.compile_options(
+        device_ordinal=ordinal, portable=False, device_ids=[[device_id]],
+        env_overrides={**dict(plugin_overrides), "xla_allow_excess_precision": allow_excess_precision},
+        **_EFFORTS[effort])
 
 
 def cache_key(
@@ -547,7 +551,7 @@ def tier_report() -> list[dict[str, Any]]:
 
 
 # -- lookup / store -------------------------------------------------------------
-def _load(tier: _Tier, key: str, client: runtime.Client) -> tuple[runtime.Executable, bytes] | None:
+def _load(tier: _Tier, key: str, client: runtime.Client, options: bytes) -> tuple[runtime.Executable, bytes] | None:
     n = tier.number
     start = time.perf_counter()
     try:
@@ -566,7 +570,7 @@ def _load(tier: _Tier, key: str, client: runtime.Client) -> tuple[runtime.Execut
         data, ident = got
         try:
             payload = _unpack(key, data)
-            exe = client.deserialize(payload)
+            exe = client.deserialize(payload, options)
         except (_Corrupt, runtime.PjrtError) as e:
             _add(f"tier{n}_errors")
             tier.discard(key, ident)
@@ -606,7 +610,7 @@ def _resolve(text: str | bytes, text_digest: str, client: runtime.Client, option
     key = _persistent_key(text_digest, client, options) if tiers else ""
     missed: list[_Tier] = []
     for tier in tiers:
-        got = _load(tier, key, client)
+        got = _load(tier, key, client, options)
         if got is not None:
             _add(f"tier{tier.number}_hits")
             exe, payload = got
@@ -624,7 +628,7 @@ def _resolve(text: str | bytes, text_digest: str, client: runtime.Client, option
     # the others wait, then load what it stored
     with cache_dir.program_lock(shared.path, key) as waited:
         if waited:
-            got = _load(shared, key, client)
+            got = _load(shared, key, client, options)
             if got is not None:
                 _add(f"tier{shared.number}_hits_after_wait")
                 exe, payload = got
@@ -670,16 +674,19 @@ def compile(
     client: runtime.Client | None = None,
     device_index: int = 0,
     options: bytes | None = None,
+    effort: str = "default",
 ) -> runtime.Executable:
     """``client.compile(text)`` through the three cache tiers (thread-safe).
 
-    ``client`` defaults to the process's client; ``options`` to what
-    ``Client.compile`` uses for ``device_index``. Compile errors propagate and
-    are not cached.
+    ``client`` defaults to the process's client. Without ``options``, the program is compiled
+    for ``device_index`` alone with ``effort`` (an ``_EFFORTS`` name), and the executable is bound
+    to that device (a launch elsewhere compiles it again for its device). Compile errors
+    propagate and are not cached.
     """
     client = client or _device_state.client()
-    if options is None:
-        options = _default_options(client, device_index)
+    bound = options is None
+    if bound:
+        options = _default_options(client, device_index, effort)
     code = text.encode() if isinstance(text, str) else bytes(text)
     text_digest = hashlib.sha256(code).hexdigest()
     # An entry's Executable keeps its client alive, so id(client) is not reused
@@ -703,9 +710,16 @@ def compile(
                 del _tier1[k1]
         fut.set_exception(e)
         raise
+    if bound:  # (other devices: the text is kept only where there are some)
+        exe.bind(device_index, None if len(client.devices) == 1 else functools.partial(
+            _for_other_device, text, client, effort))
     _note_temp(exe)
     fut.set_result(exe)
     return exe
+
+
+def _for_other_device(text: str | bytes, client: runtime.Client, effort: str, device_index: int) -> runtime.Executable:
+    return compile(text, client=client, device_index=device_index, effort=effort)
 
 
 _largest_temp = 0  # bytes: the largest scratch of a program this process compiled or loaded
@@ -747,19 +761,16 @@ class CompileError(RuntimeError):
     op and its inputs, or the fused or compiled graph); the plugin's diagnostic is its cause."""
 
 
-def _eager_options() -> bytes | None:
-    """The options of one op's program: the default ones (None), or with the chosen compile effort."""
-    chosen = env.read("TORCH_TPU_EAGER_COMPILE_EFFORT")
-    if chosen in (None, "default"):
-        return None
-    return _default_options(_device_state.client(), 0, chosen)
+def _eager_effort() -> str:
+    """The compile effort of one op's program (TORCH_TPU_EAGER_COMPILE_EFFORT)."""
+    return env.read("TORCH_TPU_EAGER_COMPILE_EFFORT") or "default"
 
 
 def compile_program(text: str | bytes, what: str, eager: bool = False) -> runtime.Executable:
     """:func:`compile`, with a refusal re-raised as :class:`CompileError` naming ``what``.
     ``eager``: one op's program (Strict), compiled with TORCH_TPU_EAGER_COMPILE_EFFORT's effort."""
     try:
-        exe = compile(text, options=_eager_options() if eager else None)
+        exe = compile(text, effort=_eager_effort() if eager else "default")
     except runtime.UnsupportedDtypeError as e:
         raise runtime.UnsupportedDtypeError(f"{e} (the program of {what})") from None  # a TypeError too
     except runtime.PjrtError as e:

@@ -276,15 +276,23 @@ class Client:
         if self.emulates_float64 and _signature_has_float64(code):
             _warn_float64_emulated()
 
-    def deserialize(self, blob: bytes) -> Executable:
+    def deserialize(self, blob: bytes, options: bytes | None = None) -> Executable:
         """Load bytes from Executable.serialize() (same plugin build only:
-        other builds may load them and silently compute wrong results)."""
+        other builds may load them and silently compute wrong results). ``options``: the
+        compile options it was built with, given again (the CPU plugin loads an executable
+        without its device assignment otherwise)."""
         c_blob = ffi.new("char[]", blob)
+        extra = {}
+        if options is not None:
+            c_options = ffi.new("char[]", options)
+            extra = {"overridden_serialized_compile_options": c_options,
+                     "overridden_serialized_compile_options_size": len(options)}
         r = self._plugin.call(
             "PJRT_Executable_DeserializeAndLoad",
             client=self._handle,
             serialized_executable=c_blob,
             serialized_executable_size=len(blob),
+            **extra,
         )
         return Executable(self, r.loaded_executable)
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from . import _C
+from . import _C, runtime
 from ._config import config
 from .engine import deferred
 
@@ -168,15 +168,16 @@ class TPUGraph:
                 args.append(("seed", _C._next_seed(_C._default_generator(self._device))))
             else:
                 args.append(a)
-        with deferred._lock:
-            outs = deferred.run_fused(self._fused, args, self._device)
-        del args
-        attr = deferred._ATTR
-        for refs, buf in zip(self._outputs, outs):
-            for ref in refs:
-                s = ref()
-                if s is not None:
-                    setattr(s, attr, buf)
+        with runtime.batched_destroys():  # the ~30 buffers a replay replaces: off this thread
+            with deferred._lock:
+                outs = deferred.run_fused(self._fused, args, self._device)
+            del args
+            attr = deferred._ATTR
+            for refs, buf in zip(self._outputs, outs):
+                for ref in refs:
+                    s = ref()
+                    if s is not None:
+                        setattr(s, attr, buf)
         if config.launch_blocking:  # Debug mode: synchronous, device errors surface here
             torch.tpu.synchronize()
 

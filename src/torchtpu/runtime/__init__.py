@@ -3,7 +3,7 @@
 Only numpy, ml_dtypes and cffi are imported here (never torch).
 """
 
-from .buffer import Buffer, live_buffers, live_bytes, release_donated, reset_peak_bytes
+from .buffer import Buffer, batched_destroys, live_buffers, live_bytes, release_donated, reset_peak_bytes
 from .client import Client, create_client
 from .compile_options import compile_options
 from .device import Device
@@ -30,6 +30,7 @@ __all__ = [
     "PjrtError",
     "Plugin",
     "UnsupportedDtypeError",
+    "batched_destroys",
     "compile_options",
     "create_client",
     "default_client_options",

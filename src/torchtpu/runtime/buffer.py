@@ -80,6 +80,13 @@ def _reap() -> None:
                     _destroy_handle(client._plugin, h)
 
 
+def _to_reaper(batch: list[tuple[Any, Any]]) -> None:
+    if not _reaper:
+        _reaper.append(threading.Thread(target=_reap, name="torchtpu-buffer-reaper", daemon=True))
+        _reaper[0].start()
+    _reaper_batches.put(batch)
+
+
 def release_donated(keep: int = 0, wait: bool = False) -> None:
     """Destroy queued donated-buffer handles, all but the ``keep`` most recent: on the reaper
     thread; with ``wait``, return once they are destroyed."""
@@ -87,12 +94,36 @@ def release_donated(keep: int = 0, wait: bool = False) -> None:
     if n > 0:
         old = _DONATED_HANDLES[:n]
         del _DONATED_HANDLES[:n]
-        if not _reaper:
-            _reaper.append(threading.Thread(target=_reap, name="torchtpu-buffer-reaper", daemon=True))
-            _reaper[0].start()
-        _reaper_batches.put(old)
+        _to_reaper(old)
     if wait:
         drain_reaper()
+
+
+# While a batch is open (batched_destroys), the handles of buffers freed meanwhile, to be
+# destroyed together on the reaper thread when it closes
+_destroy_batch: list[tuple[Any, Any]] | None = None
+
+
+class batched_destroys:
+    """``with batched_destroys():`` the buffers freed inside are destroyed together on the reaper
+    thread as the block ends (their bytes stop counting at once). A launch that replaces many
+    buffers (a captured step's ~30 gradients and outputs) otherwise destroys each on the calling
+    thread, ~10 us apiece on a TPU."""
+
+    __slots__ = ("_outer",)
+
+    def __enter__(self) -> None:
+        global _destroy_batch
+        self._outer = _destroy_batch is not None
+        if not self._outer:
+            _destroy_batch = []
+
+    def __exit__(self, *exc: object) -> None:
+        global _destroy_batch
+        if not self._outer:
+            batch, _destroy_batch = _destroy_batch, None
+            if batch:
+                _to_reaper(batch)
 
 
 def _after_fork_in_child() -> None:
@@ -348,6 +379,10 @@ class Buffer:
                     release_donated(keep=_DONATED_CAP // 2)
                 return
             _LIVE[0] -= self._nbytes
+            batch = _destroy_batch
+            if batch is not None:
+                batch.append((self._client, h))
+                return
             _destroy_handle(self._client._plugin, h)
 
     def __repr__(self) -> str:

@@ -673,3 +673,18 @@ def test_a_bound_program_launched_on_another_device_runs_there(tiers):
     assert alone._sibling is None
     with pytest.raises(runtime.PjrtError, match="compiled for device 0 alone"):
         alone._for_device(1)
+
+
+def test_unset_eager_compile_effort_is_fast_on_a_tpu_only(monkeypatch):
+    """Unset, Strict's per-op programs ask a TPU for exec_time_optimization_effort -1 (a v5e
+    compiled small programs 33-53% faster so, with the same run time); XLA:CPU keeps its
+    default; the variable, when set, decides everywhere."""
+    from types import SimpleNamespace
+
+    tpu, cpu = SimpleNamespace(platform_name="tpu"), SimpleNamespace(platform_name="cpu")
+    monkeypatch.delenv("TORCH_TPU_EAGER_COMPILE_EFFORT", raising=False)
+    assert (cc._eager_effort(tpu), cc._eager_effort(cpu)) == ("fast", "default")
+    monkeypatch.setenv("TORCH_TPU_EAGER_COMPILE_EFFORT", "default")
+    assert cc._eager_effort(tpu) == "default"
+    monkeypatch.setenv("TORCH_TPU_EAGER_COMPILE_EFFORT", "o1")
+    assert cc._eager_effort(cpu) == "o1"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
-#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute|jax SECONDS
+#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute|jax|devprof SECONDS
 #   bash tools/tpu_suite/steps.sh bench SECONDS demo|big
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N, threaded
 # Results come back in $OUT/STEP.tgz; the list of tests run stays in /tmp/done.txt while the host is warm.
@@ -48,6 +48,10 @@ profile)  # where a demo step's time goes (bench/step_profile.py), per mode: wal
     timeout $(( $(left) - 5 )) python3 bench/step_profile.py --mode $m > $OUT/profile_$m.log 2>&1
     grep -A8 "first step" $OUT/profile_$m.log
   done ;;
+devprof)  # per-XLA-op device time of the demo step's programs (torch writes them, JAX profiles them), and of JAX's step
+  timeout $(( $(left) / 2 )) python3 tools/tpu_suite/probe_device_profile.py --dump $OUT/programs --mode ${DEVPROF_MODE:-compiled_graph} > $OUT/dump.log 2>&1; tail -2 $OUT/dump.log
+  timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_device_profile.py --profile $OUT/programs > $OUT/devprof.log 2>&1
+  grep -v "^WARNING\|^I0000\|^W0000\|^E0000" $OUT/devprof.log | head -150 ;;
 jax)  # JAX-only probes (no torch needed: the first call of a round, before the install, can run them)
   for probe in probe_compile_effort probe_gather_compile; do
     [ "$(left)" -lt 30 ] && break

@@ -1,0 +1,230 @@
+"""Where a training step's device time goes, per XLA op, for torchtpu's programs and JAX's step.
+
+Two processes (one at a time may hold a TPU):
+
+    python3 tools/tpu_suite/probe_device_profile.py --dump DIR [--mode compiled_graph] [--workload gpt_demo]
+    python3 tools/tpu_suite/probe_device_profile.py --profile DIR [--workload gpt_demo] [--runs 20]
+
+``--dump`` (torch) runs ``bench/tpu.py``'s training step in ``mode`` four times and writes the
+StableHLO of every large program it compiled (over 20 kB of text: the step's, the warm-up's, a
+capture's) to DIR, in compile order.
+``--profile`` (JAX only) compiles each of them with JAX's client, runs it under JAX's profiler
+(inputs made from the program's signature: values do not change a step's device time), then JAX's
+own step of the same model, and prints per program the device time of one run and its costliest
+XLA ops, from the trace's device plane ("XLA Modules" and "XLA Ops" lines on a TPU; on XLA:CPU the
+host threads' op events stand in). ``steps.sh devprof`` runs both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import re
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+
+# -- torch side ---------------------------------------------------------------------------------
+def dump(out_dir: str, workload: str, mode: str) -> None:
+    import tpu as bench_tpu  # bench/tpu.py
+
+    os.environ["TORCH_TPU_DEFER_AND_FUSE"] = "1" if bench_tpu.TORCH_EAGER_MODE[mode] == "defer_and_fuse" else "0"
+    torch, _, step = bench_tpu.torch_gpt_step(bench_tpu.sizes(workload, False), mode, bf16=workload.endswith("bf16"))
+    from torchtpu.engine import compile_cache
+
+    texts: list[str] = []
+    real = compile_cache.compile
+
+    def keep(text: Any, **kw: Any) -> Any:
+        texts.append(text if isinstance(text, str) else bytes(text).decode())
+        return real(text, **kw)
+
+    compile_cache.compile = keep
+    for _ in range(4):  # the first step, a capture's warm-up and capture, then steady steps
+        step()
+    torch.tpu.synchronize()
+    compile_cache.compile = real
+    os.makedirs(out_dir, exist_ok=True)
+    big = [t for t in texts if len(t) > 20_000] or texts
+    for i, t in enumerate(big):
+        with open(os.path.join(out_dir, f"program_{i:02d}.mlir"), "w") as f:
+            f.write(t)
+    print(f"{workload} {mode}: {len(texts)} programs compiled, {len(big)} written to {out_dir} "
+          f"({', '.join(str(len(t) // 1000) + ' kB' for t in big)})", flush=True)
+
+
+# -- JAX side -----------------------------------------------------------------------------------
+_TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i1": "bool", "i8": "int8",
+          "i16": "int16", "i32": "int32", "i64": "int64", "ui8": "uint8", "ui16": "uint16", "ui32": "uint32",
+          "ui64": "uint64"}
+
+
+def _signature(text: str) -> list[tuple[tuple[int, ...], str]]:
+    """The main function's argument shapes and element types."""
+    m = re.search(r"func\.func public @main\((.*?)\)\s*->", text, re.DOTALL)
+    if m is None:
+        raise ValueError("no public @main")
+    args = []
+    for t in re.findall(r"%[\w#]+\s*:\s*tensor<([^>]*)>", m.group(1)):
+        *dims, elem = t.split("x")
+        args.append((tuple(int(d) for d in dims), _TYPES[elem]))
+    return args
+
+
+def _inputs(sig: list[tuple[tuple[int, ...], str]], device: Any) -> list[Any]:
+    import jax
+    import ml_dtypes
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out = []
+    for shape, name in sig:
+        dtype = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+        if dtype.kind == "f":
+            a = (rng.standard_normal(shape) * 0.02).astype(dtype)
+        else:
+            a = np.zeros(shape, dtype)  # indices 0, flags off, seeds 0: valid everywhere
+        out.append(jax.device_put(a, device))
+    return out
+
+
+def _compile(text: str) -> Any:
+    import jax
+    from jax._src import compiler, xla_bridge
+    from jax._src.interpreters import mlir
+    from jax._src.lib import xla_client as xc
+    from jax._src.lib.mlir import ir
+
+    # no donation: the same inputs serve every run
+    text = re.sub(r",?\s*(tf\.aliasing_output = \d+ : i32|jax\.buffer_donor = true)", "", text)
+    text = text.replace("{, ", "{").replace(" {}", "")
+    backend = xla_bridge.get_backend()
+    with mlir.make_ir_context():
+        module = ir.Module.parse(text)
+        options = compiler.get_compile_options(1, 1, backend=backend)
+        return compiler.backend_compile_and_load(backend, module, xc.DeviceList((jax.devices()[0],)), options, [])
+
+
+def _trace(run: Any, runs: int) -> Any:
+    import jax
+
+    for _ in range(3):
+        run()
+    trace_dir = tempfile.mkdtemp(prefix="devprof-")
+    jax.profiler.start_trace(trace_dir)
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        run()
+    wall = (time.perf_counter() - t0) / runs
+    jax.profiler.stop_trace()
+    files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    return jax.profiler.ProfileData.from_file(files[0]), wall
+
+
+def _report(name: str, data: Any, wall: float, runs: int, top: int) -> None:
+    modules: collections.Counter = collections.Counter()
+    ops: collections.Counter = collections.Counter()
+    counts: collections.Counter = collections.Counter()
+    device_planes = [p for p in data.planes if p.name.startswith("/device:")]
+    for plane in device_planes:
+        for line in plane.lines:
+            if line.name == "XLA Modules":
+                for e in line.events:
+                    modules[e.name] += e.duration_ns
+            elif line.name == "XLA Ops":
+                for e in line.events:
+                    ops[e.name] += e.duration_ns
+                    counts[e.name] += 1
+    if not device_planes:  # XLA:CPU: the op events of the host threads that ran the program
+        for plane in data.planes:
+            for line in plane.lines:
+                if line.name.startswith("tf_XLA") or "Eigen" in line.name:
+                    for e in line.events:
+                        ops[e.name] += e.duration_ns
+                        counts[e.name] += 1
+    device = sum(modules.values()) / runs / 1e6 if modules else sum(ops.values()) / runs / 1e6
+    print(f"== {name}: wall {wall * 1e3:.3f} ms per run, device {device:.3f} ms per run "
+          f"({'XLA Modules' if modules else 'sum of op events'}), {len(counts)} distinct ops, "
+          f"{sum(counts.values()) / runs:.0f} op events per run", flush=True)
+    for op, ns in ops.most_common(top):
+        print(f"   {ns / runs / 1e3:9.1f} us  x{counts[op] / runs:5.1f}  {op[:110]}", flush=True)
+
+
+def profile(in_dir: str, workload: str, runs: int, top: int) -> None:
+    import jax
+
+    print("device:", jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
+    with jax.enable_x64(True):  # s64 arguments stay s64 (JAX's own step runs without)
+        for path in sorted(glob.glob(os.path.join(in_dir, "*.mlir"))):
+            _profile_program(path, runs, top)
+    jax_step(workload, runs, top)
+
+
+def _profile_program(path: str, runs: int, top: int) -> None:
+    import jax
+
+    with open(path) as f:
+        text = f.read()
+    t0 = time.perf_counter()
+    try:
+        exe = _compile(text)
+    except Exception as e:  # noqa: BLE001 (a program JAX's client refuses: said, and the next)
+        print(f"== {os.path.basename(path)}: not compiled: {str(e).splitlines()[0][:200]}", flush=True)
+        return
+    compiled = time.perf_counter() - t0
+    args = _inputs(_signature(text), jax.devices()[0])
+
+    def run(exe: Any = exe, args: list = args) -> None:
+        jax.block_until_ready(exe.execute_sharded(args).disassemble_into_single_device_arrays())
+
+    data, wall = _trace(run, runs)
+    _report(f"torchtpu {os.path.basename(path)} ({len(args)} arguments, compiled in {compiled:.1f} s)",
+            data, wall, runs, top)
+
+
+def jax_step(workload: str, runs: int, top: int) -> None:
+    import jax
+    import jax.numpy as jnp
+    import tpu as bench_tpu  # bench/tpu.py: the same sizes
+    from peers import jax_gpt
+
+    p = bench_tpu.sizes(workload, False)
+    cfg = jax_gpt.GPTConfig(**p["cfg"])
+    params = jax_gpt.init_params(cfg)
+    train_step = jax_gpt.make_train_step(cfg, p["lr"], jnp.bfloat16 if workload.endswith("bf16") else None)
+    state = {"s": (params, jax_gpt.adamw_init(params))}
+    x, y = jax_gpt.make_batch(cfg, p["batch"])
+
+    def run() -> None:
+        out = train_step(*state["s"], x, y)
+        state["s"] = out[:2]
+        jax.block_until_ready(out)
+
+    data, wall = _trace(run, runs)
+    _report(f"JAX jit step ({workload})", data, wall, runs, top)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dump", metavar="DIR")
+    ap.add_argument("--profile", metavar="DIR")
+    ap.add_argument("--mode", default="compiled_graph")
+    ap.add_argument("--workload", default="gpt_demo")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    if args.dump:
+        dump(args.dump, args.workload, args.mode)
+    if args.profile:
+        profile(args.profile, args.workload, args.runs, args.top)
+
+
+if __name__ == "__main__":
+    main()

@@ -74,3 +74,15 @@ def test_every_test_starting_a_child_process_is_marked_fresh_process():
                     and not module_marked and not _marked(node.decorator_list):
                 unmarked.append(f"{path.relative_to(ROOT)}::{node.name}")
     assert not unmarked, unmarked
+
+
+def test_fresh_done_lists_existing_fresh_process_tests():
+    """steps.sh fresh skips the ids of tools/tpu_suite/fresh_done.txt: each must name a collected
+    fresh_process test (a stale id would leave its renamed test to run again, a wrong one hides nothing)."""
+    with open(os.path.join(SUITE, "fresh_done.txt")) as f:
+        ids = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
+                        "-m", "fresh_process", *sorted({i.split("::")[0] for i in ids})],
+                       cwd=ROOT, capture_output=True, text=True, check=False)
+    collected = {ln.strip() for ln in r.stdout.splitlines() if "::" in ln}
+    assert ids and set(ids) <= collected, set(ids) - collected

@@ -30,7 +30,8 @@ demo)
     [ "$(left)" -lt 70 ] && break
     timeout $(( $(left) - 10 )) python3 -m torchtpu.demo --mode $m 2>&1 | tr "\r" "\n" | grep -v "step/s" | tail -6 | tee $OUT/demo_$m.log
   done ;;
-fresh)
+fresh)  # (tools/tpu_suite/fresh_done.txt: those that passed in earlier rounds, skipped)
+  grep -v '^#' tools/tpu_suite/fresh_done.txt >> .tpu/suite/done.txt
   bash .tpu/suite/suite_run.sh fresh $(( $(left) - 5 )) -m "fresh_process and not slow" tests
   cp $OUT/done.txt /tmp/done.txt ;;
 bench)  # SET (third argument): demo = TPUGraph replay against JAX on the demo GPT; big = flash at seq 2048 and the 100M GPT

@@ -89,3 +89,22 @@ def test_buffers_freed_in_a_batch_are_destroyed_on_the_reaper(client, monkeypatc
     one = client.buffer_from_host(np.ones(4, np.float32))
     del one
     assert seen[-1] == threading.current_thread().name
+
+
+def test_a_batch_takes_only_its_own_threads_buffers(client, monkeypatch):
+    """A buffer another thread frees while a batch is open is destroyed there and then: a batch
+    handed to the reaper never gains handles afterwards."""
+    import threading
+
+    from torchtpu.runtime import batched_destroys, buffer
+
+    seen = []
+    real = buffer._destroy_handle
+    monkeypatch.setattr(buffer, "_destroy_handle",
+                        lambda plugin, h: (seen.append(threading.current_thread().name), real(plugin, h)))
+    other = [client.buffer_from_host(np.ones(4, np.float32))]
+    with batched_destroys():
+        t = threading.Thread(target=other.clear, name="elsewhere")
+        t.start()
+        t.join()
+        assert seen == ["elsewhere"]

@@ -99,29 +99,28 @@ def release_donated(keep: int = 0, wait: bool = False) -> None:
         drain_reaper()
 
 
-# While a batch is open (batched_destroys), the handles of buffers freed meanwhile, to be
-# destroyed together on the reaper thread when it closes
-_destroy_batch: list[tuple[Any, Any]] | None = None
+# Per thread, while a batch is open (batched_destroys): the handles of buffers that thread freed
+# meanwhile, destroyed together on the reaper thread when it closes. (Per thread: a buffer freed
+# on another thread meanwhile cannot land in a batch already handed to the reaper.)
+_destroy_batch = threading.local()
 
 
 class batched_destroys:
-    """``with batched_destroys():`` the buffers freed inside are destroyed together on the reaper
-    thread as the block ends (their bytes stop counting at once). A launch that replaces many
-    buffers (a captured step's ~30 gradients and outputs) otherwise destroys each on the calling
-    thread, ~10 us apiece on a TPU."""
+    """``with batched_destroys():`` the buffers this thread frees inside are destroyed together on
+    the reaper thread as the block ends (their bytes stop counting at once). A launch that
+    replaces many buffers (a captured step's ~30 gradients and outputs) otherwise destroys each on
+    the calling thread, ~10 us apiece on a TPU."""
 
     __slots__ = ("_outer",)
 
     def __enter__(self) -> None:
-        global _destroy_batch
-        self._outer = _destroy_batch is not None
+        self._outer = getattr(_destroy_batch, "handles", None) is not None
         if not self._outer:
-            _destroy_batch = []
+            _destroy_batch.handles = []
 
     def __exit__(self, *exc: object) -> None:
-        global _destroy_batch
         if not self._outer:
-            batch, _destroy_batch = _destroy_batch, None
+            batch, _destroy_batch.handles = _destroy_batch.handles, None
             if batch:
                 _to_reaper(batch)
 
@@ -379,7 +378,7 @@ class Buffer:
                     release_donated(keep=_DONATED_CAP // 2)
                 return
             _LIVE[0] -= self._nbytes
-            batch = _destroy_batch
+            batch = getattr(_destroy_batch, "handles", None)
             if batch is not None:
                 batch.append((self._client, h))
                 return

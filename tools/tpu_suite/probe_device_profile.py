@@ -165,6 +165,8 @@ def profile(in_dir: str, workload: str, runs: int, top: int) -> None:
         for path in sorted(glob.glob(os.path.join(in_dir, "*.mlir"))):
             _profile_program(path, runs, top)
     jax_step(workload, runs, top)
+    if workload != "gpt_demo":  # torchtpu's step uses the Pallas flash kernel there: JAX's with it too
+        jax_step(workload, runs, top, flash=True)
 
 
 def _profile_program(path: str, runs: int, top: int) -> None:
@@ -189,7 +191,7 @@ def _profile_program(path: str, runs: int, top: int) -> None:
             data, wall, runs, top)
 
 
-def jax_step(workload: str, runs: int, top: int) -> None:
+def jax_step(workload: str, runs: int, top: int, flash: bool = False) -> None:
     import jax
     import jax.numpy as jnp
     import tpu as bench_tpu  # bench/tpu.py: the same sizes
@@ -198,7 +200,7 @@ def jax_step(workload: str, runs: int, top: int) -> None:
     p = bench_tpu.sizes(workload, False)
     cfg = jax_gpt.GPTConfig(**p["cfg"])
     params = jax_gpt.init_params(cfg)
-    train_step = jax_gpt.make_train_step(cfg, p["lr"], jnp.bfloat16 if workload.endswith("bf16") else None)
+    train_step = jax_gpt.make_train_step(cfg, p["lr"], jnp.bfloat16 if workload.endswith("bf16") else None, flash)
     state = {"s": (params, jax_gpt.adamw_init(params))}
     x, y = jax_gpt.make_batch(cfg, p["batch"])
 
@@ -208,7 +210,7 @@ def jax_step(workload: str, runs: int, top: int) -> None:
         jax.block_until_ready(out)
 
     data, wall = _trace(run, runs)
-    _report(f"JAX jit step ({workload})", data, wall, runs, top)
+    _report(f"JAX jit step ({workload}{', flash attention' if flash else ''})", data, wall, runs, top)
 
 
 def main() -> None:

@@ -7,7 +7,8 @@ inside PJRT execute on the v5e, where JAX's whole step took 0.64 ms).
 
 Per form: host microseconds per launch (launches not awaited, a sync every 50) and wall microseconds
 per launch over the same run; the program takes N f32[64,128] arguments, returns N results, and
-aliases each result to its argument where "donated".
+aliases each result to its argument where "donated". Then N arguments into one result and one
+argument into N results (seventeenth session: which of the two carries a launch's cost).
 """
 from __future__ import annotations
 
@@ -32,6 +33,56 @@ def module(n: int, donate: bool) -> str:
     types = ", ".join([t] * n)
     return (f"module @probe {{\n  func.func public @main({params}) -> ({types}) {{\n" + "\n".join(body)
             + f"\n    return {outs} : {types}\n  }}\n}}\n")
+
+
+def fan_module(n: int, inputs: bool) -> str:
+    """N arguments summed into one result (``inputs``), or one argument scaled into N results: what
+    an argument costs a launch apart from what a result costs."""
+    t = f"tensor<{SHAPE[0]}x{SHAPE[1]}xf32>"
+    if inputs:
+        params = ", ".join(f"%a{i}: {t}" for i in range(n))
+        body = [f"    %s0 = stablehlo.add %a0, %a0 : {t}"]
+        body += [f"    %s{i} = stablehlo.add %s{i - 1}, %a{i} : {t}" for i in range(1, n)]
+        return (f"module @fan_in {{\n  func.func public @main({params}) -> ({t}) {{\n" + "\n".join(body)
+                + f"\n    return %s{n - 1} : {t}\n  }}\n}}\n")
+    body = []
+    for i in range(n):
+        body.append(f"    %c{i} = stablehlo.constant dense<{1.0 + i / 1024}> : {t}")
+        body.append(f"    %r{i} = stablehlo.multiply %a, %c{i} : {t}")
+    types = ", ".join([t] * n)
+    return (f"module @fan_out {{\n  func.func public @main(%a: {t}) -> ({types}) {{\n" + "\n".join(body)
+            + f"\n    return {', '.join(f'%r{i}' for i in range(n))} : {types}\n  }}\n}}\n")
+
+
+def torchtpu_fans(n: int) -> None:
+    from torchtpu.runtime import client as client_mod
+    from torchtpu.runtime.compile_options import compile_options
+
+    if not _client:
+        _client.append(client_mod.create_client())
+    c = _client[0]
+    for inputs in (True, False):
+        exe = c.compile(fan_module(n, inputs), options=compile_options(portable=False, device_ids=[[0]]))
+        exe.bind(0)  # launched without execute_device, as torchtpu's cached programs are
+        bufs = [c.buffer_from_host(np.full(SHAPE, 1.0, np.float32)) for _ in range(n if inputs else 1)]
+        h, w = timed(lambda exe=exe, bufs=bufs: exe.execute(bufs, with_event=False), lambda bufs=bufs: bufs[0].block_until_ready())
+        shape = f"{n} in, 1 out" if inputs else f"1 in, {n} out"
+        print(f"torchtpu N={n:4d} {shape:15s} device assigned        host {h:8.1f} us  wall {w:8.1f} us", flush=True)
+
+
+def jax_fans(n: int) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    xs = [jnp.full(SHAPE, 1.0, jnp.float32) for _ in range(n)]
+    for inputs in (True, False):
+        if inputs:
+            f, arg = jax.jit(lambda xs: sum(xs[1:], xs[0])), xs
+        else:
+            f, arg = jax.jit(lambda x: [x * np.float32(1.0 + i / 1024) for i in range(n)]), xs[0]
+        h, w = timed(lambda f=f, arg=arg: f(arg), lambda: jax.block_until_ready(xs))
+        shape = f"{n} in, 1 out" if inputs else f"1 in, {n} out"
+        print(f"jax      N={n:4d} {shape:15s} jit dispatch           host {h:8.1f} us  wall {w:8.1f} us", flush=True)
 
 
 def timed(launch, sync) -> tuple[float, float]:
@@ -113,3 +164,5 @@ if __name__ == "__main__":
     use_jax = "--jax" in sys.argv
     for n in (1, 8, 32, 128):
         (jax_forms if use_jax else torchtpu_forms)(n)
+    for n in (8, 32, 128):  # arguments apart from results
+        (jax_fans if use_jax else torchtpu_fans)(n)

@@ -11,8 +11,10 @@ After warm-up windows, per step:
   autograd, launching); on a real TPU, which computes elsewhere, wall close to host means the step
   is host-bound;
 - launches per step, and the host ms spent inside PJRT execute calls;
-- device ms: every program of a step run again one at a time, each awaited before the next is
-  launched: their sum is what the device needs, however cheap the host becomes;
+- launched alone, ms: every program of a step run again one at a time, each awaited before the
+  next is launched. It bounds what the device needs from above: it holds each launch's own host time
+  too (a v5e spends ~0.9 ms launching the captured demo step), so where launches are dear it is
+  not the device's time; ``tools/tpu_suite/probe_device_profile.py`` gives that per XLA op;
 - the top functions of a cProfile of one window, by own time, for where the host time goes.
 """
 
@@ -125,7 +127,7 @@ def main() -> None:
     print(f"{args.workload} {args.mode} on {platform}: first step {first:.2f} s")
     print(f"per step (median of {args.windows} windows of {args.steps}): wall {statistics.median(walls) * 1e3:.2f} ms, "
           f"host CPU {statistics.median(hosts) * 1e3:.2f} ms, launches {statistics.median(launches):.2f} "
-          f"({statistics.median(launch_s) * 1e3:.2f} ms inside execute), device alone {device * 1e3:.2f} ms "
+          f"({statistics.median(launch_s) * 1e3:.2f} ms inside execute), launched alone {device * 1e3:.2f} ms "
           f"in {len(meter.per_program)} distinct programs")
     for ts in sorted(meter.per_program.values(), key=lambda ts: -statistics.median(ts) * len(ts)):
         print(f"  program: {statistics.median(ts) * 1e3:8.3f} ms x {len(ts) / args.steps:.2f} per step")

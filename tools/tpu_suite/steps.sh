@@ -43,7 +43,7 @@ bench)  # SET (third argument): demo = TPUGraph replay against JAX on the demo G
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tee $OUT/bench3.log | tail -14
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tee $OUT/bench2.log | tail -24 ;;
   esac ;;
-profile)  # where a demo step's time goes (bench/step_profile.py), per mode: wall, host, execute, device alone
+profile)  # where a demo step's time goes (bench/step_profile.py), per mode: wall, host, execute, launched alone
   for m in $(echo "${PROFILE_MODES:-compiled,compiled_graph}" | tr "," " "); do
     [ "$(left)" -lt 40 ] && break
     timeout $(( $(left) - 5 )) python3 bench/step_profile.py --mode $m > $OUT/profile_$m.log 2>&1

@@ -271,13 +271,14 @@ def _shapes_broadcast(a: Any, b: Any) -> bool:
 
 
 def _integral_only(kernel: str) -> Callable[..., None]:
-    def check(a: Any, b: Any) -> None:
+    # shifts, gcd and lcm have no bool kernel either, on CPU and CUDA (regression: XLA's compile error)
+    bools = not (kernel.endswith("shift") or kernel in ("gcd", "lcm"))
+
+    def check(a: Any, b: Any, *rest: Any, **kwargs: Any) -> None:  # (gcd.out: out=)
         if not _shapes_broadcast(a, b):
             return
         dtype = torch.result_type(a, b)
-        # shifts have no bool kernel either, on CPU and CUDA (regression: XLA's compile error)
-        shift = kernel.endswith("shift") and dtype == torch.bool
-        if dtype.is_floating_point or dtype.is_complex or shift:  # regression: XLA's compile error on tpu
+        if dtype.is_floating_point or dtype.is_complex or (dtype == torch.bool and not bools):
             raise NotImplementedError(f'"{kernel}_tpu" not implemented for \'{scalar_type_name(dtype)}\'')
 
     return check
@@ -293,22 +294,11 @@ for _kernel, _ops in (("bitwise_and", (aten.bitwise_and.Tensor, aten.bitwise_and
     register_meta_check(*_ops)(_integral_only(_kernel))
 
 
-def _integer_kernel(kernel: str) -> Callable[..., None]:
-    """gcd and lcm: integers only, bool refused too, as CPU's kernels (regression: XLA's compile
-    error naming ``stablehlo.or`` for float inputs)."""
-    def check(a: Any, b: Any, *rest: Any, **kwargs: Any) -> None:
-        if not _shapes_broadcast(a, b):
-            return
-        dtype = torch.result_type(a, b)
-        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
-            raise NotImplementedError(f'"{kernel}_tpu" not implemented for \'{scalar_type_name(dtype)}\'')
-
-    return check
-
-
+# gcd and lcm: integers only, as CPU's kernels (regression: XLA's compile error naming
+# ``stablehlo.or`` for float inputs)
 for _kernel in ("gcd", "lcm"):
     _packet = getattr(aten, _kernel)
-    register_meta_check(_packet.default, _packet.out, getattr(aten, _kernel + "_").default)(_integer_kernel(_kernel))
+    register_meta_check(_packet.default, _packet.out, getattr(aten, _kernel + "_").default)(_integral_only(_kernel))
 
 
 @register_meta_check(aten.complex.out)

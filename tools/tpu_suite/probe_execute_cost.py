@@ -55,12 +55,9 @@ def fan_module(n: int, inputs: bool) -> str:
 
 
 def torchtpu_fans(n: int) -> None:
-    from torchtpu.runtime import client as client_mod
     from torchtpu.runtime.compile_options import compile_options
 
-    if not _client:
-        _client.append(client_mod.create_client())
-    c = _client[0]
+    c = _torchtpu_client()
     for inputs in (True, False):
         exe = c.compile(fan_module(n, inputs), options=compile_options(portable=False, device_ids=[[0]]))
         exe.bind(0)  # launched without execute_device, as torchtpu's cached programs are
@@ -104,25 +101,26 @@ def timed(launch, sync) -> tuple[float, float]:
 _client = []
 
 
-def torchtpu_forms(n: int) -> None:
+def _torchtpu_client():
     from torchtpu.runtime import client as client_mod
-    from torchtpu.runtime.compile_options import compile_options
 
     if not _client:  # one client per process (a TPU takes one)
         _client.append(client_mod.create_client())
-    c = _client[0]
+    return _client[0]
+
+
+def torchtpu_forms(n: int) -> None:
+    from torchtpu.runtime.compile_options import compile_options
+
+    c = _torchtpu_client()
     host = [np.full(SHAPE, 1.0, np.float32) for _ in range(n)]
     for donate in (False, True):
         portable = c.compile(module(n, donate))
         fixed = c.compile(module(n, donate), options=compile_options(portable=False, device_ids=[[0]]))
+        fixed.bind(0)  # a fixed assignment takes no execute_device
         for name, exe, with_event in (("portable, event", portable, True), ("portable, no event", portable, False),
                                       ("device assigned, no event", fixed, False)):
             bufs = [c.buffer_from_host(h) for h in host]
-            if exe is fixed:  # a fixed assignment takes no execute_device
-                s = exe._scratch
-                exe.execute(bufs if not donate else [c.buffer_from_host(h) for h in host], with_event=False)
-                s.args.execute_device = client_mod.ffi.NULL
-                s.last_device = 0
             state = {"bufs": bufs}
 
             def launch(exe=exe, with_event=with_event, state=state, donate=donate):

@@ -34,7 +34,8 @@ def test_flash_workloads_small(tmp_path):
             assert cells[mode]["peak_total_mib"] == cells[mode]["peak_mem_mib"] + cells[mode]["temp_mib"]
         for mode in ("jax_jit", "jax_flash"):  # the step's compiled memory_analysis, read (a v5e
             # gives the small steps no scratch at all: 0 there, 12.6 GiB for JAX jit's full flash_s2048)
-            assert isinstance(cells[mode]["temp_mib"], float) and cells[mode]["temp_mib"] >= 0
+            temp = cells[mode]["temp_mib"]
+            assert isinstance(temp, float) and (temp > 0 or "TPU" in cells[mode]["platform"]), cells[mode]
         # the same model and batch: flash and the math lowering give the same first loss
         assert cells["compiled"]["loss0"] == pytest.approx(cells["compiled_math"]["loss0"], rel=1e-3)
         assert cells["jax_flash"]["loss0"] == pytest.approx(cells["jax_jit"]["loss0"], rel=1e-3)

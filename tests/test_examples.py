@@ -7,6 +7,7 @@ import pathlib
 import sys
 
 import pytest
+from helpers import on_tpu
 
 EXAMPLES = pathlib.Path(__file__).parents[1] / "examples"
 
@@ -66,12 +67,25 @@ def test_pallas_rmsnorm_in_a_llama_block():
     assert result["losses"][-1] < result["losses"][0]
 
 
-def test_flash_attention_in_the_gpt(monkeypatch):
+@pytest.mark.parametrize("as_on_a_tpu", [False, True], ids=["here", "as_on_a_tpu"])
+def test_flash_attention_in_the_gpt(monkeypatch, as_on_a_tpu):
     pytest.importorskip("jax", reason="JAX is an optional dependency (the dev extra installs it)")
     pytest.importorskip("jax.experimental.pallas")
     monkeypatch.setenv("TORCH_TPU_FLASH_ATTENTION", "1")  # (the emulator runs the kernel interpreted)
+    if as_on_a_tpu:  # the kernel's TPU rule: float32 operands at medium only
+        from torchtpu import flash_attention
+
+        monkeypatch.setattr(flash_attention, "_tpu", lambda: True)
     result = _load("kernels/flash_attention_gpt").main(["--tiny", "--steps", "4"])
+    assert result["precision"] == ("medium" if as_on_a_tpu or on_tpu() else "highest"), result
     assert result["kernel_events_per_forward"] >= 1, result
-    # the GPT with the kernel against the same GPT with PyTorch's attention on the CPU, at highest
-    assert result["logits_max_rel_diff"] < 2e-5 and result["grad_max_rel_diff"] < 2e-5, result
+    # the GPT with the kernel against the same GPT with PyTorch's attention on the CPU: at highest
+    # (the emulator), float32-close; at medium (a TPU: the kernel declines float32 at highest), of
+    # the math lowering's error at medium (a v5e ran the check at highest, where the kernel was not
+    # taken, and failed on its zero kernel events)
+    if result["precision"] == "highest":
+        assert result["logits_max_rel_diff"] < 2e-5 and result["grad_max_rel_diff"] < 2e-5, result
+    else:
+        assert result["logits_max_rel_diff"] < 3 * result["math_logits_max_rel_diff"] + 1e-3, result
+        assert result["grad_max_rel_diff"] < 3 * result["math_grad_max_rel_diff"] + 1e-3, result
     assert result["losses"][-1] < result["losses"][0]

@@ -110,6 +110,10 @@ _VARIABLES = (
              "F.scaled_dot_product_attention through a Pallas flash-attention kernel where the shapes qualify "
              "(needs JAX); unset: on a TPU, not on the CPU emulator (where it runs in Pallas' slow interpret "
              "mode); `torch.nn.attention.sdpa_kernel(SDPBackend.MATH)` turns it off locally"),
+    Variable("TORCH_TPU_PROFILER_PLUGIN_TIMELINE", "flag", True,
+             "torch.profiler's device rows from the plugin's own device timeline (its PJRT profiler "
+             "extension: libtpu's), where it has one; off, or where it has none (the CPU plugin): from each "
+             "launch's completion event, as seen by the host"),
     Variable("TORCH_TPU_LOWER_FOR", "choice", None,
              "build programs for this platform instead of the plugin's (`tpu`: a TPU's programs on the CPU "
              "plugin, for tests)", choices=("cpu", "tpu", "cuda")),

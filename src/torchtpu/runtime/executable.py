@@ -122,6 +122,11 @@ class Executable:
         else:
             self._out_meta = [(j, None, None, 0) for j in range(self.num_outputs)]
 
+    @property
+    def plugin(self) -> Any:
+        """The plugin that compiled the program (its extensions: e.g. a device profiler)."""
+        return self._plugin
+
     # -- metadata ---------------------------------------------------------
     def _output_dtypes(self) -> list[np.dtype] | None:
         p = self._plugin

@@ -179,17 +179,7 @@ def test_launches_that_do_not_pair_with_the_timeline_keep_their_completion_times
     assert [(t[3], t[4]) for t in device_trace.device_times(launches, None, 0)] == [(11, 20), (31, 40)]
 
 
-def _field(number: int, payload: bytes | int) -> bytes:
-    def varint(n: int) -> bytes:
-        out = b""
-        while True:
-            low, n = n & 0x7F, n >> 7
-            out += bytes([low | (0x80 if n else 0)])
-            if not n:
-                return out
-    if isinstance(payload, int):
-        return varint(number << 3) + varint(payload)
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
+_field = xspace.encode_field
 
 
 def _one_device_xspace(runs: int, duration_ps: int) -> bytes:

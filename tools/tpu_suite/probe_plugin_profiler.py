@@ -23,18 +23,9 @@ from torchtpu.runtime import create_client, xspace
 from torchtpu.runtime.plugin_profiler import PluginProfiler, PluginProfilerError, profiler_api
 
 
-def _varint(n: int) -> bytes:
-    out = b""
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out += bytes([b | (0x80 if n else 0)])
-        if not n:
-            return out
-
-
 def profile_options() -> bytes:
     """tensorflow.ProfileOptions: host_tracer_level (2) = 2, device_tracer_level (3) = 1, version (5) = 1."""
-    return b"".join(_varint(field << 3) + _varint(value) for field, value in ((2, 2), (3, 1), (5, 1)))
+    return b"".join(xspace.encode_field(field, value) for field, value in ((2, 2), (3, 1), (5, 1)))
 
 
 PROGRAM = """module @m {

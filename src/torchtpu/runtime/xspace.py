@@ -65,6 +65,22 @@ def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
     return out
 
 
+def encode_field(number: int, payload: bytes | int) -> bytes:
+    """One protobuf field in the wire format: a varint for an int, length-delimited for bytes (to
+    build a ``ProfileOptions`` for the plugin's profiler, or a small XSpace)."""
+    def varint(n: int) -> bytes:
+        out = b""
+        while True:
+            low, n = n & 0x7F, n >> 7
+            out += bytes([low | (0x80 if n else 0)])
+            if not n:
+                return out
+
+    if isinstance(payload, int):
+        return varint(number << 3) + varint(payload)
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
 def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 

@@ -15,6 +15,8 @@ After warm-up windows, per step:
   next is launched. It bounds what the device needs from above: it holds each launch's own host time
   too (a v5e spends ~0.9 ms launching the captured demo step), so where launches are dear it is
   not the device's time; ``tools/tpu_suite/probe_device_profile.py`` gives that per XLA op;
+- device ms: one window under torch.profiler, the device events' total over ``steps``: on a TPU
+  libtpu's own device timeline (its PJRT profiler extension), on the emulator completion events;
 - the top functions of a cProfile of one window, by own time, for where the host time goes.
 """
 
@@ -88,6 +90,25 @@ def window(step: Callable[[], Any], sync: Callable[[], None], steps: int) -> flo
     return time.perf_counter() - t0
 
 
+def profiled_device_ms(torch: Any, step: Callable[[], Any], sync: Callable[[], None], steps: int) -> float:
+    """The device events' total per step over one window under torch.profiler (device rows)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        window(step, sync, steps)
+    on_device = [e for e in prof.events() if e.device_type != torch.autograd.DeviceType.CPU]
+    return sum(e.time_range.elapsed_us() for e in on_device) / 1e3 / steps
+
+
+def timeline_source(torch: Any) -> str:
+    from torchtpu import _device_state
+    from torchtpu.runtime import env, plugin_profiler
+
+    own = plugin_profiler.profiler_api(_device_state.client().plugin) is not None
+    return ("the plugin's device timeline" if own and env.read("TORCH_TPU_PROFILER_PLUGIN_TIMELINE")
+            else "completion events")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=bench_tpu.MODES[2:], default="compiled")
@@ -119,6 +140,7 @@ def main() -> None:
     window(step, sync, args.steps)
     meter.alone = False
     device = sum(statistics.median(ts) * len(ts) for ts in meter.per_program.values()) / args.steps
+    device_ms = profiled_device_ms(torch, step, sync, args.steps)
     profiler = cProfile.Profile()
     profiler.enable()
     window(step, sync, args.steps)
@@ -129,6 +151,7 @@ def main() -> None:
           f"host CPU {statistics.median(hosts) * 1e3:.2f} ms, launches {statistics.median(launches):.2f} "
           f"({statistics.median(launch_s) * 1e3:.2f} ms inside execute), launched alone {device * 1e3:.2f} ms "
           f"in {len(meter.per_program)} distinct programs")
+    print(f"device time per step (torch.profiler, {timeline_source(torch)}): {device_ms:.3f} ms")
     for ts in sorted(meter.per_program.values(), key=lambda ts: -statistics.median(ts) * len(ts)):
         print(f"  program: {statistics.median(ts) * 1e3:8.3f} ms x {len(ts) / args.steps:.2f} per step")
     out = io.StringIO()

@@ -100,7 +100,7 @@ def profiled_device_ms(torch: Any, step: Callable[[], Any], sync: Callable[[], N
     return sum(e.time_range.elapsed_us() for e in on_device) / 1e3 / steps
 
 
-def timeline_source(torch: Any) -> str:
+def timeline_source() -> str:
     from torchtpu import _device_state
     from torchtpu.runtime import env, plugin_profiler
 
@@ -151,7 +151,7 @@ def main() -> None:
           f"host CPU {statistics.median(hosts) * 1e3:.2f} ms, launches {statistics.median(launches):.2f} "
           f"({statistics.median(launch_s) * 1e3:.2f} ms inside execute), launched alone {device * 1e3:.2f} ms "
           f"in {len(meter.per_program)} distinct programs")
-    print(f"device time per step (torch.profiler, {timeline_source(torch)}): {device_ms:.3f} ms")
+    print(f"device time per step (torch.profiler, {timeline_source()}): {device_ms:.3f} ms")
     for ts in sorted(meter.per_program.values(), key=lambda ts: -statistics.median(ts) * len(ts)):
         print(f"  program: {statistics.median(ts) * 1e3:8.3f} ms x {len(ts) / args.steps:.2f} per step")
     out = io.StringIO()

@@ -84,12 +84,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
         result["kernel_events_per_forward"] = kernel_events(lambda: model(idx.to("tpu")))
         result["logits_max_rel_diff"], result["grad_max_rel_diff"] = differences(model, reference, idx, tgt)
         if result["precision"] != "highest":  # the error to expect: the math lowering's, at this precision
-            os.environ["TORCH_TPU_FLASH_ATTENTION"] = "0"
+            chosen, os.environ["TORCH_TPU_FLASH_ATTENTION"] = os.environ["TORCH_TPU_FLASH_ATTENTION"], "0"
             try:
                 result["math_logits_max_rel_diff"], result["math_grad_max_rel_diff"] = differences(
                     model, reference, idx, tgt)
             finally:
-                os.environ["TORCH_TPU_FLASH_ATTENTION"] = "1"
+                os.environ["TORCH_TPU_FLASH_ATTENTION"] = chosen
     print(f"flash kernel op events per forward: {result['kernel_events_per_forward']} ({cfg.layers} layers); "
           f"against PyTorch on the CPU at precision {result['precision']!r}: logits "
           f"{result['logits_max_rel_diff']:.2e}, gradients {result['grad_max_rel_diff']:.2e} (relative to "

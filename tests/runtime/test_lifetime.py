@@ -4,6 +4,7 @@ import gc
 import subprocess
 import sys
 import textwrap
+import threading
 import weakref
 
 import numpy as np
@@ -66,18 +67,25 @@ def test_executable_and_client_keep_each_other_right(plugin):
     assert ref() is None
 
 
-def test_buffers_freed_in_a_batch_are_destroyed_on_the_reaper(client, monkeypatch):
-    """A captured step's replay replaces ~30 buffers; destroyed one by one on the launching
-    thread they cost a TPU ~10 us each. Inside ``batched_destroys`` they stop counting at once
-    and are destroyed together on the reaper thread as the block ends; outside, as before."""
-    import threading
+@pytest.fixture
+def destroying_threads(monkeypatch) -> list[str]:
+    """The names of the threads that destroy buffer handles, in order, from now on."""
+    from torchtpu.runtime import buffer
 
-    from torchtpu.runtime import batched_destroys, buffer, live_bytes
-
-    seen = []
+    seen: list[str] = []
     real = buffer._destroy_handle
     monkeypatch.setattr(buffer, "_destroy_handle",
                         lambda plugin, h: (seen.append(threading.current_thread().name), real(plugin, h)))
+    return seen
+
+
+def test_buffers_freed_in_a_batch_are_destroyed_on_the_reaper(client, destroying_threads):
+    """A captured step's replay replaces ~30 buffers; destroyed one by one on the launching
+    thread they cost a TPU ~10 us each. Inside ``batched_destroys`` they stop counting at once
+    and are destroyed together on the reaper thread as the block ends; outside, as before."""
+    from torchtpu.runtime import batched_destroys, buffer, live_bytes
+
+    seen = destroying_threads
     bufs = [client.buffer_from_host(np.ones(64, np.float32)) for _ in range(5)]
     before = live_bytes()[0]
     with batched_destroys():
@@ -91,17 +99,12 @@ def test_buffers_freed_in_a_batch_are_destroyed_on_the_reaper(client, monkeypatc
     assert seen[-1] == threading.current_thread().name
 
 
-def test_a_batch_takes_only_its_own_threads_buffers(client, monkeypatch):
+def test_a_batch_takes_only_its_own_threads_buffers(client, destroying_threads):
     """A buffer another thread frees while a batch is open is destroyed there and then: a batch
     handed to the reaper never gains handles afterwards."""
-    import threading
+    from torchtpu.runtime import batched_destroys
 
-    from torchtpu.runtime import batched_destroys, buffer
-
-    seen = []
-    real = buffer._destroy_handle
-    monkeypatch.setattr(buffer, "_destroy_handle",
-                        lambda plugin, h: (seen.append(threading.current_thread().name), real(plugin, h)))
+    seen = destroying_threads
     other = [client.buffer_from_host(np.ones(4, np.float32))]
     with batched_destroys():
         t = threading.Thread(target=other.clear, name="elsewhere")

@@ -154,8 +154,6 @@ def drain(timeout_s: float = 5.0) -> None:
     finally:
         with _lock:
             _session = None
-    if _profiler is None:
-        return
     for event in device_times(session.launches, modules, session.started_ns):
         _profiler.record(*event)
 

@@ -272,13 +272,13 @@ def _shapes_broadcast(a: Any, b: Any) -> bool:
 
 def _integral_only(kernel: str) -> Callable[..., None]:
     # shifts, gcd and lcm have no bool kernel either, on CPU and CUDA (regression: XLA's compile error)
-    bools = not (kernel.endswith("shift") or kernel in ("gcd", "lcm"))
+    takes_bool = not (kernel.endswith("shift") or kernel in ("gcd", "lcm"))
 
     def check(a: Any, b: Any, *rest: Any, **kwargs: Any) -> None:  # (gcd.out: out=)
         if not _shapes_broadcast(a, b):
             return
         dtype = torch.result_type(a, b)
-        if dtype.is_floating_point or dtype.is_complex or (dtype == torch.bool and not bools):
+        if dtype.is_floating_point or dtype.is_complex or (dtype == torch.bool and not takes_bool):
             raise NotImplementedError(f'"{kernel}_tpu" not implemented for \'{scalar_type_name(dtype)}\'')
 
     return check

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+):(\d+)$")
+Fields = list[tuple[int, int | bytes]]  # one message: (field number, int or bytes) in wire order
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,10 @@ def _varint(data: bytes, i: int) -> tuple[int, int]:
             return value, i
 
 
-def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
+def _fields(data: bytes) -> Fields:
     """(field number, value) of one message: an int for varint and fixed fields, bytes for
     length-delimited ones (sub-messages, strings)."""
-    out: list[tuple[int, int | bytes]] = []
+    out: Fields = []
     i = 0
     while i < len(data):
         key, i = _varint(data, i)
@@ -85,59 +86,46 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _metadata_names(plane: list[tuple[int, int | bytes]]) -> dict[int, str]:
+def _values(fields: Fields, number: int) -> list:
+    return [v for f, v in fields if f == number]
+
+
+def _scalar(fields: Fields, number: int) -> int:
+    """An int64 field (the last one, as protobuf reads a repeated scalar); 0 where absent."""
+    found = _values(fields, number)
+    return _signed(found[-1]) if found else 0
+
+
+def _text(fields: Fields, number: int) -> str:
+    found = _values(fields, number)
+    return found[-1].decode("utf-8", "replace") if found else ""
+
+
+def _metadata_names(plane: Fields) -> dict[int, str]:
+    """XPlane.event_metadata: id -> name (or display name)."""
     names: dict[int, str] = {}
-    for field, entry in plane:
-        if field != 4:
-            continue
-        key, meta = 0, b""
-        for f, v in _fields(entry):  # map entry: key 1, value 2
-            if f == 1:
-                key = _signed(v)
-            elif f == 2:
-                meta = v
-        name = display = ""
-        for f, v in _fields(meta):
-            if f == 2:
-                name = v.decode("utf-8", "replace")
-            elif f == 4:
-                display = v.decode("utf-8", "replace")
-        names[key] = name or display
+    for entry in map(_fields, _values(plane, 4)):  # map entry: key 1, value 2
+        value = _values(entry, 2)
+        meta = _fields(value[-1]) if value else []
+        names[_scalar(entry, 1)] = _text(meta, 2) or _text(meta, 4)
     return names
 
 
 def device_events(xspace: bytes, lines: tuple[str, ...] = ("XLA Modules",)) -> list[DeviceEvent]:
     """The events of the named lines on every device plane, in (device, line, start) order."""
     events: list[DeviceEvent] = []
-    for field, plane_bytes in _fields(xspace):
-        if field != 1:
-            continue
-        plane = _fields(plane_bytes)
-        name = next((v.decode("utf-8", "replace") for f, v in plane if f == 2), "")
-        match = _DEVICE_PLANE.match(name)
+    for plane in map(_fields, _values(_fields(xspace), 1)):
+        match = _DEVICE_PLANE.match(_text(plane, 2))
         if not match:
             continue
-        device = int(match.group(2))
-        names = _metadata_names(plane)
-        for f, line_bytes in plane:
-            if f != 3:
-                continue
-            line = _fields(line_bytes)
-            line_name = next((v.decode("utf-8", "replace") for lf, v in line if lf == 2), "")
+        device, names = int(match.group(2)), _metadata_names(plane)
+        for line in map(_fields, _values(plane, 3)):
+            line_name = _text(line, 2)
             if line_name not in lines:
                 continue
-            base_ps = 1000 * next((_signed(v) for lf, v in line if lf == 3), 0)
-            for lf, ev in line:
-                if lf != 4:
-                    continue
-                meta = offset = duration = 0
-                for ef, v in _fields(ev):
-                    if ef == 1:
-                        meta = _signed(v)
-                    elif ef == 2:
-                        offset = _signed(v)
-                    elif ef == 3:
-                        duration = _signed(v)
-                events.append(DeviceEvent(device, line_name, names.get(meta, ""), base_ps + offset, duration))
+            base_ps = 1000 * _scalar(line, 3)
+            events += [DeviceEvent(device, line_name, names.get(_scalar(event, 1), ""),
+                                   base_ps + _scalar(event, 2), _scalar(event, 3))
+                       for event in map(_fields, _values(line, 4))]
     events.sort(key=lambda e: (e.device, e.line, e.start_ps))
     return events

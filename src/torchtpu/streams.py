@@ -91,8 +91,7 @@ class Event:
         device = stream.device.index if stream is not None else _C._current_device()
         deferred.flush()  # ops recorded in DeferAndFuse launch now: the mark follows them
         self._done = threading.Event()
-        latest = executor.latest_output(device)
-        self._ready = latest.ready_event() if latest is not None and not latest.is_deleted else None
+        self._ready = executor.latest_ready_event(device)
         self._recorded = True
         if not self.enable_timing:
             return

@@ -87,6 +87,11 @@ _cache_lock = threading.Lock()
 # latest launch waits for all of them, those whose outputs were all dropped included: the
 # timing loop ``for _ in range(n): f(x)`` then ``synchronize()`` keeps no output at all.
 _latest: dict[int, Any] = {}
+# A launch that donates buffers deletes them, and the buffer _latest holds may be among them
+# (the next op of any thread updating that tensor in place): a wait on it then fails ("called on
+# deleted or donated buffer"; eight threads of the TPU conformance sweep met it six times). So a
+# donating launch swaps _latest under this lock, and a waiter takes its ready event under it.
+_latest_lock = threading.Lock()
 
 
 # ---------------------------------------------------------------------------
@@ -915,33 +920,50 @@ def launch(executable: Any, buffers: list[Any], device: int, donate: Any = ()) -
     Strict mode asks PJRT for no completion event (it costs ~1.5 us a launch):
     synchronize() waits on the output of the device's latest launch instead.
     """
+    if not donate:
+        outs, event = _execute(executable, buffers, device, donate)
+    else:
+        with _latest_lock:
+            outs, event = _execute(executable, buffers, device, donate)
+    if event is not None:
+        event.wait()
+    return outs
+
+
+def _execute(executable: Any, buffers: list[Any], device: int, donate: Any) -> tuple[list[Any], Any]:
+    """Launch; the completion event where the launch must be awaited (Debug mode), else None."""
     if device_trace.active():
         outs, event = device_trace.launch(executable, buffers, device, donate)
         if config.launch_blocking:
-            event.wait()
-            return outs
+            return outs, event
     elif config.launch_blocking:
-        outs, event = executable.execute(buffers, device, donate)
-        event.wait()
-        return outs
+        return executable.execute(buffers, device, donate)
     else:
         outs, _ = executable.execute(buffers, device, donate, with_event=False)
     if outs:
         _latest[device] = outs[0]  # (an execution's outputs are ready together)
-    return outs
+    return outs, None
 
 
-def latest_output(device: int) -> Any:
-    """An output of the device's latest launch not yet synchronized, or None (see ``_latest``)."""
-    return _latest.get(device)
+def latest_ready_event(device: int) -> Any:
+    """The ready event of the device's latest launch not yet synchronized, or None (see ``_latest``)."""
+    with _latest_lock:
+        buf = _latest.get(device)
+        return None if buf is None or buf.is_deleted else buf.ready_event()
 
 
 def wait_latest() -> None:
     """Wait for each device's latest launch, then stop holding its output (see ``_latest``)."""
     while _latest:
-        _, buf = _latest.popitem()
-        if not buf.is_deleted:  # (donated to a later launch, which is then the latest)
-            buf.block_until_ready()
+        with _latest_lock:
+            try:
+                _, buf = _latest.popitem()
+            except KeyError:  # (another thread's synchronize took the last one)
+                return
+            # (a deleted one was donated to a later launch, which is then the latest)
+            event = None if buf.is_deleted else buf.ready_event()
+        if event is not None:
+            event.wait()
 
 
 def synchronize(device: int | None = None) -> None:

@@ -7,7 +7,10 @@ one more small device op that folds the outcome into a per-device flag. The next
 (a read to the host, ``torch.tpu.synchronize()``) reads the flag and raises the
 CPU's exception there: asynchronously, as CUDA reports a device-side assert. The
 op's own result is already computed (XLA clamps the index), and the error
-surfaces before any value reaches the host.
+surfaces before any value reaches the host. Each thread folds its checks into its own flag and
+its synchronizations read that one (and those of threads that have ended): an op's error is
+raised in the thread that called the op, not in another thread that happened to synchronize
+first (a threaded conformance sweep on the TPU saw a scatter's error raised in another op's thread).
 
 Graphs compiled with ``torch.compile`` fold the checks of their indexing nodes into the
 same flag (engine/graph_runner.py), and their LAPACK-info checks too (linalg.inv, cholesky,
@@ -31,10 +34,12 @@ _ASYNC_NOTE = (" (torchtpu: detected on the device by an earlier op and reported
                "run with TORCH_TPU_LAUNCH_BLOCKING=1 to raise at the op itself)")
 
 _lock = threading.Lock()
-_flags: dict[torch.device, torch.Tensor] = {}  # device -> its latest flag, while unread
+# (device, the thread whose ops it checks) -> its latest flag, while unread
+_FlagKey = tuple[torch.device, threading.Thread]
+_flags: dict[_FlagKey, torch.Tensor] = {}
 _zeros: dict[torch.device, torch.Tensor] = {}  # device -> a clear flag, the start of each chain
-# device -> the flag a compiled graph took last (see set_flag)
-_graph_inputs: dict[torch.device, torch.Tensor] = {}
+# (device, thread) -> the flag a compiled graph took last (see set_flag)
+_graph_inputs: dict[_FlagKey, torch.Tensor] = {}
 # code -> (exception type, message); a check's code depends only on what it reports, so the
 # same op call records the same program (and hits the same cached executable) every time
 _reports: list[tuple[type[Exception], str]] = [(RuntimeError, "")]
@@ -66,17 +71,23 @@ def check_on_device(bounds: Sequence[Bound]) -> None:
             continue
         code = code_for(bound.error, bound.message)
         with _lock:
-            _flags[index.device] = INDEX_BOUNDS_FLAG(current_flag(index.device), index, bound.low, bound.high,
-                                                     bound.exempt, code, bound.nonzero)
+            _flags[_key(index.device)] = INDEX_BOUNDS_FLAG(current_flag(index.device), index, bound.low,
+                                                           bound.high, bound.exempt, code, bound.nonzero)
+
+
+def _key(device: torch.device) -> _FlagKey:
+    return device, threading.current_thread()
 
 
 def current_flag(device: torch.device) -> torch.Tensor:
-    """The device's flag to fold the next checks into (a compiled graph takes it as an input)."""
-    flag = _flags.get(device)
+    """This thread's flag on the device to fold the next checks into (a compiled graph takes it
+    as an input)."""
+    key = _key(device)
+    flag = _flags.get(key)
     if flag is not None and _never_computed(flag):
         # the DeferAndFuse graph folding the last checks failed, and raised that: those checks
         # never ran, and chaining onto a value that will never exist would fail every later op
-        del _flags[device]
+        del _flags[key]
         flag = None
     if flag is None:
         flag = _zeros.get(device)
@@ -96,16 +107,18 @@ def _never_computed(flag: torch.Tensor) -> bool:
 
 def set_flag(device: torch.device, flag: torch.Tensor) -> None:
     """A compiled graph's flag output: ``current_flag(device)`` with the graph's checks folded in."""
+    key = _key(device)
     with _lock:
         # The flag the graph took stays held until the next graph's: otherwise it is a dead input
         # (donated) when it came from an earlier graph and a live one when it is the clear flag of
         # _zeros, and a recorded step's program would compile in both variants (step_recording.py).
-        _graph_inputs[device] = _flags.get(device, _zeros.get(device))
-        _flags[device] = flag
+        _graph_inputs[key] = _flags.get(key, _zeros.get(device))
+        _flags[key] = flag
 
 
 def raise_pending() -> None:
-    """At a synchronization: read the unread flags, raise the first failed check's error."""
+    """At a synchronization: read this thread's unread flags (and those of ended threads), raise
+    the first failed check's error."""
     if not _flags:
         return
     from . import deferred  # (imports the executor, which imports this module)
@@ -115,9 +128,12 @@ def raise_pending() -> None:
     # the read, the device would idle while the host flushed it, and the next step's
     # recording could not overlap with it.
     deferred.flush()
+    me = threading.current_thread()
     with _lock:
-        flags = list(_flags.values())
-        _flags.clear()  # before reading: the reads below synchronize too
+        # taken out before reading: the reads below synchronize too
+        flags = [_flags.pop(k) for k in list(_flags) if k[1] is me or not k[1].is_alive()]
+        for k in [k for k in _graph_inputs if not k[1].is_alive()]:
+            del _graph_inputs[k]
     for flag in flags:
         values = _read(flag)
         if values is None:  # its graph failed and raised that already: the check never ran

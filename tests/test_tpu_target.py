@@ -756,3 +756,42 @@ def test_narrow_integer_gcd_loops_in_int32(dtype, module_texts):
         assert torch.equal(torch.gcd(a.to("tpu"), c.to("tpu")).cpu(), torch.gcd(a, c)), (a, c)
     states = [re.search(r"stablehlo.while.*\n\s*\^bb0\((.*)\)", t) for t in module_texts if "stablehlo.while" in t]
     assert states and all(m and m.group(1).count("xi32>") == 2 for m in states), states
+
+
+def test_emulated_float64_power_takes_ieee_special_cases_where_it_gives_nan():
+    """A v5e's float64 power (float32 pairs) gave NaN for a zero base (``float_power`` of
+    integers, 0 ** 1, in the TPU conformance sweep). ``Builder._repaired_f64_power`` takes the
+    float32 power where the emulated one is NaN and IEEE's is not. Shown here with the compiler's
+    power replaced by NaN everywhere: every repaired value is IEEE's (within float32's rounding
+    for the ordinary ones), and the true NaNs stay NaN."""
+    inf, nan = float("inf"), float("nan")
+    base = np.array([0, 0, 0, -0.0, -0.0, -0.0, 0, inf, inf, -inf, -inf, 1, nan, 2, -2, -2, -1.5, 1e10, 1e-10, 3, 7],
+                    dtype=np.float64)
+    expo = np.array([1, 0, -1, 3, -3, 2, 2.5, 2, -1, 3, 2, nan, 0, 10, 3, -1, 0.5, 2, 3, -2, 0.5], dtype=np.float64)
+
+    def repaired(b: Builder, x: Value, y: Value) -> Value:
+        return b._repaired_f64_power(x, y, b.constant(nan, torch.float64, x.shape))
+
+    (got,) = _run_built(repaired, base, expo)
+    with np.errstate(all="ignore"):
+        want = np.power(base, expo)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert (np.signbit(got) == np.signbit(want))[~np.isnan(want)].all()
+    # where the compiler's power is a number, it is kept
+    (kept,) = _run_built(lambda b, x, y: b._repaired_f64_power(x, y, b.constant(5.0, torch.float64, x.shape)),
+                         base[13:], expo[13:])
+    np.testing.assert_array_equal(kept, np.full(len(kept), 5.0))
+
+
+
+def test_float64_bit_patterns_of_float32_built_in_integers():
+    """hash_tensor XORs float64 bit patterns; where float64 is float32 pairs (a TPU) bitcasting
+    the float64 conversion gives the pair's bits (a v5e's hash of a float32 scalar was off), so
+    the patterns are built from the float32 bits: normals, subnormals, zeros, infinities, NaN."""
+    from torchtpu.lowering import reductions
+
+    tiny = np.finfo(np.float32).smallest_subnormal
+    x = np.array([-8.478373527526855, 0.0, -0.0, 1.0, -2.5, 3.4e38, 1.17549435e-38, tiny, -tiny, tiny * 12345,
+                  np.inf, -np.inf, np.nan, 1e-40, 6.1e-5], dtype=np.float32)
+    (got,) = _run_built(lambda b, v: reductions._float64_bits_of_float32(b, v), x)
+    np.testing.assert_array_equal(got, x.astype(np.float64).view(np.uint64))

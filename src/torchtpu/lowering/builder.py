@@ -396,7 +396,29 @@ class Builder:
                 from . import accurate_math  # (it builds on this module)
 
                 return self._with_power_sign(a, b, accurate_math.power(self, a, b))
+        if name == "power" and a.dtype == b.dtype == torch.float64 and dtype is None and target.emulated_float64():
+            return self._repaired_f64_power(a, b, self.op1("stablehlo.power", [a, b], a.shape, a.dtype))
         return self.op1(f"stablehlo.{name}", [a, b], a.shape, dtype or a.dtype)
+
+    def _repaired_f64_power(self, a: Value, b: Value, power: Value) -> Value:
+        """The emulated float64 ``power`` (float32 pairs, a TPU) with IEEE's special cases put back:
+        a v5e's gave NaN for a zero base (``float_power`` of integers: 0 ** 1 and 0 ** 0 came out
+        NaN), as the pair's correction term of log(0) is -inf - -inf. Where it is NaN but IEEE's
+        pow is a number (zero and infinite bases, results past the pair's float32 range), the
+        float32 power takes over (it has IEEE's specials, and no more range than the pairs);
+        x ** 0 and 1 ** y are exactly 1, NaNs included, as CPU gives them."""
+        f32, f64 = torch.float32, torch.float64
+        a32, b32 = self.convert(a, f32), self.convert(b, f32)
+        fallback = self.convert(self._with_power_sign(a32, b32, self.binary("power", self.unary("abs", a32), b32)), f64)
+
+        def nan(v: Value) -> Value:
+            return self.compare(v, v, "NE")
+
+        repair = self.binary("and", nan(power), self.unary("not", self.binary("or", nan(a), nan(b))))
+        one = self.constant(1.0, f64, a.shape)
+        exactly_one = self.binary("or", self.compare(b, self.constant(0.0, f64, b.shape), "EQ"),
+                                  self.compare(a, one, "EQ"))
+        return self.select(exactly_one, one, self.select(repair, fallback, power))
 
     def _with_power_sign(self, a: Value, b: Value, mag: Value) -> Value:
         """a ** b from mag = |a| ** b, the sign taken from the exponent's parity: a v5e's power

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from . import target
 from .builder import Builder, Value
 from .elementwise import modulus, opmath
 from .registry import LoweringContext, register
@@ -460,10 +461,52 @@ def _hash_tensor(ctx: LoweringContext, x: Value, dim: Any = (), keepdim: bool = 
     b = ctx.b
     if mode != 0:
         raise RuntimeError(f"hash_tensor: unsupported mode {mode}")
-    if x.dtype.is_floating_point:
+    if x.dtype.is_floating_point and target.emulated_float64():
+        if x.dtype == torch.float64:
+            raise TypeError("torchtpu: hash_tensor of float64 is not supported on a TPU: its float64 values are "
+                            "float32 pairs, without IEEE float64's bit patterns; hash on the CPU (x.cpu()) instead")
+        bits = _float64_bits_of_float32(b, b.convert(x, torch.float32))
+    elif x.dtype.is_floating_point:
         bits = b.bitcast_convert(b.convert(x, torch.float64), torch.uint64, x.shape)
     else:
         bits = b.bitcast_convert(b.convert(x, torch.int64), torch.uint64, x.shape)
     d = norm_dims(dim, x.rank)
     r = b.reduce(bits, d, b.constant(0, torch.uint64), "stablehlo.xor")
     return b.convert(_keep(b, r, x.shape, d, keepdim), ctx.out_dtype())
+
+
+def _float64_bits_of_float32(b: Builder, x: Value) -> Value:
+    """The IEEE float64 bit patterns of float32 values, built from their float32 bits in integers.
+    Where float64 is float32 pairs (a TPU), bitcasting the float64 conversion gives the pair's
+    bits: a v5e's hash of -8.478 was 0xc107a76b00000000 (the float32 bits, shifted), CPU's
+    0xc020f4ed60000000."""
+    u32 = torch.uint32
+
+    def c(v: int) -> Value:
+        return b.constant(v, u32, x.shape)
+
+    def shl(v: Value, n: Value | int) -> Value:
+        return b.binary("shift_left", v, c(n) if isinstance(n, int) else n)
+
+    def shr(v: Value, n: int) -> Value:
+        return b.binary("shift_right_logical", v, c(n))
+
+    bits = b.bitcast_convert(x, u32, x.shape)
+    sign = b.binary("and", bits, c(0x80000000))
+    exponent = b.binary("and", shr(bits, 23), c(0xFF))
+    mantissa = b.binary("and", bits, c(0x7FFFFF))
+    # a subnormal's leading one moves to bit 23 (the implicit bit), its exponent down as far
+    shift = b.sub(b.unary("count_leading_zeros", mantissa), c(8))
+    normalized = b.binary("and", shl(mantissa, shift), c(0x7FFFFF))
+    subnormal = b.binary("and", b.compare(exponent, c(0), "EQ"), b.compare(mantissa, c(0), "NE"))
+    zero = b.binary("and", b.compare(exponent, c(0), "EQ"), b.compare(mantissa, c(0), "EQ"))
+    exponent64 = b.select(b.compare(exponent, c(0xFF), "EQ"), c(0x7FF),                 # inf, NaN
+                          b.select(subnormal, b.sub(c(897), shift), b.add(exponent, c(896))))
+    exponent64 = b.select(zero, c(0), exponent64)
+    mantissa = b.select(subnormal, normalized, mantissa)
+    high = b.binary("or", b.binary("or", sign, shl(exponent64, 20)), shr(mantissa, 3))
+    low = shl(mantissa, 29)
+    u64 = torch.uint64
+    return b.binary("or", b.binary("shift_left", b.convert(high, u64), b.constant(32, u64, x.shape)),
+                    b.convert(low, u64))
+

@@ -320,6 +320,42 @@ def test_sweep_charges_a_crash_or_a_hang_to_its_item_and_reruns_the_others(monke
     assert len(starts) >= 3 and set(starts) == {2}
 
 
+def test_threaded_sweep_sends_a_model_check_alone(monkeypatch):
+    """A model check runs alone in the worker: ops sent beside it waited behind it, their budgets
+    running (a threaded TPU round timed out two ops that way). So nothing is in flight when a
+    model check is sent, and nothing is sent while one runs."""
+    from torchtpu.conformance import __main__ as conformance_main
+
+    sent: list[tuple[str, frozenset]] = []
+
+    class FakeWorker:
+        def __init__(self, dtypes, limit, kinds, threads):
+            self.device = {"device": "fake", "platform": "fake"}
+            self.in_flight: list[str] = []
+
+        def send(self, item):
+            sent.append((item, frozenset(self.in_flight)))
+            self.in_flight.append(item)
+            return True
+
+        def read(self, timeout):
+            item = self.in_flight.pop(0)
+            key = "models" if item.startswith(conformance_main.MODEL_PREFIX) else "results"
+            return {"item": item, key: [{"op": item, "status": "pass"}]}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(conformance_main, "_Worker", FakeWorker)
+    model = conformance_main.MODEL_PREFIX + "gpt2"
+    items = ["a", "b", "c", model, "d", "e", "f", "g"]
+    rows = conformance_main.sweep(items, ["float32"], 1, ["forward"], budget=5, progress=False, threads=4)
+    assert set(rows) == set(items)
+    for item, in_flight in sent:
+        assert not (item == model and in_flight), (item, in_flight)
+        assert model not in in_flight, (item, in_flight)
+
+
 def test_a_mismatch_names_its_sample(monkeypatch):
     """A TPU round's report must say which input differed, so that one sample can be re-run."""
     from torchtpu.conformance import core

@@ -86,7 +86,7 @@ conf)  # parts K..N of an N-way split in one worker, THREADS ops at once; each p
   # in .tpu/conf/ and carry them (with .tpu/conf itself named in carry); carry .tpu/hf.tgz too, or
   # the model checks come out "transformers is not installed" (as parts 5-10 did in round twelve)
   python3 -c "import transformers" 2>/dev/null || echo "WARNING: no transformers: model checks will not run"
-  n=$3; k=$4; threads=${5:-1}  # (threads did not pay on the v5e: docs/tpu.md)
+  n=$3; k=$4; threads=${5:-1}  # (8 threads: ~1.4 s an item on the v5e, ~9 s serially: docs/tpu_shards/README.md)
   resume=(); [ -d .tpu/conf ] && resume=(--resume .tpu/conf)
   timeout $(( $(left) - 10 )) python3 -m torchtpu.conformance --shard $k-$n/$n --threads $threads --out $OUT/conf "${resume[@]}" 2>&1 \
     | grep -v "Warning\|warn" > $OUT/conf_full.log; tail -5 $OUT/conf_full.log | tee -a $OUT/conf.log

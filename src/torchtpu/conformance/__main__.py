@@ -10,6 +10,7 @@ op (recorded as failing) instead of the whole sweep.
     python -m torchtpu.conformance --ops none --models all   # only the model checks
     python -m torchtpu.conformance --shard 3/8               # the 3rd of 8 interleaved parts
     python -m torchtpu.conformance --merge 8                 # the report from parts 1..8
+    python -m torchtpu.conformance --merge 40 --platform tpu --parts docs/tpu_shards   # a TPU's parts, merged here
 
 On a TPU (the tpu plugin) the report is ``op_coverage_tpu.md`` and names the chip and the
 plugin's version. Shards let a sweep run in pieces of a few minutes each (one process at a
@@ -232,6 +233,13 @@ def sweep(items: list[str], dtypes: list[str], limit: int, kinds: list[str], bud
             running[item] = time.perf_counter()
             w.send(item)
         while not alone and queue and len(running) < threads:
+            # A model check runs alone in the worker: ops sent beside it would wait there behind
+            # it, on their own clocks (a threaded TPU round timed out clamp_max and sum_to_size,
+            # 240 s each with no sample run, behind a model check's compiles). So it goes once
+            # the ops running have finished, and nothing goes with it.
+            if any(i.startswith(MODEL_PREFIX) for i in running) or (
+                    running and queue[0].startswith(MODEL_PREFIX)):
+                break
             item = queue.popleft()
             running[item] = time.perf_counter()
             w.send(item)
@@ -283,11 +291,12 @@ def _model_names(spec: str, parser: argparse.ArgumentParser) -> list[str]:
     return names
 
 
-def _report_stem() -> str:
-    """op_coverage, or op_coverage_tpu where the suite's plugin is a TPU (found without loading it)."""
+def _report_stem(kind: str | None = None) -> str:
+    """op_coverage, or op_coverage_tpu where the suite's plugin (or ``kind``) is a TPU (found
+    without loading it)."""
     from ..runtime import plugins
 
-    kind = plugins.selected_kind()
+    kind = kind or plugins.selected_kind()
     return "op_coverage" if kind == "cpu" else f"op_coverage_{kind}"
 
 
@@ -332,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtypes", default="float32,bfloat16,int64,bool,float16,int32")
     p.add_argument("--kinds", default="forward,backward,errors")
     p.add_argument("--limit", type=int, default=6, help="samples per (op, dtype)")
-    p.add_argument("--budget", type=float, default=OP_BUDGET_S, help="seconds per op before it is abandoned")
+    p.add_argument("--budget", type=float, default=None,
+                   help=f"seconds per op before it is abandoned (default {OP_BUDGET_S}; on a TPU twice that)")
     p.add_argument("--out", default="docs", help="directory for op_coverage.md and op_coverage.json")
     p.add_argument("--no-merge", action="store_true", help="with --ops: write only these ops' results")
     p.add_argument("--resume", default=None, help="directory of the partial files (*.partial.jsonl) of an "
@@ -343,9 +353,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="ops checked at once in the worker (compiles overlap; a TPU host's cores are many)")
     p.add_argument("--merge", type=int, default=None, metavar="N", help="write the report from parts 1..N")
+    p.add_argument("--parts", default=None, help="with --merge: the directory of the part files (default: --out)")
+    p.add_argument("--platform", default=None, help="the plugin kind the report is for, e.g. tpu to merge a TPU's "
+                   "parts on another machine (default: the selected plugin's)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.budget is None:
+        from ..runtime import plugins
+
+        a.budget = OP_BUDGET_S * (2 if plugins.selected_kind() == "tpu" else 1)
     dtypes = _parse_dtypes(a.dtypes)
     kinds = _parse_dtypes(a.kinds)
     if a.worker:
@@ -354,9 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     from .core import opinfo_by_key
 
     out = Path(a.out)
-    stem = _report_stem()
+    stem = _report_stem(a.platform)
     if a.merge is not None:
-        doc = _merge(out, stem, a.merge, p)
+        doc = _merge(Path(a.parts) if a.parts else out, stem, a.merge, p)
         return _write(doc, out, stem)
     all_keys = list(opinfo_by_key())
     if a.ops == "none":

@@ -40,6 +40,17 @@ HEADLINE_DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
 DEFAULT_DTYPES = (*HEADLINE_DTYPES, torch.float16, torch.int32)
 SAMPLES_PER_OP = 6
 SAMPLE_TIMEOUT_S = 30
+# A TPU's compiler takes several times XLA:CPU's time (~0.15 s for a small program where the
+# emulator takes ~0.02 s; emulated 64-bit integer loops and 3-D grid samplers 8-25 s a sample on
+# a v5e): there the limits, which are there to catch hangs, are this much longer.
+TPU_TIME_FACTOR = 3
+
+
+def sample_timeout_s() -> int:
+    """How long one sample may run, on the platform the programs are built for."""
+    from ..lowering import target
+
+    return SAMPLE_TIMEOUT_S * (TPU_TIME_FACTOR if target.tpu() else 1)
 
 # (rtol, atol) per dtype. float32 allows for transcendental implementations
 # that differ by a few ulp and for different summation orders; reduced
@@ -95,7 +106,7 @@ class OpResult:
 # ---------------------------------------------------------------------------
 class SampleTimeout(Exception):
     def __init__(self, message: str = "") -> None:
-        super().__init__(message or f"sample exceeded {SAMPLE_TIMEOUT_S}s")
+        super().__init__(message or f"sample exceeded {sample_timeout_s()}s")
 
 
 @contextlib.contextmanager
@@ -568,7 +579,7 @@ def check_forward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> O
         return OpResult(key, dtype_name(dtype), "forward", "untested", f"sample generation: {first_line(e)}")
     for sample in samples:
         try:
-            with time_box(SAMPLE_TIMEOUT_S):
+            with time_box(sample_timeout_s()):
                 tin, targs, tkw = _sample_to_tpu(sample, grad=False, key=key)
                 try:
                     expected = fn(sample.input, *sample.args, **sample.kwargs)
@@ -634,7 +645,7 @@ def check_backward(op: Any, dtype: torch.dtype, limit: int = SAMPLES_PER_OP) -> 
         return OpResult(key, dtype_name(dtype), "backward", "untested", f"sample generation: {first_line(e)}")
     for sample in samples:
         try:
-            with time_box(SAMPLE_TIMEOUT_S):
+            with time_box(sample_timeout_s()):
                 tin, targs, tkw = _sample_to_tpu(sample, grad=True, key=key)
                 cpu_inputs = _grad_leaves([sample.input, sample.args, sample.kwargs])
                 tpu_inputs = _grad_leaves([tin, targs, tkw])
@@ -702,7 +713,7 @@ def check_errors(op: Any, limit: int = SAMPLES_PER_OP) -> OpResult:
             continue
         sample = ei.sample_input
         try:
-            with time_box(SAMPLE_TIMEOUT_S):
+            with time_box(sample_timeout_s()):
                 try:
                     tin, targs, tkw = _sample_to_tpu(sample, grad=False, key=key)
                 except UnsupportedDtypeError as e:

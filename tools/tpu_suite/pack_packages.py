@@ -1,11 +1,11 @@
 """Stage installed packages, with what they require, as one tarball for a TPU host without an index.
 
-    .venv/bin/python tools/tpu_suite/pack_packages.py transformers --out .tpu/hf.tgz
+    .venv/bin/python tools/tpu_suite/pack_packages.py transformers accelerate --out .tpu/hf.tgz
     # on the TPU host, after .tpu/on_tpu.sh:  tar xzf .tpu/hf.tgz -C /tmp/torchtpu-site
 
 ``../shared/tpu/pack.sh`` brings torch and torchtpu's built files only; the conformance report's
-model checks and the Hugging Face tests need ``transformers`` too. Packages the host already has
-(torch, numpy, JAX's) and byte-code caches are left out. Run it with the interpreter whose
+model checks and the Hugging Face tests need ``transformers`` too, and the Accelerate example
+``accelerate``. Packages the host already has (torch, numpy, JAX's) and byte-code caches are left out. Run it with the interpreter whose
 site-packages hold the packages (the project's ``.venv``).
 """
 

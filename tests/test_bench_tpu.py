@@ -44,3 +44,20 @@ def test_flash_workloads_small(tmp_path):
         (w, row) for w in ("flash_s512", "flash_s2048")
         for row in ("train step ms", "peak device MiB", "largest program scratch MiB", "peak + scratch MiB")}
     assert "compiled vs compiled math" in r.stdout
+
+
+@pytest.mark.fresh_process
+def test_decode_replayed_from_a_tpu_graph_generates_the_compiled_steps_tokens(tmp_path):
+    """decode's compiled_graph cell (the step captured once, one replay per token) generates the
+    same tokens as the compiled step called per token."""
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, str(BENCH), "--small", "--only", "decode_b8", "--modes",
+                        "compiled,compiled_graph", "--timeout", "300", "--out", str(out)],
+                       capture_output=True, text=True, env=dict(os.environ), timeout=900, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    cells = json.loads(out.read_text())["results"]["decode_b8"]
+    for mode, cell in cells.items():
+        assert "error" not in cell, (mode, cell)
+        assert cell["tokens_per_s"] > 0
+    assert cells["compiled_graph"]["tokens_seq0"] == cells["compiled"]["tokens_seq0"]
+    assert len(cells["compiled"]["tokens_seq0"]) > 1

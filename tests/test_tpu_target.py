@@ -795,3 +795,15 @@ def test_float64_bit_patterns_of_float32_built_in_integers():
                   np.inf, -np.inf, np.nan, 1e-40, 6.1e-5], dtype=np.float32)
     (got,) = _run_built(lambda b, v: reductions._float64_bits_of_float32(b, v), x)
     np.testing.assert_array_equal(got, x.astype(np.float64).view(np.uint64))
+
+
+def test_hash_tensor_of_float64_is_refused_for_a_tpu(monkeypatch):
+    """A TPU's float64 values are float32 pairs, with no IEEE float64 bit patterns to hash: the
+    lowering refuses them with a TypeError that says what to do (float32 and narrower are hashed
+    from their own bits: test_float64_bit_patterns_of_float32_built_in_integers)."""
+    from torchtpu.lowering import target
+
+    x = torch.tensor([1.5, -2.25], dtype=torch.float64).to("tpu")
+    monkeypatch.setattr(target, "_KIND", ["tpu"])
+    with pytest.raises(TypeError, match="hash_tensor of float64 is not supported on a TPU"):
+        torch.hash_tensor(x, dim=0, keepdim=True).cpu()  # (an argument set no other test lowers)

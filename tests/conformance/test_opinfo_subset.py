@@ -320,6 +320,21 @@ def test_sweep_charges_a_crash_or_a_hang_to_its_item_and_reruns_the_others(monke
     assert len(starts) >= 3 and set(starts) == {2}
 
 
+def test_shard_specs_name_parts_ranges_and_lists():
+    """A TPU round re-runs scattered parts in one worker: ``--shard 1,2,4-5,13/40``."""
+    import argparse
+
+    from torchtpu.conformance.__main__ import _parse_shard
+
+    p = argparse.ArgumentParser()
+    assert _parse_shard("3/8", p) == ([3], 8)
+    assert _parse_shard("2-4/40", p) == ([2, 3, 4], 40)
+    assert _parse_shard("1,2,4-5,13,2/40", p) == ([1, 2, 4, 5, 13], 40)
+    for bad in ("0/8", "5-3/8", "9/8", "1,x/8", "3"):
+        with pytest.raises(SystemExit):
+            _parse_shard(bad, p)
+
+
 def test_threaded_sweep_sends_a_model_check_alone(monkeypatch):
     """A model check runs alone in the worker: ops sent beside it waited behind it, their budgets
     running (a threaded TPU round timed out two ops that way). So nothing is in flight when a

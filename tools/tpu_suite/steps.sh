@@ -3,7 +3,7 @@
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
 #   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute|jax|devprof SECONDS
 #   bash tools/tpu_suite/steps.sh bench SECONDS demo|decode|big
-#   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N, threaded
+#   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N (or a list K1,K2-K3), threaded
 # Results come back in $OUT/STEP.tgz; the list of tests run stays in /tmp/done.txt while the host is warm.
 # A call brings back at most 8 files from $OUT (more are dropped: the twelfth round lost four
 # conformance parts that way), so a step writes under a work folder and leaves in $OUT only
@@ -90,7 +90,8 @@ conf)  # parts K..N of an N-way split in one worker, THREADS ops at once; each p
   python3 -c "import transformers" 2>/dev/null || echo "WARNING: no transformers: model checks will not run"
   n=$3; k=$4; threads=${5:-1}  # (8 threads: ~1.4 s an item on the v5e, ~9 s serially: docs/tpu_shards/README.md)
   resume=(); [ -d .tpu/conf ] && resume=(--resume .tpu/conf)
-  timeout $(( $(left) - 10 )) python3 -m torchtpu.conformance --shard $k-$n/$n --threads $threads --out $OUT/conf "${resume[@]}" 2>&1 \
+  spec=$k-$n/$n; [[ $k == *,* ]] && spec=$k/$n  # K: parts K..N; a list (1,2,4-5): those parts
+  timeout $(( $(left) - 10 )) python3 -m torchtpu.conformance --shard $spec --threads $threads --out $OUT/conf "${resume[@]}" 2>&1 \
     | grep -v "Warning\|warn" > $OUT/conf_full.log; tail -5 $OUT/conf_full.log | tee -a $OUT/conf.log
   ls $OUT/conf | tee -a $OUT/conf.log ;;
 esac

@@ -301,16 +301,21 @@ def _report_stem(kind: str | None = None) -> str:
 
 
 def _parse_shard(text: str, parser: argparse.ArgumentParser) -> tuple[list[int], int]:
-    """``K/N`` or a range ``K1-K2/N``: the parts to run, and N."""
+    """``K/N``, a range ``K1-K2/N`` or a list of both ``K1,K3-K4/N``: the parts to run, and N."""
     try:
         ks, n_text = text.split("/")
-        first, _, last = ks.partition("-")
-        lo, hi, n = int(first), int(last or first), int(n_text)
+        n = int(n_text)
+        parts: list[int] = []
+        for piece in ks.split(","):
+            first, _, last = piece.partition("-")
+            lo, hi = int(first), int(last or first)
+            if not 1 <= lo <= hi <= n:
+                raise ValueError(piece)
+            parts += [k for k in range(lo, hi + 1) if k not in parts]
     except ValueError:
-        parser.error(f"--shard takes K/N or K1-K2/N, got {text!r}")
-    if not 1 <= lo <= hi <= n:
-        parser.error(f"--shard K1-K2/N needs 1 <= K1 <= K2 <= N, got {text!r}")
-    return list(range(lo, hi + 1)), n
+        parser.error(f"--shard takes K/N, K1-K2/N or a comma-separated list of them with 1 <= K <= N, "
+                     f"got {text!r}")
+    return parts, n
 
 
 def _shard_path(out: Path, stem: str, k: int, n: int) -> Path:
@@ -349,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                    "earlier --shard run cut short: its finished items are not run again (default: --out)")
     p.add_argument("--shard", default=None, help="K/N: run the K-th of N interleaved parts of the ops and models, "
                    "writing only that part (op_coverage*.shardK-of-N.json); K1-K2/N: parts K1 to K2, in one "
-                   "worker, each part's file written as soon as it is complete")
+                   "worker, each part's file written as soon as it is complete; K1,K3-K4/N: those parts")
     p.add_argument("--threads", type=int, default=1,
                    help="ops checked at once in the worker (compiles overlap; a TPU host's cores are many)")
     p.add_argument("--merge", type=int, default=None, metavar="N", help="write the report from parts 1..N")

@@ -807,3 +807,28 @@ def test_hash_tensor_of_float64_is_refused_for_a_tpu(monkeypatch):
     monkeypatch.setattr(target, "_KIND", ["tpu"])
     with pytest.raises(TypeError, match="hash_tensor of float64 is not supported on a TPU"):
         torch.hash_tensor(x, dim=0, keepdim=True).cpu()  # (an argument set no other test lowers)
+
+
+def test_row_gathers_and_scatters_take_int32_indices_for_a_tpu(module_texts, monkeypatch):
+    """A TPU emulates 64-bit integers as 32-bit pairs: an embedding's gather and its gradient's
+    scatter-add take their int64 token ids narrowed to int32 there (ids past int32's range kept out
+    of range, for the index checks), as JAX's int32 ids are. Run here, the values are CPU's."""
+    from torchtpu.lowering import target
+
+    monkeypatch.setattr(target, "_KIND", ["tpu"])
+    weight = torch.randn(7, 3)
+    ids = torch.tensor([[0, 6, 2], [-1, 3, 3]])
+    w = weight.to("tpu").requires_grad_()
+    wc = weight.clone().requires_grad_()
+    out = torch.nn.functional.embedding(ids.to("tpu") % 7, w * 1.5)  # (an argument set no other test lowers)
+    want = torch.nn.functional.embedding(ids % 7, wc * 1.5)
+    torch.testing.assert_close(out.cpu(), want)
+    out.pow(2).sum().backward()
+    want.pow(2).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), wc.grad)
+    rows = torch.tensor([4, 0, 6, 6])
+    picked = torch.index_select(weight.to("tpu"), 0, rows.to("tpu") + 0)
+    torch.testing.assert_close(picked.cpu(), torch.index_select(weight, 0, rows))
+    gathers = [ln for t in module_texts for ln in t.splitlines() if '"stablehlo.gather"' in ln or
+               '"stablehlo.scatter"' in ln]
+    assert gathers and all("xi64>" not in ln.split(":")[-1].split("->")[0] for ln in gathers), gathers

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from . import target
 from .builder import Builder, Value
 from .registry import LoweringContext, register, register_argument_check
 
@@ -24,12 +25,30 @@ def _wrap(b: Builder, idx: Value, size: int) -> Value:
     return b.select(b.compare(idx, zero, "LT"), b.add(idx, b.constant(size, torch.int64, idx.shape)), idx)
 
 
+_INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+def _wrap_rows(b: Builder, idx: Value, size: int) -> Value:
+    """``_wrap`` for an index used alone as a gather's or scatter's rows: in int32 where 64-bit
+    integers are emulated (``target.narrow_indices``). An index past int32's range stays out of
+    range (clamped to it), so the result is what an out-of-range int64 index gives: the index
+    checks raise, and XLA clamps the row meanwhile."""
+    if not (target.narrow_indices() and size <= _INT32_MAX and idx.dtype in (torch.int64, torch.int32)):
+        return _wrap(b, idx, size)
+    narrow = idx
+    if idx.dtype == torch.int64:
+        narrow = b.convert(b.clamp(b.constant(_INT32_MIN, torch.int64, idx.shape), idx,
+                                   b.constant(_INT32_MAX, torch.int64, idx.shape)), torch.int32)
+    zero = b.constant(0, torch.int32, idx.shape)
+    return b.select(b.compare(narrow, zero, "LT"), b.add(narrow, b.constant(size, torch.int32, idx.shape)), narrow)
+
+
 def take_rows(b: Builder, x: Value, idx: Value, dim: int, in_range: bool = False) -> Value:
     """x.index_select(dim, idx) for an n-d idx: result shape x.shape[:dim] + idx.shape + x.shape[dim+1:].
     ``in_range``: idx is known to lie in [0, size), so it is used as it is, in its own integer type
     (no int64 wrap of negative indices: 64-bit integers are emulated on a TPU)."""
     if not in_range:
-        idx = _wrap(b, idx, x.shape[dim])
+        idx = _wrap_rows(b, idx, x.shape[dim])
     rank = idx.rank
     offset_dims = list(range(dim)) + list(range(dim + rank, x.rank - 1 + rank))
     slice_sizes = list(x.shape)
@@ -77,7 +96,7 @@ def _embedding(ctx: LoweringContext, weight: Value, indices: Value, padding_idx:
 def scatter_add_rows(b: Builder, base: Value, idx: Value, updates: Value, dim: int, in_range: bool = False) -> Value:
     """base.index_add(dim, idx, updates) for 1-d idx (``in_range`` as for take_rows)."""
     if not in_range:
-        idx = _wrap(b, idx, base.shape[dim])
+        idx = _wrap_rows(b, idx, base.shape[dim])
     update_window_dims = [i for i in range(base.rank) if i != dim]
     region = b.region([((), base.dtype), ((), base.dtype)], lambda bb, a, c: bb.add(a, c))
     attrs = ("scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = ["

@@ -106,6 +106,13 @@ def wide_float_power() -> bool:
     return tpu()
 
 
+def narrow_indices() -> bool:
+    """Whether gathers and scatters take their row indices as int32: a TPU's compiler emulates
+    64-bit integers as 32-bit pairs (PyTorch's indices are int64; JAX feeds int32), while a
+    tensor's dimension there is far below 2^31. XLA:CPU has native 64-bit integers."""
+    return tpu()
+
+
 def gathers_float16_through_products() -> bool:
     """Whether the compiler may gather float16 rows through a one-hot matrix product, whose one
     bf16 pass rounds them (a v5e's did: an ``embedding`` of float16 rows came back bf16-rounded).

@@ -115,3 +115,31 @@ def test_an_ended_threads_index_error_is_not_lost():
         assert "index 7 is out of bounds" in str(e)
     else:
         raise AssertionError("the ended thread's index error was not raised")
+
+
+def test_a_hook_inside_a_donating_launch_may_synchronize(monkeypatch):
+    """Regression: with the lock that donating launches hold, a hook around ``execute`` that waits
+    for the device on the launching thread (bench/step_profile.py's meter) deadlocked."""
+    from torchtpu.runtime import executable
+
+    real = executable.Executable.execute
+
+    def waiting_execute(exe, *args, **kwargs):
+        torch.tpu.synchronize()
+        return real(exe, *args, **kwargs)
+
+    x = torch.zeros(8, device="tpu")
+    monkeypatch.setattr(executable.Executable, "execute", waiting_execute)
+    done = threading.Event()
+
+    def work(t: int) -> None:
+        for _ in range(3):
+            x.add_(1)  # donates x's buffer
+        torch.tpu.synchronize()
+        done.set()
+
+    th = threading.Thread(target=work, args=(0,), daemon=True)
+    th.start()
+    assert done.wait(60), "a launch's own synchronize deadlocked"
+    monkeypatch.undo()
+    assert x.cpu()[0].item() == 3

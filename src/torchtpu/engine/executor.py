@@ -91,7 +91,9 @@ _latest: dict[int, Any] = {}
 # (the next op of any thread updating that tensor in place): a wait on it then fails ("called on
 # deleted or donated buffer"; eight threads of the TPU conformance sweep met it six times). So a
 # donating launch swaps _latest under this lock, and a waiter takes its ready event under it.
-_latest_lock = threading.Lock()
+# Re-entrant: code run inside a launch on its thread (a hook around execute, as bench/step_profile.py's
+# meter, waiting for the device) may synchronize.
+_latest_lock = threading.RLock()
 
 
 # ---------------------------------------------------------------------------

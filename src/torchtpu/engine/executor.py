@@ -950,8 +950,13 @@ def _execute(executable: Any, buffers: list[Any], device: int, donate: Any) -> t
 def latest_ready_event(device: int) -> Any:
     """The ready event of the device's latest launch not yet synchronized, or None (see ``_latest``)."""
     with _latest_lock:
-        buf = _latest.get(device)
-        return None if buf is None or buf.is_deleted else buf.ready_event()
+        return _ready_event(_latest.get(device))
+
+
+def _ready_event(buf: Any) -> Any:
+    """A latest output's ready event; None for none, or for one donated to a later launch (which
+    is then the latest). Called under _latest_lock."""
+    return None if buf is None or buf.is_deleted else buf.ready_event()
 
 
 def wait_latest() -> None:
@@ -962,8 +967,7 @@ def wait_latest() -> None:
                 _, buf = _latest.popitem()
             except KeyError:  # (another thread's synchronize took the last one)
                 return
-            # (a deleted one was donated to a later launch, which is then the latest)
-            event = None if buf.is_deleted else buf.ready_event()
+            event = _ready_event(buf)
         if event is not None:
             event.wait()
 

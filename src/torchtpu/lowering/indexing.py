@@ -18,11 +18,11 @@ from .registry import LoweringContext, register, register_argument_check
 aten = torch.ops.aten
 
 
-def _wrap(b: Builder, idx: Value, size: int) -> Value:
-    """Negative indices count from the end."""
-    idx = b.convert(idx, torch.int64)
-    zero = b.constant(0, torch.int64, idx.shape)
-    return b.select(b.compare(idx, zero, "LT"), b.add(idx, b.constant(size, torch.int64, idx.shape)), idx)
+def _wrap(b: Builder, idx: Value, size: int, dtype: torch.dtype = torch.int64) -> Value:
+    """Negative indices count from the end (in ``dtype``)."""
+    idx = b.convert(idx, dtype)
+    zero = b.constant(0, dtype, idx.shape)
+    return b.select(b.compare(idx, zero, "LT"), b.add(idx, b.constant(size, dtype, idx.shape)), idx)
 
 
 _INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
@@ -35,12 +35,10 @@ def _wrap_rows(b: Builder, idx: Value, size: int) -> Value:
     checks raise, and XLA clamps the row meanwhile."""
     if not (target.narrow_indices() and size <= _INT32_MAX and idx.dtype in (torch.int64, torch.int32)):
         return _wrap(b, idx, size)
-    narrow = idx
     if idx.dtype == torch.int64:
-        narrow = b.convert(b.clamp(b.constant(_INT32_MIN, torch.int64, idx.shape), idx,
-                                   b.constant(_INT32_MAX, torch.int64, idx.shape)), torch.int32)
-    zero = b.constant(0, torch.int32, idx.shape)
-    return b.select(b.compare(narrow, zero, "LT"), b.add(narrow, b.constant(size, torch.int32, idx.shape)), narrow)
+        idx = b.clamp(b.constant(_INT32_MIN, torch.int64, idx.shape), idx,
+                      b.constant(_INT32_MAX, torch.int64, idx.shape))
+    return _wrap(b, idx, size, torch.int32)
 
 
 def take_rows(b: Builder, x: Value, idx: Value, dim: int, in_range: bool = False) -> Value:

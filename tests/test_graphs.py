@@ -283,3 +283,111 @@ def test_a_replayed_step_updates_batch_norm_statistics_and_accumulates_micro_bat
 
     with torch.tpu.precision("highest"):
         torch.testing.assert_close(run(True), run(False), rtol=1e-5, atol=1e-6)
+
+
+def _state_storages(opt: torch.optim.Optimizer) -> set[int]:
+    return {t.untyped_storage()._cdata for st in opt.state.values() for t in st.values()}
+
+
+def test_a_capturable_optimizers_state_is_packed_into_one_storage_after_its_first_step():
+    """A capturable AdamW's moments and step counts (3 tensors per parameter) become views of one
+    flat storage after its first step, so a captured step passes them as one argument (libtpu
+    charges each argument and result: docs/tpu.md); it trains as the same optimizer unpacked."""
+    batches = _batches(4)
+    (model, opt), (ref_model, ref_opt) = _model_and_optimizer(), _model_and_optimizer()
+    n_params = len(list(model.parameters()))
+    x, y = (t.to("tpu") for t in batches[0])
+    for m, o in ((model, opt), (ref_model, ref_opt)):
+        m.loss(x, y).backward()
+        o.step()
+        o.zero_grad(set_to_none=True)
+    assert len(_state_storages(opt)) == 1
+    with torch.no_grad():  # the reference unpacked: a storage per tensor again (not packed anew)
+        for t in (t for st in ref_opt.state.values() for t in st.values()):
+            t.set_(t.clone().untyped_storage(), 0, t.shape, t.stride())
+    assert len(_state_storages(ref_opt)) == 3 * n_params
+    for bx, by in batches[1:]:
+        for m, o in ((model, opt), (ref_model, ref_opt)):
+            m.loss(bx.to("tpu"), by.to("tpu")).backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+    for got, want in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(got.detach().cpu(), want.detach().cpu(), rtol=1e-5, atol=1e-6)
+    assert len(_state_storages(opt)) == 1 and len(_state_storages(ref_opt)) == 3 * n_params
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        model.loss(x, y).backward()
+        opt.step()
+    buffers = [a for a in g._args if a[0] == "buf"]
+    # the parameters, the packed state, the batch and a few constants (unpacked: 4 per parameter)
+    assert len(buffers) <= n_params + 5, len(buffers)
+    g.replay()
+    assert len(_state_storages(opt)) == 1 and all(st["step"].item() == 5 for st in opt.state.values())
+
+
+def test_packed_optimizer_state_saves_loads_and_is_packed_again():
+    """state_dict() of packed state saves and loads as any state; loaded state (new tensors) is
+    packed again after the next step, and training goes on as it would have."""
+    import io
+
+    batches = _batches(3)
+    model, opt = _model_and_optimizer()
+    x, y = (t.to("tpu") for t in batches[0])
+    model.loss(x, y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    saved = io.BytesIO()
+    torch.save(opt.state_dict(), saved)
+    want = [t.detach().cpu().clone() for st in opt.state.values() for t in st.values()]
+    saved.seek(0)
+    opt.load_state_dict(torch.load(saved))  # torch.save keeps the shared storage
+    got = [t.detach().cpu() for st in opt.state.values() for t in st.values()]
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert len(_state_storages(opt)) == 1
+    saved.seek(0)
+    opt.load_state_dict(torch.load(saved, map_location="cpu"))  # each tensor moved to tpu alone
+    got = [t.detach().cpu() for st in opt.state.values() for t in st.values()]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert len(_state_storages(opt)) == len(got)  # one storage per tensor, until the next step
+    model.loss(x, y).backward()
+    opt.step()
+    assert len(_state_storages(opt)) == 1
+    assert all(st["step"].item() == 2 for st in opt.state.values())
+
+
+def test_a_foreach_op_over_views_of_one_storage_writes_it_once(module_texts):
+    """An in-place op writing many contiguous views of one storage (a foreach op over packed
+    optimizer state) writes them as one concatenation, not one copy of the storage per view."""
+    flat = torch.arange(40, dtype=torch.float32)
+    views = [flat[i * 8:(i + 1) * 8] for i in range(5)]
+    tflat = flat.to("tpu")
+    tviews = [tflat[i * 8:(i + 1) * 8] for i in range(5)]
+    torch._foreach_mul_(views, 3.0)
+    torch._foreach_mul_(tviews, 3.0)
+    assert torch.equal(tflat.cpu(), flat)
+    foreach = [t for t in module_texts if t.count("stablehlo.multiply") == 5]
+    assert foreach and all(t.count("stablehlo.concatenate") == 1 for t in foreach), foreach
+    # a view overlapping an earlier one of the same op is written after it, at its own place
+    torch._foreach_copy_([flat[0:8], flat[4:12], flat[20:24]], [torch.ones(8), torch.full((8,), 2.0), torch.zeros(4)])
+    torch._foreach_copy_([tflat[0:8], tflat[4:12], tflat[20:24]],
+                         [torch.ones(8, device="tpu"), torch.full((8,), 2.0, device="tpu"), torch.zeros(4, device="tpu")])
+    assert torch.equal(tflat.cpu(), flat)
+
+
+def test_optimizer_state_is_packed_in_chunks_of_bounded_size(monkeypatch):
+    """Packing copies the state; a flat storage of at most CHUNK_BYTES at a time bounds the device
+    memory that takes. Any optimizer's state packs on request (torch.tpu.pack_optimizer_state)."""
+    from torchtpu import packed_state
+
+    monkeypatch.setattr(packed_state, "CHUNK_BYTES", 3 * 64 * 4)
+    params = [torch.nn.Parameter(torch.randn(64, device="tpu")) for _ in range(7)]
+    opt = torch.optim.Adam(params, lr=0.1)  # not capturable: not packed by itself
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert len(_state_storages(opt)) == 14 + 7  # (the step counts live on the host)
+    want = [t.detach().cpu().clone() for st in opt.state.values() for t in st.values()]
+    assert torch.tpu.pack_optimizer_state(opt) == 14
+    assert len(_state_storages(opt)) == 5 + 7  # 14 tensors of 256 bytes, three to a storage
+    got = [t.detach().cpu() for st in opt.state.values() for t in st.values()]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -61,11 +61,12 @@ def install() -> None:
         from .compile import route_default_compile
 
         route_default_compile()
-        from . import graphs, parallel, step_recording
+        from . import graphs, packed_state, parallel, step_recording
 
         parallel.install()
         step_recording.install()
         graphs.install()
+        packed_state.install()
         from . import distributed
 
         # c10d learns the "tpu_dist" backend now, so init_process_group picks it for tpu as it

@@ -41,7 +41,7 @@ from ..lowering.views import (
     is_dense_permutation,
     raise_if_overlapping,
     read_view,
-    write_view,
+    write_views,
 )
 from ..runtime import Buffer, release_donated
 from . import compile_cache, device_trace, index_checks
@@ -637,12 +637,14 @@ def emit_op(b: Builder, plan: OpPlan, specs: list, values: list[Any], skeys: tup
             out_values.append(dense_to_storage(b, r, stride))
         return outputs, out_values
     current = dict(storage_vals)
+    writes: dict[int, list[tuple[ViewSpec, Value]]] = {}
     for s, r, m in zip(mutated_specs(plan, specs), results, metas):
         if s[0] != "T" or m is None:
             continue
         view = ViewSpec(s[2], s[3], s[4], s[5])
-        r = _conform(b, r, m, dtype=view.dtype, shape=view.shape)
-        current[s[1]] = write_view(b, current[s[1]], storage_numel(skeys[s[1]]), view, r)
+        writes.setdefault(s[1], []).append((view, _conform(b, r, m, dtype=view.dtype, shape=view.shape)))
+    for k, pairs in writes.items():  # (per storage, in order: views of different storages never overlap)
+        current[k] = write_views(b, current[k], storage_numel(skeys[k]), pairs)
     for k, views in written_views(plan, specs, metas).items():
         outputs.append(("store", k))
         out_values.append(stored(b, current[k], skeys[k], views))

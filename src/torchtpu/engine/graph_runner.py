@@ -31,7 +31,7 @@ from ..lowering.views import (
     dense_to_storage,
     is_dense_permutation,
     read_view,
-    write_view,
+    write_views,
 )
 from . import bucketing, compile_cache, executor, graph_node, index_checks
 from . import precision as precision_mod
@@ -335,7 +335,7 @@ class GraphProgram:
             out_values.append(self._fold_bounds(b, flag, env, vals, hook))
         # In-graph input mutations: write the new values back into the inputs' storages.
         current = dict(storage_vals)
-        written: dict[int, list[ViewSpec]] = {}
+        written: dict[int, list[tuple[ViewSpec, Value]]] = {}
         host_writes: list[tuple[int, int]] = []
         for pos, value in sorted(mutations.items()):
             s = specs[pos]
@@ -348,10 +348,11 @@ class GraphProgram:
                 continue
             if not (isinstance(s, tuple) and s and s[0] == "T"):
                 raise NotImplementedError(f"torchtpu: graph mutates input {pos}, which is not a tensor")
-            view = ViewSpec(s[2], s[3], s[4], s[5])
-            current[s[1]] = write_view(b, current[s[1]], executor.storage_numel(skeys[s[1]]), view, value)
-            written.setdefault(s[1], []).append(view)
-        for k, views in written.items():
+            written.setdefault(s[1], []).append((ViewSpec(s[2], s[3], s[4], s[5]), value))
+        for k, pairs in written.items():
+            current[k] = write_views(b, current[k], executor.storage_numel(skeys[k]), pairs)
+        for k, pairs in written.items():
+            views = [view for view, _ in pairs]
             outputs.append(("store", k))
             out_values.append(executor.stored(b, current[k], skeys[k], views))
         donate = executor.alias_stores(b, col, skeys, outputs)

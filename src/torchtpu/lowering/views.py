@@ -233,6 +233,57 @@ def write_view(b: Builder, flat: Value, storage_numel: int, view: ViewSpec, valu
     return new
 
 
+def write_views(b: Builder, flat: Value, storage_numel: int, writes: Sequence[tuple[ViewSpec, Value]]) -> Value:
+    """``write_view`` of each (view, value) in order, with each run of contiguous, disjoint views in
+    the buffer's dtype written by one concatenation: a foreach op over tensors that share one
+    storage (optimizer state packed flat, say) writes dozens of views of it, and a concatenation
+    per view chains that many copies of the whole storage, which XLA's simplifier then struggles
+    to undo (it reported a circular simplification loop on such a chain)."""
+    run: list[tuple[ViewSpec, Value]] = []
+    covered: list[tuple[int, int]] = []
+
+    def flush_run(flat: Value) -> Value:
+        if len(run) == 1:
+            flat = write_view(b, flat, storage_numel, *run[0])
+        elif run:
+            flat = _write_disjoint(b, flat, storage_numel, run)
+        run.clear()
+        covered.clear()
+        return flat
+
+    for view, value in writes:
+        batchable = (view.numel > 0 and view.dtype == flat.dtype and is_contiguous(view.shape, view.stride)
+                     and view.offset + view.numel <= storage_numel)
+        span = (view.offset, view.offset + view.numel)
+        if batchable and not any(lo < span[1] and span[0] < hi for lo, hi in covered):
+            run.append((view, value))
+            covered.append(span)
+            continue
+        flat = flush_run(flat)
+        if batchable:
+            run.append((view, value))
+            covered.append(span)
+        else:
+            flat = write_view(b, flat, storage_numel, view, value)
+    return flush_run(flat)
+
+
+def _write_disjoint(b: Builder, flat: Value, storage_numel: int, writes: Sequence[tuple[ViewSpec, Value]]) -> Value:
+    """``flat`` with disjoint contiguous views replaced, as one concatenation of the values and the
+    old storage's slices between them."""
+    if flat.shape[0] != storage_numel:
+        flat = fit(b, flat, storage_numel)
+    parts, at = [], 0
+    for view, value in sorted(writes, key=lambda w: w[0].offset):
+        if view.offset > at:
+            parts.append(b.slice(flat, [at], [view.offset]))
+        parts.append(b.reshape(b.convert(value, view.dtype), (view.numel,)))
+        at = view.offset + view.numel
+    if at < storage_numel:
+        parts.append(b.slice(flat, [at], [storage_numel]))
+    return parts[0] if len(parts) == 1 else b.concatenate(parts, 0)
+
+
 def _scatter(b: Builder, flat: Value, idx: Value, updates: Value) -> Value:
     rank = idx.rank
     region = b.region([((), flat.dtype), ((), flat.dtype)], lambda bb, old, upd: upd)

@@ -1,0 +1,104 @@
+"""Optimizer state packed into one flat storage per device and dtype.
+
+A launch costs a TPU host time per argument and result (about 5.4 us per donated pair on a v5e,
+docs/tpu.md): a captured AdamW step of a model with P parameters passes 3P state tensors (two
+moments and a step count each), which for the demo GPT was 87 of the replay's 121 arguments. Packed,
+the same tensors are views of one storage, which a program takes and returns as one buffer.
+
+The tensors keep their identity (``Tensor.set_`` rebinds each to its place in the flat storage), so
+``optimizer.state``, ``state_dict()`` and in-place updates work as before; only a view taken of a
+state tensor before the packing keeps the old storage. State is packed after an optimizer step
+outside a capture, for optimizers whose every group is ``capturable`` (the ones CUDA-graph style
+code captures), or on request (``torch.tpu.pack_optimizer_state``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+__all__ = ["pack_optimizer_state"]
+
+# optimizer -> the state dict it packed (a load_state_dict replaces it) and how many entries it had
+_packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _packable(t: Any) -> bool:
+    """A tpu tensor that is alone in its storage and covers it, so rebinding it loses no alias."""
+    return (isinstance(t, torch.Tensor) and t.device.type == "tpu" and not t.requires_grad
+            and t.storage_offset() == 0 and t.is_contiguous()
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+
+
+# Bytes of one flat storage at most: packing copies the state, and a chunk at a time bounds the
+# extra device memory that needs (a 100M-parameter AdamW's moments are 800 MB).
+CHUNK_BYTES = 256 << 20
+
+
+def _chunks(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    chunks: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        if chunks[-1] and size + n > CHUNK_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(t)
+        size += n
+    return chunks
+
+
+def pack_optimizer_state(optimizer: torch.optim.Optimizer) -> int:
+    """Move ``optimizer``'s tpu state tensors into one flat storage per (device, dtype) (one per
+    ``CHUNK_BYTES`` of it); returns how many tensors moved. Tensors sharing a storage with another
+    (already packed, or aliased by the user) and groups of one are left as they are."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for state in optimizer.state.values():
+        for t in state.values():
+            if _packable(t):
+                groups.setdefault((t.device, t.dtype), []).append(t)
+    moved = 0
+    with torch.no_grad():
+        for tensors in groups.values():
+            owners: dict[int, int] = {}
+            for t in tensors:
+                key = t.untyped_storage()._cdata
+                owners[key] = owners.get(key, 0) + 1
+            tensors = [t for t in tensors if owners[t.untyped_storage()._cdata] == 1]
+            for chunk in _chunks(tensors):
+                if len(chunk) < 2:
+                    continue
+                storage = torch.cat([t.reshape(-1) for t in chunk]).untyped_storage()
+                offset = 0
+                for t in chunk:
+                    t.set_(storage, offset, t.shape, t.stride())
+                    offset += t.numel()
+                moved += len(chunk)
+    _packed[optimizer] = (optimizer.state, len(optimizer.state))
+    return moved
+
+
+def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """Optimizer step post-hook: pack a capturable optimizer's state once it exists (its first step),
+    and again after its state was replaced or grew; never inside a capture or a compiled region."""
+    from .engine import deferred
+
+    if deferred.capturing is not None or torch.compiler.is_compiling():
+        return
+    seen = _packed.get(optimizer)
+    if seen is not None and seen[0] is optimizer.state and seen[1] == len(optimizer.state):
+        return
+    groups = optimizer.param_groups
+    if not groups or not all(g.get("capturable") for g in groups):
+        return
+    if not any(p.device.type == "tpu" for g in groups for p in g["params"]):
+        return
+    pack_optimizer_state(optimizer)
+
+
+def install() -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(_after_step)

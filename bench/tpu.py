@@ -320,9 +320,10 @@ def torch_gpt_step(p: dict[str, Any], mode: str, bf16: bool) -> tuple[Any, Any, 
         if not captured:  # the first step as usual (it creates AdamW's state), then the capture
             loss = step()
             graph = torch.tpu.TPUGraph()
-            with torch.tpu.graph(graph):
+            with torch.tpu.graph(graph):  # the same step: its gradients die inside, as JAX's do
                 captured["loss"] = forward_backward()
                 opt.step()
+                opt.zero_grad(set_to_none=True)
             captured["graph"] = graph
             return loss
         captured["graph"].replay()

@@ -882,3 +882,30 @@ def test_result_plan_assembles_a_graphs_results_as_spec_by_spec(kinds):
                 torch.testing.assert_close(g, w)
             else:
                 assert g is w
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_a_saved_view_of_an_input_follows_the_inputs_storage_offset(mode):
+    """A compiled graph hands out a view of an input (a weight's transpose saved for the backward)
+    as a view of the input it is called with. Its storage offset was the traced input's, so a call
+    on a weight at another offset of its storage (parameters packed into one flat storage; Dynamo's
+    guards do not check offsets) gave the backward the wrong elements: gradients off by 26."""
+    torch.manual_seed(0)
+    flat = torch.randn(24)
+    x = torch.randn(5, 4)
+
+    def fn(a, b):
+        return (a @ b.t()).pow(2).sum()
+
+    compiled = torch.compile(fn, backend="tpu")
+    with torch.tpu.eager_mode(mode), torch.tpu.precision("highest"):
+        tflat = flat.to("tpu")
+        for offset in (0, 4, 12):
+            xc = x.clone().requires_grad_()
+            want = fn(xc, flat[offset:offset + 12].view(3, 4))
+            want.backward()
+            xt = x.to("tpu").requires_grad_()
+            got = compiled(xt, tflat[offset:offset + 12].view(3, 4))
+            got.backward()
+            torch.testing.assert_close(got.cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-5)

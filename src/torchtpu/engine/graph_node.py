@@ -70,12 +70,13 @@ class InlinedGraph:
             if not isinstance(node, torch.fx.Node) or not isinstance(val, torch.Tensor):
                 self.results.append(graph_runner.OutSpec("value", value=node))
                 continue
-            view = (tuple(val.shape), tuple(val.stride()), val.storage_offset())
             source = graph_runner._viewed_input(node, val)
             if source is not None:
-                self.results.append(graph_runner.OutSpec("input_view", position[source], view))
+                self.results.append(graph_runner.OutSpec("input_view", position[source],
+                                                         graph_runner.view_spec(val, source.meta["val"])))
             elif node in shared:
-                self.results.append(graph_runner.OutSpec("output_view", output(shared[node]), view))
+                self.results.append(graph_runner.OutSpec("output_view", output(shared[node]),
+                                                         graph_runner.view_spec(val, shared[node].meta["val"])))
             else:
                 self.results.append(graph_runner.OutSpec("tensor", output(node)))
         self.checks = bool(program.bounded)

@@ -41,8 +41,8 @@ from .opplan import normalize_args, plan_for
 @dataclass
 class OutSpec:
     # "tensor" | "input" (an input returned as is) | "input_view" (a view of an input: value
-    # holds its shape, stride and storage offset) | "output_view" (the same, of output
-    # ``index``) | "value" (a non-tensor constant)
+    # holds its shape, stride and storage offset from the input's, ``view_spec``) | "output_view"
+    # (the same, of output ``index``) | "value" (a non-tensor constant)
     kind: str
     index: int = 0
     value: Any = None
@@ -94,8 +94,18 @@ class ResultPlan:
             self._plan(len(args), len(outs))
         results = list(self._get([*args, *outs, *self._consts]))
         for i, shape, stride, offset in self._views:
-            results[i] = results[i].as_strided(shape, stride, offset)
+            base = results[i]
+            results[i] = base.as_strided(shape, stride, base.storage_offset() + offset)
         return results
+
+
+def view_spec(val: torch.Tensor, base: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """How an output handed out as a view of ``base`` (an input, or another output) is cut from it:
+    its shape, stride and storage offset from ``base``'s. Relative, because a graph runs again on
+    inputs at other offsets of their storages (Dynamo's guards do not check offsets): a weight that
+    is a view of a flat parameter storage, traced at one offset, gave its backward the transpose of
+    the storage's first elements when called at another."""
+    return tuple(val.shape), tuple(val.stride()), val.storage_offset() - base.storage_offset()
 
 
 def output_layout(val: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -297,7 +307,7 @@ class GraphProgram:
                 # A view of an input (a weight's transpose saved for the backward): hand out the
                 # view instead of copying the input into a new output buffer.
                 result_specs.append(OutSpec("input_view", self.placeholders.index(source),
-                                             (tuple(val.shape), val.stride(), val.storage_offset())))
+                                             view_spec(val, source.meta["val"])))
                 continue
             base = shared.get(node)
             if base is not None:
@@ -311,8 +321,7 @@ class GraphProgram:
                     bstride = tuple(int(d) for d in bval.stride())
                     outputs.append(("new", bval.dtype, tuple(int(d) for d in bval.shape), bstride))
                     out_values.append(dense_to_storage(b, env[base], bstride))
-                result_specs.append(OutSpec("output_view", k,
-                                             (tuple(val.shape), val.stride(), val.storage_offset())))
+                result_specs.append(OutSpec("output_view", k, view_spec(val, base.meta["val"])))
                 continue
             if isinstance(r, Value) and isinstance(val, torch.Tensor):
                 shape, stride = output_layout(val)

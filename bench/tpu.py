@@ -14,7 +14,9 @@ Modes: ``jax_jit`` (the JAX peer in ``bench/peers``, jitted), ``jax_eager`` (JAX
 ``compiled_defer`` (the same in DeferAndFuse mode: the compiled graphs are recorded with the eager
 optimizer, one program per step or per few steps), ``compiled_graph`` (the compiled model's train step
 captured once with ``torch.tpu.graph`` and replayed: ``TPUGraph.replay()`` per step, one launch and
-no Python of the step's; AdamW ``capturable=True``; the first step runs as usual, then the capture).
+no Python of the step's; AdamW ``capturable=True``, its state packed by itself after the first step
+and the parameters packed by ``torch.tpu.pack_parameters``, so the program takes a few flat storages
+instead of a tensor each; the first step runs as usual, then the capture).
 For the ``flash_*`` workloads: ``jax_flash``
 (the JAX peer with JAX's Pallas TPU flash-attention kernel), ``compiled`` with torchtpu's flash
 attention forced on (``TORCH_TPU_FLASH_ATTENTION=1``) and ``compiled_math`` with it off (``=0``,
@@ -294,6 +296,8 @@ def torch_gpt_step(p: dict[str, Any], mode: str, bf16: bool) -> tuple[Any, Any, 
     torch, model = _torch_gpt(p, train=True)
     from torchtpu.examples.gpt import make_batch
 
+    if mode == "compiled_graph":  # one launch argument for the parameters, not one each
+        torch.tpu.pack_parameters(model)
     # a captured step keeps AdamW's step count on the device (as CUDA graphs need)
     opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], capturable=mode == "compiled_graph")
     loss_fn = torch.compile(model.loss, backend="tpu") if mode.startswith("compiled") else model.loss
@@ -390,6 +394,8 @@ def torch_decode(p: dict[str, Any], mode: str) -> dict[str, Any]:
     torch, model = _torch_gpt(p, train=False)
     import torch.nn.functional as F
 
+    if mode == "compiled_graph":  # one launch argument for the parameters, not one each
+        torch.tpu.pack_parameters(model)
     cfg, b = model.cfg, p["batch"]
     hd = cfg.d_model // cfg.heads
     ks = [torch.zeros(b, cfg.heads, cfg.seq, hd, device="tpu") for _ in range(cfg.layers)]

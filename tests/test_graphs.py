@@ -391,3 +391,40 @@ def test_optimizer_state_is_packed_in_chunks_of_bounded_size(monkeypatch):
     assert len(_state_storages(opt)) == 5 + 7  # 14 tensors of 256 bytes, three to a storage
     got = [t.detach().cpu() for st in opt.state.values() for t in st.values()]
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_packed_parameters_train_as_unpacked_ones_and_replay_in_few_arguments(compiled):
+    """torch.tpu.pack_parameters makes a module's parameters views of one flat storage (a captured
+    step then takes them as one argument and returns them as one result); training, eager or
+    compiled, and replayed, gives the unpacked model's parameters."""
+    batches = _batches(4)
+    (model, opt), (ref_model, ref_opt) = _model_and_optimizer(), _model_and_optimizer()
+    n_params = len(list(model.parameters()))
+    assert torch.tpu.pack_parameters(model) == n_params
+    assert len({p.untyped_storage()._cdata for p in model.parameters()}) == 1
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, eps=1e-3, capturable=True)
+    loss_fn = torch.compile(model.loss, backend="tpu") if compiled else model.loss
+    ref_loss_fn = torch.compile(ref_model.loss, backend="tpu") if compiled else ref_model.loss
+    x, y = (t.to("tpu") for t in batches[0])
+    for f, o in ((loss_fn, opt), (ref_loss_fn, ref_opt)):
+        f(x, y).backward()
+        o.step()
+        o.zero_grad(set_to_none=True)
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        loss_fn(x, y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    # the parameters, the optimizer state, the batch and a few constants
+    assert len([a for a in g._args if a[0] == "buf"]) <= 6
+    for bx, by in batches[1:]:
+        x.copy_(bx.to("tpu"))
+        y.copy_(by.to("tpu"))
+        g.replay()
+        ref_loss_fn(x, y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+    for got, want in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(got.detach().cpu(), want.detach().cpu(), rtol=1e-4, atol=1e-5)
+    assert len({p.untyped_storage()._cdata for p in model.parameters()}) == 1

@@ -21,7 +21,7 @@ from .graphs import (  # noqa: F401
     is_current_stream_capturing,
     make_graphed_callables,
 )
-from .packed_state import pack_optimizer_state  # noqa: F401
+from .packed_state import pack_optimizer_state, pack_parameters  # noqa: F401
 from .runtime import PjrtError, host_memory
 from .streams import Event, Stream, current_stream, default_stream, set_stream, stream  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""Optimizer state packed into one flat storage per device and dtype.
+"""Optimizer state (and, on request, parameters) packed into one flat storage per device and dtype.
 
 A launch costs a TPU host time per argument and result (about 5.4 us per donated pair on a v5e,
 docs/tpu.md): a captured AdamW step of a model with P parameters passes 3P state tensors (two
@@ -19,15 +19,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["pack_optimizer_state"]
+__all__ = ["pack_optimizer_state", "pack_parameters"]
 
 # optimizer -> the state dict it packed (a load_state_dict replaces it) and how many entries it had
 _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _packable(t: Any) -> bool:
-    """A tpu tensor that is alone in its storage and covers it, so rebinding it loses no alias."""
-    return (isinstance(t, torch.Tensor) and t.device.type == "tpu" and not t.requires_grad
+    """A plain tpu tensor that is alone in its storage and covers it, so rebinding it loses no
+    alias the packing can see."""
+    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "tpu"
             and t.storage_offset() == 0 and t.is_contiguous()
             and t.untyped_storage().nbytes() == t.numel() * t.element_size())
 
@@ -50,34 +51,60 @@ def _chunks(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     return chunks
 
 
-def pack_optimizer_state(optimizer: torch.optim.Optimizer) -> int:
-    """Move ``optimizer``'s tpu state tensors into one flat storage per (device, dtype) (one per
-    ``CHUNK_BYTES`` of it); returns how many tensors moved. Tensors sharing a storage with another
-    (already packed, or aliased by the user) and groups of one are left as they are."""
+def _pack(tensors: list[torch.Tensor]) -> int:
+    """Rebind ``tensors`` (packable ones, each once) as views of one flat storage per (device,
+    dtype) and ``CHUNK_BYTES``; returns how many moved. Tensors sharing a storage with another of
+    them, and groups of one, are left as they are."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for state in optimizer.state.values():
-        for t in state.values():
-            if _packable(t):
-                groups.setdefault((t.device, t.dtype), []).append(t)
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
     moved = 0
     with torch.no_grad():
-        for tensors in groups.values():
+        for group in groups.values():
             owners: dict[int, int] = {}
-            for t in tensors:
+            for t in group:
                 key = t.untyped_storage()._cdata
                 owners[key] = owners.get(key, 0) + 1
-            tensors = [t for t in tensors if owners[t.untyped_storage()._cdata] == 1]
-            for chunk in _chunks(tensors):
+            group = [t for t in group if owners[t.untyped_storage()._cdata] == 1]
+            for chunk in _chunks(group):
                 if len(chunk) < 2:
                     continue
-                storage = torch.cat([t.reshape(-1) for t in chunk]).untyped_storage()
+                storage = torch.cat([t.detach().reshape(-1) for t in chunk]).untyped_storage()
                 offset = 0
                 for t in chunk:
                     t.set_(storage, offset, t.shape, t.stride())
                     offset += t.numel()
                 moved += len(chunk)
+    return moved
+
+
+def pack_optimizer_state(optimizer: torch.optim.Optimizer) -> int:
+    """Move ``optimizer``'s tpu state tensors into one flat storage per (device, dtype) (one per
+    ``CHUNK_BYTES`` of it); returns how many tensors moved. Tensors sharing a storage with another
+    (already packed, or aliased by the user) and groups of one are left as they are."""
+    state = [t for st in optimizer.state.values() for t in st.values() if _packable(t) and not t.requires_grad]
+    moved = _pack(state)
     _packed[optimizer] = (optimizer.state, len(optimizer.state))
     return moved
+
+
+def pack_parameters(module: torch.nn.Module) -> int:
+    """Move ``module``'s tpu parameters into one flat storage per (device, dtype) (one per
+    ``CHUNK_BYTES``), as views of it; returns how many moved. For steps captured in a
+    ``torch.tpu.graph`` or decoded token by token: a program then takes the parameters as one
+    argument (and an optimizer step returns them as one result) instead of one per tensor.
+
+    Not automatic, unlike optimizer state: code may hold another tensor on a parameter's storage
+    (``p.data`` kept from before, weights tied through ``.data``), which would then stop seeing the
+    parameter's updates. Parameters already sharing a storage stay as they are; call it before
+    creating the optimizer, or before capturing."""
+    seen: set[int] = set()
+    params = []
+    for p in module.parameters():
+        if id(p) not in seen and _packable(p):
+            seen.add(id(p))
+            params.append(p)
+    return _pack(params)
 
 
 def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

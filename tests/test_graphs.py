@@ -1,5 +1,7 @@
 """torch.tpu.TPUGraph / torch.tpu.graph: a captured training step replayed as one program."""
 
+import math
+
 import pytest
 import torch
 from helpers import count_launches
@@ -81,13 +83,18 @@ def test_a_replayed_training_step_matches_running_it(compiled, mode):
         torch.testing.assert_close(got, want, **tol)
 
 
-def test_a_replay_is_one_launch(monkeypatch):
-    batches = _batches(3)
+def _stepped_once() -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+    """The model and its optimizer after one step (which creates the optimizer's state), and the batch."""
     model, opt = _model_and_optimizer()
-    x, y = (t.to("tpu") for t in batches[0])
+    x, y = (t.to("tpu") for t in _batches(1)[0])
     model.loss(x, y).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    return model, opt, x, y
+
+
+def test_a_replay_is_one_launch(monkeypatch):
+    model, opt, x, y = _stepped_once()
     g = TPUGraph()
     with torch.tpu.graph(g):
         loss = model.loss(x, y)
@@ -330,12 +337,7 @@ def test_packed_optimizer_state_saves_loads_and_is_packed_again():
     packed again after the next step, and training goes on as it would have."""
     import io
 
-    batches = _batches(3)
-    model, opt = _model_and_optimizer()
-    x, y = (t.to("tpu") for t in batches[0])
-    model.loss(x, y).backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    model, opt, x, y = _stepped_once()
     saved = io.BytesIO()
     torch.save(opt.state_dict(), saved)
     want = [t.detach().cpu().clone() for st in opt.state.values() for t in st.values()]
@@ -428,3 +430,17 @@ def test_packed_parameters_train_as_unpacked_ones_and_replay_in_few_arguments(co
     for got, want in zip(model.parameters(), ref_model.parameters()):
         torch.testing.assert_close(got.detach().cpu(), want.detach().cpu(), rtol=1e-4, atol=1e-5)
     assert len({p.untyped_storage()._cdata for p in model.parameters()}) == 1
+
+
+def test_a_capture_after_debug_mode_warm_up_has_its_index_flag(monkeypatch):
+    """Debug mode checks indices on the host, so its warm-up steps never made the device's index
+    flag; the capture's first embedding then made it by a host copy, which a capture refuses
+    (run alone, test_a_replayed_training_step_matches_running_it[False-debug] failed so). The
+    flag is made before the capture begins."""
+    from torchtpu.engine import index_checks
+
+    monkeypatch.setattr(index_checks, "_zeros", {})
+    monkeypatch.setattr(index_checks, "_flags", {})
+    with torch.tpu.eager_mode("debug"):
+        losses, _, _ = _graph_losses(_batches(3))
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses)

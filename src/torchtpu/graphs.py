@@ -36,7 +36,7 @@ import torch
 
 from . import _C, runtime
 from ._config import config
-from .engine import deferred
+from .engine import deferred, index_checks
 
 __all__ = ["TPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables"]
 
@@ -67,6 +67,7 @@ class TPUGraph:
         if self._fused is not None or self._empty:
             raise CaptureError("torchtpu: this TPUGraph was captured already; call reset() to capture again")
         torch.tpu.synchronize()  # the graph reads values: they exist before it begins
+        index_checks.ready_for_capture(torch.device("tpu", torch.tpu.current_device()))
         with deferred._lock:
             deferred._reset_history()
             deferred.capturing = self

@@ -98,6 +98,14 @@ def current_flag(device: torch.device) -> torch.Tensor:
     return flag
 
 
+def ready_for_capture(device: torch.device) -> None:
+    """Make the device's zero flag now: a ``torch.tpu.graph`` capture cannot copy it from the host,
+    and its first index check would (after Debug-mode warm-up steps, which check on the host)."""
+    with _lock:
+        if device not in _zeros:
+            _zeros[device] = torch.zeros(3, dtype=torch.int64).to(device)
+
+
 def _never_computed(flag: torch.Tensor) -> bool:
     from . import deferred
 

@@ -96,15 +96,9 @@ def pack_parameters(module: torch.nn.Module) -> int:
 
     Not automatic, unlike optimizer state: code may hold another tensor on a parameter's storage
     (``p.data`` kept from before, weights tied through ``.data``), which would then stop seeing the
-    parameter's updates. Parameters already sharing a storage stay as they are; call it before
-    creating the optimizer, or before capturing."""
-    seen: set[int] = set()
-    params = []
-    for p in module.parameters():
-        if id(p) not in seen and _packable(p):
-            seen.add(id(p))
-            params.append(p)
-    return _pack(params)
+    parameter's updates. Parameters already sharing a storage stay as they are. Call it before a
+    capture: a captured graph reads the storages it was captured with."""
+    return _pack([p for p in module.parameters() if _packable(p)])  # (parameters() lists a tied one once)
 
 
 def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

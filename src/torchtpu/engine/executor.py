@@ -636,19 +636,25 @@ def emit_op(b: Builder, plan: OpPlan, specs: list, values: list[Any], skeys: tup
             outputs.append(("new", m.dtype, tuple(m.shape), tuple(stride)))
             out_values.append(dense_to_storage(b, r, stride))
         return outputs, out_values
-    current = dict(storage_vals)
-    writes: dict[int, list[tuple[ViewSpec, Value]]] = {}
+    writes: dict[int, list[tuple[ViewSpec, Value]]] = {}  # (the slots and views of written_views)
     for s, r, m in zip(mutated_specs(plan, specs), results, metas):
         if s[0] != "T" or m is None:
             continue
         view = ViewSpec(s[2], s[3], s[4], s[5])
         writes.setdefault(s[1], []).append((view, _conform(b, r, m, dtype=view.dtype, shape=view.shape)))
-    for k, pairs in writes.items():  # (per storage, in order: views of different storages never overlap)
-        current[k] = write_views(b, current[k], storage_numel(skeys[k]), pairs)
-    for k, views in written_views(plan, specs, metas).items():
+    for k, value in written_stores(b, storage_vals, skeys, writes):
         outputs.append(("store", k))
-        out_values.append(stored(b, current[k], skeys[k], views))
+        out_values.append(value)
     return outputs, out_values
+
+
+def written_stores(b: Builder, storage_vals: dict[int, Value], skeys: tuple,
+                   writes: dict[int, list[tuple[ViewSpec, Value]]]) -> list[tuple[int, Value]]:
+    """Per written storage slot (in ``writes``' order), its new buffer's value: its (view, value)
+    writes, in order, into its old value (views of different storages never overlap)."""
+    return [(k, stored(b, write_views(b, storage_vals[k], storage_numel(skeys[k]), pairs), skeys[k],
+                       [view for view, _ in pairs]))
+            for k, pairs in writes.items()]
 
 
 def storage_numel(sk: tuple) -> int:

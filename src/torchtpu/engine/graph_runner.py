@@ -31,7 +31,6 @@ from ..lowering.views import (
     dense_to_storage,
     is_dense_permutation,
     read_view,
-    write_views,
 )
 from . import bucketing, compile_cache, executor, graph_node, index_checks
 from . import precision as precision_mod
@@ -343,7 +342,6 @@ class GraphProgram:
             outputs.append(("new", torch.int64, tuple(flag.shape), (1,)))
             out_values.append(self._fold_bounds(b, flag, env, vals, hook))
         # In-graph input mutations: write the new values back into the inputs' storages.
-        current = dict(storage_vals)
         written: dict[int, list[tuple[ViewSpec, Value]]] = {}
         host_writes: list[tuple[int, int]] = []
         for pos, value in sorted(mutations.items()):
@@ -358,12 +356,9 @@ class GraphProgram:
             if not (isinstance(s, tuple) and s and s[0] == "T"):
                 raise NotImplementedError(f"torchtpu: graph mutates input {pos}, which is not a tensor")
             written.setdefault(s[1], []).append((ViewSpec(s[2], s[3], s[4], s[5]), value))
-        for k, pairs in written.items():
-            current[k] = write_views(b, current[k], executor.storage_numel(skeys[k]), pairs)
-        for k, pairs in written.items():
-            views = [view for view, _ in pairs]
+        for k, value in executor.written_stores(b, storage_vals, skeys, written):
             outputs.append(("store", k))
-            out_values.append(executor.stored(b, current[k], skeys[k], views))
+            out_values.append(value)
         donate = executor.alias_stores(b, col, skeys, outputs)
         text = b.module(out_values, name=self.name)
         exe = compile_cache.compile_program(text, f"the compiled graph {self.name}")

@@ -90,11 +90,17 @@ def current_flag(device: torch.device) -> torch.Tensor:
         del _flags[key]
         flag = None
     if flag is None:
-        flag = _zeros.get(device)
-        if flag is None:
-            # a transfer, not a zeros op: in DeferAndFuse that op would join the graph being
-            # recorded, and were that graph to fail, this cached flag would never have a value
-            flag = _zeros[device] = torch.zeros(3, dtype=torch.int64).to(device)
+        flag = _zero_flag(device)
+    return flag
+
+
+def _zero_flag(device: torch.device) -> torch.Tensor:
+    """The device's clear flag, made once. A transfer, not a zeros op: in DeferAndFuse that op would
+    join the graph being recorded, and were that graph to fail, this cached flag would never have
+    a value."""
+    flag = _zeros.get(device)
+    if flag is None:
+        flag = _zeros[device] = torch.zeros(3, dtype=torch.int64).to(device)
     return flag
 
 
@@ -102,8 +108,7 @@ def ready_for_capture(device: torch.device) -> None:
     """Make the device's zero flag now: a ``torch.tpu.graph`` capture cannot copy it from the host,
     and its first index check would (after Debug-mode warm-up steps, which check on the host)."""
     with _lock:
-        if device not in _zeros:
-            _zeros[device] = torch.zeros(3, dtype=torch.int64).to(device)
+        _zero_flag(device)
 
 
 def _never_computed(flag: torch.Tensor) -> bool:

@@ -238,6 +238,22 @@ def test_samples_making_a_dtype_the_device_refuses_by_design_are_noted_not_faile
 
 
 @pytest.mark.fresh_process
+def test_a_worker_shows_its_threads_stacks_on_request():
+    """Before the sweep kills a worker past an item's budget it asks for every thread's stack, so a
+    hang's report says where it waited (a threaded sweep's op hung once in a loaded test run)."""
+    from torchtpu.conformance.__main__ import _Worker
+
+    w = _Worker(["float32"], 1, ["forward"], 2)
+    try:
+        stacks = w.stacks()
+        assert "most recent call first" in stacks and "in worker" in stacks, stacks
+        assert w.send("sin")
+        assert w.read(120)["item"] == "sin"
+    finally:
+        w.close()
+
+
+@pytest.mark.fresh_process
 def test_threaded_sweep_of_a_shard_range_matches_the_serial_sweep(tmp_path):
     """On a TPU host the sweep runs ops in threads of one worker (compiles overlap on its many
     cores) and several parts per worker (each part's start costs a plugin start): the parts it
@@ -266,7 +282,7 @@ def test_threaded_sweep_of_a_shard_range_matches_the_serial_sweep(tmp_path):
     assert all(o[3] == "pass" for o in ops) and all(m[2] == "pass" for m in models)
 
 
-def test_sweep_charges_a_crash_or_a_hang_to_its_item_and_reruns_the_others(monkeypatch):
+def test_sweep_charges_a_crash_or_a_hang_to_its_item_and_reruns_the_others(monkeypatch, capsys):
     """Threaded, a worker that dies takes every running item with it: those run again one at a
     time, so only the item that crashes is charged; an item past its budget is charged as a
     timeout while the items beside it run again on a new worker."""
@@ -306,12 +322,17 @@ def test_sweep_charges_a_crash_or_a_hang_to_its_item_and_reruns_the_others(monke
                 return -11
             raise subprocess.TimeoutExpired("worker", timeout)
 
+        def stacks(self):
+            return 'File "core.py", line 1 in where_hang_waits'
+
         def close(self):
             pass
 
     monkeypatch.setattr(conformance_main, "_Worker", FakeWorker)
     rows = conformance_main.sweep(["ok1", "crash", "ok2", "hang", "ok3", "ok4"], ["float32"], 1, ["forward"],
                                   budget=0.3, progress=False, threads=2)
+    # a hang says where it hung, even in a quiet sweep
+    assert "where_hang_waits" in capsys.readouterr().err
     status = {item: (r[0]["status"], r[0].get("detail", "")) for item, r in rows.items()}
     assert {i: s for i, (s, _) in status.items()} == {"ok1": "pass", "crash": "fail", "ok2": "pass",
                                                       "hang": "fail", "ok3": "pass", "ok4": "pass"}

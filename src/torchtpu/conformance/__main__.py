@@ -28,9 +28,11 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import faulthandler
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,6 +64,9 @@ def worker(dtypes: list[str], limit: int, kinds: list[str], threads: int = 1) ->
     # The protocol goes to the original stdout; anything ops print goes to stderr.
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
+    # the sweep asks for every thread's stack before it kills a worker past an item's budget:
+    # a hang then says where it hung
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     import torch
 
     from .. import _device_state
@@ -156,7 +161,8 @@ class _Worker:
         cmd = [sys.executable, "-m", "torchtpu.conformance", "--worker", "--dtypes", ",".join(dtypes),
                "--limit", str(limit), "--kinds", ",".join(kinds), "--threads", str(threads)]
         # the worker's stderr: its last lines explain a worker that does not start
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the worker)
+        self._stderr = tempfile.TemporaryFile(mode="a+")  # noqa: SIM115  (lives as long as the worker)
+        # (appending: the worker writes at the end wherever this side seeks to read)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, text=True, bufsize=1)
         msg = self.read(300)
@@ -184,6 +190,17 @@ class _Worker:
         except BrokenPipeError:
             return False
         return True
+
+    def stacks(self) -> str:
+        """Every thread's Python stack in the worker, as faulthandler prints it ('' if it died)."""
+        if self.proc.poll() is not None:
+            return ""
+        self._stderr.seek(0, os.SEEK_END)
+        mark = self._stderr.tell()
+        self.proc.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        self._stderr.seek(mark)
+        return self._stderr.read()
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -259,6 +276,9 @@ def sweep(items: list[str], dtypes: list[str], limit: int, kinds: list[str], bud
         except subprocess.TimeoutExpired:  # alive: past the budget (or its output closed: a crash)
             code = "none: output closed"
             crashed = all(now - t0 < limit_s(i) for i, t0 in running.items())
+            if not crashed:  # (even when quiet: it is what a hang report needs)
+                print(f"worker past an item's budget ({', '.join(running)}); its threads:\n{w.stacks()}",
+                      file=sys.stderr, flush=True)
         w.close()
         w = None
         solo = len(running) == 1

@@ -432,6 +432,26 @@ def test_packed_parameters_train_as_unpacked_ones_and_replay_in_few_arguments(co
     assert len({p.untyped_storage()._cdata for p in model.parameters()}) == 1
 
 
+def test_pack_parameters_can_leave_the_large_ones_alone():
+    """On a TPU a packed matrix is copied into the tiled layout by each program that reads it (decode
+    lost 4x on a v5e with every weight packed): ``max_bytes`` packs only the small parameters, and
+    the module computes as before."""
+    model, _ = _model_and_optimizer()
+    model.eval()
+    x, _ = (t.to("tpu") for t in _batches(1)[0])
+    with torch.no_grad():
+        want = model(x).cpu()
+    limit = 4 * CFG.d_model * 4  # a vector of up to 4 * d_model float32 values
+    small = [p for p in model.parameters() if p.numel() * p.element_size() <= limit]
+    large = [p for p in model.parameters() if p.numel() * p.element_size() > limit]
+    assert small and large
+    assert torch.tpu.pack_parameters(model, max_bytes=limit) == len(small)
+    assert len({p.untyped_storage()._cdata for p in small}) == 1
+    assert all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in large)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).cpu(), want, rtol=0, atol=0)
+
+
 def test_a_capture_after_debug_mode_warm_up_has_its_index_flag(monkeypatch):
     """Debug mode checks indices on the host, so its warm-up steps never made the device's index
     flag; the capture's first embedding then made it by a host copy, which a capture refuses

@@ -170,6 +170,28 @@ def test_compile_error_is_not_cached(tiers):
     assert entries(tiers["t2"]) == [] and entries(tiers["t3"]) == []
 
 
+def test_a_failure_after_the_compile_leaves_no_entry_to_wait_on(tiers, monkeypatch):
+    """What follows the compile (binding to the device, noting its scratch size) ran outside the
+    try that resolves the tier-1 entry: an exception there left the entry unresolved, and every
+    later compile of the program waited on it forever."""
+    text, c = fresh()
+
+    def fail(exe):
+        raise RuntimeError("after the compile")
+
+    note_temp = cc._note_temp
+    monkeypatch.setattr(cc, "_note_temp", fail)
+    with pytest.raises(RuntimeError, match="after the compile"):
+        cc.compile(text)
+    monkeypatch.setattr(cc, "_note_temp", note_temp)
+    results = []
+    again = threading.Thread(target=lambda: results.append(cc.compile(text)), daemon=True)
+    again.start()
+    again.join(timeout=120)
+    assert results, "the second compile of the program waited on the first one's entry"
+    check(results[0], c)
+
+
 @pytest.mark.parametrize("tier", [2, 3])
 @pytest.mark.parametrize("damage", ["flip", "truncate", "bad_payload"])
 def test_damaged_entry_is_discarded_and_rewritten(tiers, monkeypatch, tier, damage):

@@ -282,6 +282,39 @@ def test_threaded_sweep_of_a_shard_range_matches_the_serial_sweep(tmp_path):
     assert all(o[3] == "pass" for o in ops) and all(m[2] == "pass" for m in models)
 
 
+def test_a_samples_time_box_interrupts_only_at_an_ops_start():
+    """SampleTimeout comes at the first op after the deadline (forward or backward), on the main
+    thread and on a worker thread alike, never in the middle of other code: an exception injected
+    at any bytecode (SIGALRM, or an asynchronous exception from a timer) could land inside
+    torchtpu's engine between a compile and the resolution of its cache entry, which left later
+    compiles of that program waiting forever (a threaded sweep's tril hung so)."""
+    import threading
+    import time
+
+    from torchtpu.conformance.core import SampleTimeout, time_box
+
+    def body(out: list) -> None:
+        x = torch.ones(3, device="tpu", requires_grad=True)
+        try:
+            with time_box(1):
+                y = (x * 2).sum()
+                time.sleep(1.3)  # past the deadline, in no op
+                out.append("slept")
+                y.backward()
+                out.append("backward ran")
+        except SampleTimeout:
+            out.append("timeout")
+        out.append(float((x.detach() + 1).sum().cpu()))  # outside the box, ops run
+
+    main: list = []
+    body(main)
+    other: list = []
+    t = threading.Thread(target=body, args=(other,))
+    t.start()
+    t.join()
+    assert main == other == ["slept", "timeout", 6.0]
+
+
 def test_sweep_charges_a_crash_or_a_hang_to_its_item_and_reruns_the_others(monkeypatch, capsys):
     """Threaded, a worker that dies takes every running item with it: those run again one at a
     time, so only the item that crashes is charged; an item past its budget is charged as a

@@ -18,10 +18,8 @@ one-pass bf16 matmuls.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import math
-import signal
 import threading
 import time
 import traceback
@@ -31,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..runtime import UnsupportedDtypeError
 from .skips import GAUGE_FREE_OUTPUTS, HOST_ARGS, METADATA_ONLY, SKIPS, TIED_INDICES
@@ -110,53 +109,32 @@ class SampleTimeout(Exception):
 
 
 @contextlib.contextmanager
-def time_box(seconds: int) -> Iterator[None]:
-    """Raise SampleTimeout after ``seconds``.
+def time_box(seconds: float) -> Iterator[None]:
+    """Raise SampleTimeout at the first ATen op that starts after ``seconds``.
 
-    On the main thread by SIGALRM; on another thread (the sweep's threaded worker) by an
-    asynchronous exception a timer sets on that thread. Either only interrupts Python code;
-    a hang inside a compile is caught by the sweep's per-op budget, which kills the worker
-    process instead.
+    Only at an op's start, where nothing of torchtpu's is half-done: an exception injected at any
+    bytecode (SIGALRM on the main thread, an asynchronous exception from a timer on the threaded
+    worker's, as this did before) could land between a compile and the resolution of its tier-1
+    entry, and every later compile of that program then waited forever (a threaded sweep's `tril`
+    hung for its whole op budget so, in a loaded test run). A sample stuck inside one op (a compile
+    that never ends) is caught by the sweep's per-op budget, which kills the worker process.
     """
-    if threading.current_thread() is not threading.main_thread():
-        with _thread_time_box(seconds):
-            yield
-        return
-    old = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.alarm(seconds)
-    try:
+    with _Deadline(time.monotonic() + seconds):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
-@contextlib.contextmanager
-def _thread_time_box(seconds: int) -> Iterator[None]:
-    ident = threading.get_ident()
-    lock = threading.Lock()
-    state = {"done": False}
+class _Deadline(TorchDispatchMode):
+    """A dispatch mode that only checks the clock before passing each op on (thread-local, as
+    modes are; autograd carries it to the backward's ops)."""
 
-    def fire() -> None:
-        with lock:
-            if not state["done"]:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(SampleTimeout))
+    def __init__(self, deadline: float) -> None:
+        super().__init__()
+        self.deadline = deadline
 
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        # after this, the timer cannot fire; if it fired just before, the exception is raised
-        # here, inside the sample's own try (a timeout at the sample's very end)
-        with lock:
-            state["done"] = True
-        timer.cancel()
-
-
-def _on_alarm(signum: int, frame: Any) -> None:
-    raise SampleTimeout
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if time.monotonic() > self.deadline:
+            raise SampleTimeout
+        return func(*args, **(kwargs or {}))
 
 
 # ---------------------------------------------------------------------------

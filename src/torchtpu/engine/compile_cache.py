@@ -701,19 +701,21 @@ def compile(
         _add("tier1_hits")
         return fut.result()
     _add("tier1_misses")
+    # Everything up to the result inside the try: an entry left unresolved would keep every later
+    # compile of the program waiting on it forever.
     try:
         client.note_program(code)  # may refuse the program: inside, so its waiters hear it too
         exe = _resolve(text, text_digest, client, options)
+        if bound:  # (other devices: the text is kept only where there are some)
+            exe.bind(device_index, None if len(client.devices) == 1 else functools.partial(
+                _for_other_device, text, client, effort))
+        _note_temp(exe)
     except BaseException as e:
         with _tier1_lock:
             if _tier1.get(k1) is fut:
                 del _tier1[k1]
         fut.set_exception(e)
         raise
-    if bound:  # (other devices: the text is kept only where there are some)
-        exe.bind(device_index, None if len(client.devices) == 1 else functools.partial(
-            _for_other_device, text, client, effort))
-    _note_temp(exe)
     fut.set_result(exe)
     return exe
 

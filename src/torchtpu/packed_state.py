@@ -94,12 +94,13 @@ def pack_parameters(module: torch.nn.Module, max_bytes: int | None = None) -> in
     For steps captured in a ``torch.tpu.graph``: a program then takes the parameters as one argument
     (and an optimizer step returns them as one result) instead of one per tensor.
 
-    What it costs on a TPU: a flat storage is a one-dimensional buffer, and a TPU keeps matrices in
-    tiled two-dimensional layouts, so each program that reads a packed matrix as a matrix copies it
-    into that layout first. A training step of small parameters gains (the demo GPT's replayed step:
-    0.416 ms packed, 0.566 ms not, on a v5e); decoding a 100M model token by token, which reads every
-    weight once per token, lost 4x (335 against 1,323 tokens/s at batch 1). There, pack only the
-    small parameters (biases and norms: ``max_bytes=1 << 20``), which are many arguments and few bytes.
+    What it costs on a TPU (measured on a v5e): a training step of small parameters gains (the demo
+    GPT's replayed step: 0.416 ms packed, 0.566 ms not), but decoding a 100M model token by token
+    lost 4x (335 against 1,323 tokens/s at batch 1). The likely reason (not yet profiled): a flat
+    storage is a one-dimensional buffer and a TPU keeps matrices in tiled two-dimensional layouts, so
+    a program that reads a packed matrix copies it into that layout, here every weight at every
+    token. There, pack only the small parameters (biases and norms: ``max_bytes=1 << 20``), which are
+    many arguments and few bytes.
 
     Not automatic, unlike optimizer state: code may hold another tensor on a parameter's storage
     (``p.data`` kept from before, weights tied through ``.data``), which would then stop seeing the

@@ -282,6 +282,30 @@ def test_threaded_sweep_of_a_shard_range_matches_the_serial_sweep(tmp_path):
     assert all(o[3] == "pass" for o in ops) and all(m[2] == "pass" for m in models)
 
 
+def test_the_sweep_reads_two_answers_that_arrive_together():
+    """A threaded worker may write two answers at once; the sweep read the first with a buffered
+    readline after select, which kept the second in its buffer where select does not look, and
+    waited out the op's whole budget for it (a threaded sweep's tril 'timed out' so, with every
+    worker thread idle: the stacks of the hang showed it)."""
+    import subprocess
+    import sys
+
+    from torchtpu.conformance.__main__ import _Worker
+
+    w = _Worker.__new__(_Worker)
+    w._unread = b""
+    writer = ("import sys, time; sys.stdout.write('{\"item\": \"a\"}\\n{\"item\": \"b\"}\\n'); "
+              "sys.stdout.flush(); time.sleep(60)")
+    w.proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        assert w.read(30) == {"item": "a"}
+        assert w.read(5) == {"item": "b"}
+        assert w.read(0.2) is None  # nothing more, and the writer still alive
+    finally:
+        w.proc.kill()
+        w.proc.wait()
+
+
 def test_a_samples_time_box_interrupts_only_at_an_ops_start():
     """SampleTimeout comes at the first op after the deadline (forward or backward), on the main
     thread and on a worker thread alike, never in the middle of other code: an exception injected

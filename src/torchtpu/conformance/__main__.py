@@ -165,6 +165,7 @@ class _Worker:
         # (appending: the worker writes at the end wherever this side seeks to read)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, text=True, bufsize=1)
+        self._unread = b""  # bytes of the worker's output not yet taken as messages (see read)
         msg = self.read(300)
         if msg is None or not msg.get("ready"):
             self._stderr.seek(0)
@@ -173,13 +174,22 @@ class _Worker:
         self.device = {"device": msg.get("device", ""), "platform": msg.get("platform", "")}
 
     def read(self, timeout: float) -> dict | None:
+        """The worker's next message, or None if none comes within ``timeout`` (or it closed its
+        output). Reads the pipe's bytes itself: a buffered ``readline`` after ``select`` kept a
+        second message that arrived with the first in its buffer, where ``select`` does not look,
+        and a threaded sweep then waited out an op's whole budget for an answer it already had."""
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self.proc.stdout.readline()
-        if not line:
-            return None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._unread:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._unread += chunk
+        line, _, self._unread = self._unread.partition(b"\n")
         return json.loads(line)
 
     def send(self, item: str) -> bool:

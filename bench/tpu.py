@@ -16,8 +16,9 @@ optimizer, one program per step or per few steps), ``compiled_graph`` (the compi
 captured once with ``torch.tpu.graph`` and replayed: ``TPUGraph.replay()`` per step, one launch and
 no Python of the step's; AdamW ``capturable=True``, its state packed by itself after the first step
 and the parameters packed by ``torch.tpu.pack_parameters``, so the program takes a few flat storages
-instead of a tensor each (for decoding, only the parameters of at most 1 MiB: a packed matrix is copied
-into the TPU's tiled layout at each token); the first step runs as usual, then the capture).
+instead of a tensor each (those of at most 1 MiB: a packed matrix is copied into the TPU's tiled layout by
+each program, which cost decoding 4x when every weight was packed); the first step runs as usual, then
+the capture).
 For the ``flash_*`` workloads: ``jax_flash``
 (the JAX peer with JAX's Pallas TPU flash-attention kernel), ``compiled`` with torchtpu's flash
 attention forced on (``TORCH_TPU_FLASH_ATTENTION=1``) and ``compiled_math`` with it off (``=0``,
@@ -107,6 +108,8 @@ DEMO = {"vocab": 256, "seq": 64, "d_model": 128, "heads": 4, "layers": 2}
 GPT_100M = {"vocab": 8192, "seq": 512, "d_model": 768, "heads": 12, "layers": 12}
 TINY = {"vocab": 64, "seq": 16, "d_model": 32, "heads": 2, "layers": 1}
 TINY_100M = {"vocab": 128, "seq": 32, "d_model": 64, "heads": 4, "layers": 2}  # 100M's structure, tiny
+# compiled_graph cells pack the parameters up to this size into flat storages (torch.tpu.pack_parameters)
+PACKED_PARAMETER_MAX_BYTES = 1 << 20
 # flash_* at --small: the smallest shapes the kernel takes (torchtpu.flash_attention.qualifies):
 # lengths a multiple of 128, head dim 64
 TINY_FLASH = {"vocab": 128, "d_model": 128, "heads": 2, "layers": 1}
@@ -297,8 +300,11 @@ def torch_gpt_step(p: dict[str, Any], mode: str, bf16: bool) -> tuple[Any, Any, 
     torch, model = _torch_gpt(p, train=True)
     from torchtpu.examples.gpt import make_batch
 
-    if mode == "compiled_graph":  # one launch argument for the parameters, not one each
-        torch.tpu.pack_parameters(model)
+    if mode == "compiled_graph":
+        # one launch argument for the parameters, not one each; a matrix over 1 MiB stays apart (each
+        # program would copy it into the TPU's tiled layout: see torch.tpu.pack_parameters). The demo
+        # GPT's all fit (its packed step measured 1.61x JAX on a v5e); the 100M's biases and norms do
+        torch.tpu.pack_parameters(model, max_bytes=PACKED_PARAMETER_MAX_BYTES)
     # a captured step keeps AdamW's step count on the device (as CUDA graphs need)
     opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], capturable=mode == "compiled_graph")
     loss_fn = torch.compile(model.loss, backend="tpu") if mode.startswith("compiled") else model.loss
@@ -399,7 +405,7 @@ def torch_decode(p: dict[str, Any], mode: str) -> dict[str, Any]:
         # the small parameters only: a packed matrix is copied into the TPU's tiled layout by every
         # program that reads it, once per token here (all packed: 0.21x JAX at batch 1 on a v5e,
         # where none packed gave 0.81x; torch.tpu.pack_parameters says more)
-        torch.tpu.pack_parameters(model, max_bytes=1 << 20)
+        torch.tpu.pack_parameters(model, max_bytes=PACKED_PARAMETER_MAX_BYTES)
     cfg, b = model.cfg, p["batch"]
     hd = cfg.d_model // cfg.heads
     ks = [torch.zeros(b, cfg.heads, cfg.seq, hd, device="tpu") for _ in range(cfg.layers)]

@@ -4,6 +4,7 @@ The full sweep is ``python -m torchtpu.conformance`` (report in docs/op_coverage
 or ``pytest -m slow tests/conformance``.
 """
 
+import json
 import os
 
 import pytest
@@ -280,6 +281,33 @@ def test_threaded_sweep_of_a_shard_range_matches_the_serial_sweep(tmp_path):
     ops, models = rows("serial", 1)
     assert {o[0] for o in ops} == {"sin", "cumsum", "argmax"} and {m[0] for m in models} == {"dlrm"}
     assert all(o[3] == "pass" for o in ops) and all(m[2] == "pass" for m in models)
+
+
+def test_a_tpu_report_lists_where_it_differs_from_the_cpu_report(tmp_path):
+    """The TPU report names every row whose status differs from CPU's report beside it (issue 39:
+    "the differences from the CPU report listed"), models included; the CPU report itself has no
+    such section."""
+    from torchtpu.conformance import report
+    from torchtpu.conformance.__main__ import _write
+
+    def doc(results: list[dict], models: list[dict]) -> dict:
+        return report.build(results, {"samples_per_op": 1, "dtypes": ["float32"]}, 1.0, models)
+
+    def row(op: str, status: str, detail: str = "") -> dict:
+        return {"op": op, "dtype": "float32", "kind": "forward", "status": status, "detail": detail, "samples": 1}
+
+    cpu = doc([row("sin", "pass"), row("cos", "pass"), row("tan", "fail", "off")],
+              [{"model": "gpt2", "kind": "forward", "status": "pass", "detail": ""}])
+    tpu = doc([row("sin", "pass"), row("cos", "fail", "timed out"), row("exp", "pass")],
+              [{"model": "gpt2", "kind": "forward", "status": "fail", "detail": "differs"}])
+    assert _write(cpu, tmp_path, "op_coverage") == 0
+    assert _write(tpu, tmp_path, "op_coverage_tpu") == 0
+    written = json.loads((tmp_path / "op_coverage_tpu.json").read_text())
+    assert [(d["op"], d["status"], d["reference_status"]) for d in written["differences_from_cpu"]] == [
+        ("cos", "fail", "pass"), ("exp", "pass", "absent"), ("model gpt2", "fail", "pass"), ("tan", "absent", "fail")]
+    md = (tmp_path / "op_coverage_tpu.md").read_text()
+    assert "## Differences from the CPU report" in md and "| `cos` | float32 | forward | fail | pass | timed out |" in md
+    assert "Differences" not in (tmp_path / "op_coverage.md").read_text()
 
 
 def test_the_sweep_reads_two_answers_that_arrive_together():

@@ -526,6 +526,9 @@ def _partial_lines(path: Path) -> list[dict]:
 
 def _write(doc: dict, out: Path, stem: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
+    cpu_report = out / f"{_report_stem('cpu')}.json"
+    if stem != _report_stem("cpu") and cpu_report.exists():  # another platform's report lists where it differs
+        doc["differences_from_cpu"] = report.differences(doc, json.loads(cpu_report.read_text()))
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / f"{stem}.md").write_text(report.markdown(doc))
     s = doc["summary"]

@@ -65,6 +65,40 @@ def build(results: list[dict], config: dict, seconds: float, models: list[dict] 
     }
 
 
+def differences(doc: dict, reference: dict) -> list[dict]:
+    """The rows whose status differs between ``doc`` and ``reference`` (another platform's report of
+    the same sweep): op rows by (op, dtype, check), model rows by (model, check); a row one report
+    lacks has the status "absent" there."""
+    def rows(d: dict) -> dict[tuple[str, str, str], dict]:
+        out = {(r["op"], r["dtype"], r["kind"]): r for r in d.get("results", [])}
+        out.update({(f"model {m['model']}", "-", m["kind"]): m for m in d.get("models", [])})
+        return out
+
+    here, there = rows(doc), rows(reference)
+    diffs = []
+    for key in sorted(here.keys() | there.keys()):
+        a, b = here.get(key), there.get(key)
+        status, ref_status = (a or {}).get("status", "absent"), (b or {}).get("status", "absent")
+        if status != ref_status:
+            diffs.append({"op": key[0], "dtype": key[1], "kind": key[2], "status": status,
+                          "reference_status": ref_status,
+                          "detail": (a or {}).get("detail", "") or (b or {}).get("detail", "")})
+    return diffs
+
+
+def _differences_section(doc: dict) -> list[str]:
+    diffs = doc.get("differences_from_cpu")
+    if diffs is None:
+        return []
+    lines = ["## Differences from the CPU report", "",
+             f"Rows whose status differs from `op_coverage.md` (the CPU plugin's report): {len(diffs)}.", ""]
+    if diffs:
+        lines += ["| op | dtype | check | here | CPU | first line |", "|---|---|---|---|---|---|"]
+        lines += [f"| `{d['op']}` | {d['dtype']} | {d['kind']} | {d['status']} | {d['reference_status']} | "
+                  f"{_md(d['detail'])} |" for d in diffs]
+    return [*lines, ""]
+
+
 def _fmt(s: dict) -> str:
     return f"{s['passed']} / {s['total']} | {s['rate']:.1%}"
 
@@ -113,6 +147,7 @@ def markdown(doc: dict) -> str:
         f"Sweep time: {doc['sweep_seconds']:.0f} s.",
         "",
         *_model_section(doc.get("models", [])),
+        *_differences_section(doc),
         "## Most common failure causes",
         "",
         "| entries | cause (first line of the error) |",

@@ -105,8 +105,6 @@ def test_sweep_runs_in_shards_that_merge(tmp_path, monkeypatch):
     writes its part, --merge writes the report from all of them, naming the device. The worker
     frees each op's executables from memory only: tier 3 keeps them for the next sweep (regression:
     it emptied every tier after each op, a user's persistent cache included)."""
-    import json
-
     from torchtpu.conformance.__main__ import _report_stem, main
     from torchtpu.engine import compile_cache
 
@@ -135,8 +133,6 @@ def test_a_shard_cut_short_resumes_from_its_finished_items(tmp_path):
     """Regression (TPU round 11): a call's time ran out with 15 of a part's 19 ops checked, and the
     part file, written only when the part completes, held none of them. Each finished item now
     goes to the part's partial file at once, and ``--resume`` skips those in the next run."""
-    import json
-
     from torchtpu.conformance.__main__ import _report_stem, main
 
     common = ["--ops", "sin,add,cumsum", "--models", "none", "--dtypes", "float32", "--limit", "1", "--quiet",
@@ -260,8 +256,6 @@ def test_threaded_sweep_of_a_shard_range_matches_the_serial_sweep(tmp_path):
     cores) and several parts per worker (each part's start costs a plugin start): the parts it
     writes hold what the serial, one-part-at-a-time sweep finds, model checks included (they run
     in the worker, so the parent never takes the device from it)."""
-    import json
-
     from torchtpu.conformance.__main__ import _report_stem, main
 
     common = ["--ops", "sin,add,cumsum,nn.functional.relu,argmax,tril", "--models", "dlrm,resnet",

@@ -77,12 +77,11 @@ def differences(doc: dict, reference: dict) -> list[dict]:
     here, there = rows(doc), rows(reference)
     diffs = []
     for key in sorted(here.keys() | there.keys()):
-        a, b = here.get(key), there.get(key)
-        status, ref_status = (a or {}).get("status", "absent"), (b or {}).get("status", "absent")
+        a, b = here.get(key, {}), there.get(key, {})
+        status, ref_status = a.get("status", "absent"), b.get("status", "absent")
         if status != ref_status:
             diffs.append({"op": key[0], "dtype": key[1], "kind": key[2], "status": status,
-                          "reference_status": ref_status,
-                          "detail": (a or {}).get("detail", "") or (b or {}).get("detail", "")})
+                          "reference_status": ref_status, "detail": a.get("detail", "") or b.get("detail", "")})
     return diffs
 
 

@@ -5,7 +5,8 @@ Two processes (one at a time may hold a TPU):
     python3 tools/tpu_suite/probe_device_profile.py --dump DIR [--mode compiled_graph] [--workload gpt_demo]
     python3 tools/tpu_suite/probe_device_profile.py --profile DIR [--workload gpt_demo] [--runs 20]
 
-``--dump`` (torch) runs ``bench/tpu.py``'s training step in ``mode`` four times and writes the
+``--dump`` (torch) runs ``bench/tpu.py``'s training step in ``mode`` four times (a ``decode_b*``
+workload: one generation) and writes the
 StableHLO of every large program it compiled (over 20 kB of text: the step's, the warm-up's, a
 capture's) to DIR, in compile order.
 ``--profile`` (JAX only) compiles each of them with JAX's client, runs it under JAX's profiler
@@ -36,7 +37,17 @@ def dump(out_dir: str, workload: str, mode: str) -> None:
     import tpu as bench_tpu  # bench/tpu.py
 
     os.environ["TORCH_TPU_DEFER_AND_FUSE"] = "1" if bench_tpu.TORCH_EAGER_MODE[mode] == "defer_and_fuse" else "0"
-    torch, _, step = bench_tpu.torch_gpt_step(bench_tpu.sizes(workload, False), mode, bf16=workload.endswith("bf16"))
+    small = os.environ.get("DEVPROF_SMALL") == "1"  # the emulator's sizes: a CPU check of the dump itself
+    p = bench_tpu.sizes(workload, small)
+    if workload.startswith("decode"):  # a generation is the step: the first compiles and captures
+        import torch
+
+        p = {**p, "reps": 1}
+
+        def step() -> None:
+            bench_tpu.torch_decode(p, mode)
+    else:
+        torch, _, step = bench_tpu.torch_gpt_step(p, mode, bf16=workload.endswith("bf16"))
     from torchtpu.engine import compile_cache
 
     texts: list[str] = []
@@ -47,8 +58,8 @@ def dump(out_dir: str, workload: str, mode: str) -> None:
         return real(text, **kw)
 
     compile_cache.compile = keep
-    for _ in range(4):  # the first step, a capture's warm-up and capture, then steady steps
-        step()
+    for _ in range(1 if workload.startswith("decode") else 4):  # the first step, a capture's warm-up
+        step()  # and capture, then steady steps
     torch.tpu.synchronize()
     compile_cache.compile = real
     os.makedirs(out_dir, exist_ok=True)
@@ -95,16 +106,30 @@ def _inputs(sig: list[tuple[tuple[int, ...], str]], device: Any) -> list[Any]:
     return out
 
 
-def _compile(text: str) -> Any:
+def _donated(text: str) -> dict[int, int]:
+    """Which of main's arguments are donated, and to which output: {argument: output}."""
+    m = re.search(r"func\.func public @main\((.*?)\)\s*->", text, re.DOTALL)
+    if m is None:
+        raise ValueError("no public @main")
+    args = re.split(r",\s*(?=%[\w#]+\s*:)", m.group(1))
+    out = {}
+    for i, arg in enumerate(args):
+        alias = re.search(r"tf\.aliasing_output = (\d+)", arg)
+        if alias:
+            out[i] = int(alias.group(1))
+    return out
+
+
+def _compile(text: str, keep_donation: bool = False) -> Any:
     import jax
     from jax._src import compiler, xla_bridge
     from jax._src.interpreters import mlir
     from jax._src.lib import xla_client as xc
     from jax._src.lib.mlir import ir
 
-    # no donation: the same inputs serve every run
-    text = re.sub(r",?\s*(tf\.aliasing_output = \d+ : i32|jax\.buffer_donor = true)", "", text)
-    text = text.replace("{, ", "{").replace(" {}", "")
+    if not keep_donation:  # the same inputs serve every run
+        text = re.sub(r",?\s*(tf\.aliasing_output = \d+ : i32|jax\.buffer_donor = true)", "", text)
+        text = text.replace("{, ", "{").replace(" {}", "")
     backend = xla_bridge.get_backend()
     with mlir.make_ir_context():
         module = ir.Module.parse(text)
@@ -164,19 +189,26 @@ def profile(in_dir: str, workload: str, runs: int, top: int) -> None:
     with jax.enable_x64(True):  # s64 arguments stay s64 (JAX's own step runs without)
         for path in sorted(glob.glob(os.path.join(in_dir, "*.mlir"))):
             _profile_program(path, runs, top)
+    if workload.startswith("decode"):
+        jax_decode_step(workload, runs, top)
+        return
     jax_step(workload, runs, top)
     if workload != "gpt_demo":  # torchtpu's step uses the Pallas flash kernel there: JAX's with it too
         jax_step(workload, runs, top, flash=True)
 
 
 def _profile_program(path: str, runs: int, top: int) -> None:
+    """One program's device time. Donated arguments stay donated (a decode step updates its KV caches
+    in place: without the aliases XLA would copy every cache per run), each run's aliased outputs
+    becoming the next run's arguments; where JAX's client refuses that, the program runs undonated."""
     import jax
 
     with open(path) as f:
         text = f.read()
+    donated = _donated(text)
     t0 = time.perf_counter()
     try:
-        exe = _compile(text)
+        exe = _compile(text, keep_donation=bool(donated))
     except Exception as e:  # noqa: BLE001 (a program JAX's client refuses: said, and the next)
         print(f"== {os.path.basename(path)}: not compiled: {str(e).splitlines()[0][:200]}", flush=True)
         return
@@ -184,11 +216,22 @@ def _profile_program(path: str, runs: int, top: int) -> None:
     args = _inputs(_signature(text), jax.devices()[0])
 
     def run(exe: Any = exe, args: list = args) -> None:
-        jax.block_until_ready(exe.execute_sharded(args).disassemble_into_single_device_arrays())
+        outs = exe.execute_sharded(args).disassemble_into_single_device_arrays()
+        for arg, out in donated.items():
+            args[arg] = outs[out][0]
+        jax.block_until_ready(outs)
 
-    data, wall = _trace(run, runs)
-    _report(f"torchtpu {os.path.basename(path)} ({len(args)} arguments, compiled in {compiled:.1f} s)",
-            data, wall, runs, top)
+    try:
+        data, wall = _trace(run, runs)
+    except Exception as e:
+        if not donated:
+            raise
+        print(f"   (donated run refused: {str(e).splitlines()[0][:160]}; undonated)", flush=True)
+        donated.clear()
+        exe, args = _compile(text), _inputs(_signature(text), jax.devices()[0])
+        data, wall = _trace(lambda: run(exe, args), runs)
+    _report(f"torchtpu {os.path.basename(path)} ({len(args)} arguments, {len(donated)} donated, compiled in "
+            f"{compiled:.1f} s)", data, wall, runs, top)
 
 
 def jax_step(workload: str, runs: int, top: int, flash: bool = False) -> None:
@@ -211,6 +254,30 @@ def jax_step(workload: str, runs: int, top: int, flash: bool = False) -> None:
 
     data, wall = _trace(run, runs)
     _report(f"JAX jit step ({workload}{', flash attention' if flash else ''})", data, wall, runs, top)
+
+
+def jax_decode_step(workload: str, runs: int, top: int) -> None:
+    """JAX's decode step (bench/peers/jax_gpt.py), one token per run, its caches fed back."""
+    import jax
+    import jax.numpy as jnp
+    import tpu as bench_tpu
+    from peers import jax_gpt
+
+    p = bench_tpu.sizes(workload, os.environ.get("DEVPROF_SMALL") == "1")
+    cfg, b = jax_gpt.GPTConfig(**p["cfg"]), p["batch"]
+    params = jax_gpt.init_params(cfg)
+    step = jax_gpt.make_decode_step(cfg)
+    k, v = jax_gpt.init_cache(cfg, b)
+    state = {"s": (k, v, jnp.zeros((b,), jnp.int32), jnp.zeros((), jnp.int32))}
+
+    def run() -> None:
+        k, v, tok, pos = state["s"]
+        tok, k, v, pos = step(params, k, v, tok, pos % (cfg.seq - 1))
+        state["s"] = (k, v, tok, pos)
+        jax.block_until_ready(tok)
+
+    data, wall = _trace(run, runs)
+    _report(f"JAX jit decode step ({workload})", data, wall, runs, top)
 
 
 def main() -> None:

@@ -685,6 +685,37 @@ def test_indexing_ops():
     both(put_acc, x, idx)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_a_put_at_one_position_is_a_dynamic_update_slice(dtype, module_texts):
+    """Regression (TPU v5e, decode at batch 8): a KV cache's ``index_copy_`` at one position was a
+    scatter, which XLA turns into a dynamic_update_slice under a select over the whole cache (36-45 us
+    per 12.6 MB cache against JAX's 24.5). One-element indices now lower to a dynamic_update_slice
+    of that position, negative indices counted from the end, accumulate adding there."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 3, 6, 4, generator=g) * 4).to(dtype)
+    v = (torch.randn(2, 3, 1, 4, generator=g) * 4).to(dtype)
+    def put(t, indices, values):  # t[indices] = values, the indices made on t's device
+        t = t.clone()
+        t[tuple(i if i is None or isinstance(i, slice) else torch.tensor(i, device=t.device) for i in indices)] = values
+        return t
+
+    def add(t, indices, values):
+        indices = [None if i is None else torch.tensor(i, device=t.device) for i in indices]
+        return torch.ops.aten.index_put(t, indices, values, True)
+
+    cases = [
+        lambda t, s: t.index_copy(2, torch.tensor([4], device=t.device), s),  # a KV cache's write
+        lambda t, s: put(t, (slice(None), slice(None), [-2]), s),
+        lambda t, s: put(t, (1,), s[0, 0, 0]),  # x[1] = row, broadcast
+        lambda t, s: put(t, ([0], slice(None), [[5]]), s[:1, :, 0]),  # two indexed dims, apart
+        lambda t, s: add(t, (None, [2], [-6]), s[:, :1, 0]),
+    ]
+    for fn in cases:
+        both(fn, x, v, rtol=0, atol=0)
+    programs = [t for t in module_texts if "dynamic_update_slice" in t]
+    assert programs and not [t for t in programs if "stablehlo.scatter" in t]
+
+
 def test_layer_norm_and_losses():
     x = torch.randn(4, 8)
     w, b = torch.randn(8), torch.randn(8)

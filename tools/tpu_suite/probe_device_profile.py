@@ -178,6 +178,14 @@ def _report(name: str, data: Any, wall: float, runs: int, top: int) -> None:
     print(f"== {name}: wall {wall * 1e3:.3f} ms per run, device {device:.3f} ms per run "
           f"({'XLA Modules' if modules else 'sum of op events'}), {len(counts)} distinct ops, "
           f"{sum(counts.values()) / runs:.0f} op events per run", flush=True)
+    kinds: collections.Counter = collections.Counter()
+    kind_counts: collections.Counter = collections.Counter()
+    for op, ns in ops.items():  # "%dynamic-update-slice.81 = f32[...] ..." -> dynamic-update-slice
+        kind = re.sub(r"[._]\d+$", "", op.split(" = ")[0].lstrip("%"))
+        kinds[kind] += ns
+        kind_counts[kind] += counts[op]
+    print("   by kind: " + ", ".join(f"{k} {ns / runs / 1e3:.0f} us x{kind_counts[k] / runs:.0f}"
+                                     for k, ns in kinds.most_common(12)), flush=True)
     for op, ns in ops.most_common(top):
         print(f"   {ns / runs / 1e3:9.1f} us  x{counts[op] / runs:5.1f}  {op[:110]}", flush=True)
 
@@ -190,7 +198,7 @@ def profile(in_dir: str, workload: str, runs: int, top: int) -> None:
         for path in sorted(glob.glob(os.path.join(in_dir, "*.mlir"))):
             _profile_program(path, runs, top)
     if workload.startswith("decode"):
-        jax_decode_step(workload, runs, top)
+        jax_decode_step(workload, runs, top, in_dir)
         return
     jax_step(workload, runs, top)
     if workload != "gpt_demo":  # torchtpu's step uses the Pallas flash kernel there: JAX's with it too
@@ -213,6 +221,7 @@ def _profile_program(path: str, runs: int, top: int) -> None:
         print(f"== {os.path.basename(path)}: not compiled: {str(e).splitlines()[0][:200]}", flush=True)
         return
     compiled = time.perf_counter() - t0
+    _write_optimized(exe, path[: -len(".mlir")] + ".opt.hlo")
     args = _inputs(_signature(text), jax.devices()[0])
 
     def run(exe: Any = exe, args: list = args) -> None:
@@ -232,6 +241,17 @@ def _profile_program(path: str, runs: int, top: int) -> None:
         data, wall = _trace(lambda: run(exe, args), runs)
     _report(f"torchtpu {os.path.basename(path)} ({len(args)} arguments, {len(donated)} donated, compiled in "
             f"{compiled:.1f} s)", data, wall, runs, top)
+
+
+def _write_optimized(exe: Any, path: str) -> None:
+    """The compiler's optimized HLO of ``exe`` (layouts, fusions, copies: what a profile's op names
+    refer to) beside its program."""
+    try:
+        text = exe.as_text() if hasattr(exe, "as_text") else exe.hlo_modules()[0].to_string()
+    except Exception as e:  # noqa: BLE001 (a diagnostic: the profile goes on without it)
+        text = f"(no optimized HLO: {e})"
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def jax_step(workload: str, runs: int, top: int, flash: bool = False) -> None:
@@ -256,7 +276,7 @@ def jax_step(workload: str, runs: int, top: int, flash: bool = False) -> None:
     _report(f"JAX jit step ({workload}{', flash attention' if flash else ''})", data, wall, runs, top)
 
 
-def jax_decode_step(workload: str, runs: int, top: int) -> None:
+def jax_decode_step(workload: str, runs: int, top: int, out_dir: str = "") -> None:
     """JAX's decode step (bench/peers/jax_gpt.py), one token per run, its caches fed back."""
     import jax
     import jax.numpy as jnp
@@ -278,6 +298,9 @@ def jax_decode_step(workload: str, runs: int, top: int) -> None:
 
     data, wall = _trace(run, runs)
     _report(f"JAX jit decode step ({workload})", data, wall, runs, top)
+    if out_dir:
+        k, v, tok, pos = state["s"]
+        _write_optimized(step.lower(params, k, v, tok, pos).compile(), os.path.join(out_dir, "jax_decode.opt.hlo"))
 
 
 def main() -> None:

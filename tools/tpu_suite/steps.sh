@@ -52,9 +52,10 @@ profile)  # where a demo step's time goes (bench/step_profile.py), per mode: wal
     grep -A8 "first step" $OUT/profile_$m.log
   done ;;
 devprof)  # per-XLA-op device time of the demo step's programs (torch writes them, JAX profiles them), and of JAX's step
-  w=${DEVPROF_WORKLOAD:-gpt_demo}  # (gpt_100m: the 100M GPT's programs, JAX's step of it)
+  w=${DEVPROF_WORKLOAD:-gpt_demo}  # (gpt_100m: the 100M GPT's programs, JAX's step of it; decode_b1/_b8: generation)
+  # (each program's optimized HLO comes back beside it: programs/*.opt.hlo)
   timeout $(( $(left) / 2 )) python3 tools/tpu_suite/probe_device_profile.py --dump $OUT/programs --workload $w --mode ${DEVPROF_MODE:-compiled_graph} > $OUT/dump.log 2>&1; tail -2 $OUT/dump.log
-  timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_device_profile.py --profile $OUT/programs --workload $w > $OUT/devprof.log 2>&1
+  timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_device_profile.py --profile $OUT/programs --workload $w --top ${DEVPROF_TOP:-25} > $OUT/devprof.log 2>&1
   grep -v "^WARNING\|^I0000\|^W0000\|^E0000" $OUT/devprof.log | head -150 ;;
 jax)  # JAX-only probes (no torch needed: the first call of a round, before the install, can run them)
   for probe in probe_compile_effort probe_gather_compile; do

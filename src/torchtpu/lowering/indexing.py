@@ -7,6 +7,7 @@ lowering/index_bounds.py registers them.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -280,6 +281,8 @@ def _index_put(ctx: LoweringContext, x: Value, indices: list[Value | None], valu
         # index out of range otherwise (the index checks report it); its scatter would not compile
         return x
     bshape = torch.broadcast_shapes(*[tuple(t.shape) for t in idx_vals])
+    if math.prod(bshape) == 1:
+        return _put_one_position(b, x, idx_pos, idx_vals, bshape, values, accumulate)
     coords = []
     for i, t in zip(idx_pos, idx_vals):
         w = _wrap(b, b.broadcast_to(b.convert(t, torch.int64), bshape), x.shape[i])
@@ -311,6 +314,42 @@ def _index_put(ctx: LoweringContext, x: Value, indices: list[Value | None], valu
              + ", ".join(map(str, idx_pos)) + "], scatter_dims_to_operand_dims = [" + ", ".join(map(str, idx_pos))
              + f"], index_vector_dim = {nb}>, indices_are_sorted = false, unique_indices = false")
     return b.op1("stablehlo.scatter", [x, full, v], x.shape, x.dtype, attrs=attrs, region=region)
+
+
+def _put_one_position(b: Builder, x: Value, idx_pos: list[int], idx_vals: list[Value], bshape: Sequence[int],
+                      values: Value, accumulate: bool) -> Value:
+    """``x[..., i, ...] = v`` where every index holds one element (a KV cache written at one
+    position per step): a ``dynamic_update_slice`` of that one position, done in place when ``x``
+    is donated. As a scatter, XLA rewrites it into a dynamic_update_slice inside a select over all
+    of ``x`` (a scatter drops an out-of-range update where a dynamic_update_slice would clamp it):
+    one pass over the whole buffer per write, 36-45 us for each 12.6 MB cache of a v5e decode step
+    where JAX's dynamic_update_slice takes 24.5. Here the select is over the written position
+    only: out of range, the position the slice clamps to gets its own values back (the scatter's
+    answer; the index checks report the index)."""
+    slice_shape = [1 if d in idx_pos else n for d, n in enumerate(x.shape)]
+    starts: list[Value | None] = [None] * x.rank
+    in_range = None
+    for d, t in zip(idx_pos, idx_vals):
+        w = b.reshape(_wrap_rows(b, t, x.shape[d]), ())
+        ok = b.binary("and", b.compare(w, b.constant(0, w.dtype), "GE"),
+                      b.compare(w, b.constant(x.shape[d], w.dtype), "LT"))
+        in_range = ok if in_range is None else b.binary("and", in_range, ok)
+        starts[d] = w
+    index_dtype = next(w.dtype for w in starts if w is not None)
+    starts = [b.constant(0, index_dtype) if w is None else b.convert(w, index_dtype) for w in starts]
+    rest = [d for d in range(x.rank) if d not in idx_pos]
+    first = idx_pos[0]
+    if idx_pos == list(range(first, idx_pos[-1] + 1)):  # PyTorch's value shape for this indexing
+        natural = list(x.shape[:first]) + list(bshape) + [x.shape[d] for d in rest if d > first]
+    else:
+        natural = list(bshape) + [x.shape[d] for d in rest]
+    # the indexed dims have one element each, so the element order is the slice's
+    v = b.reshape(b.broadcast_to(b.convert(values, x.dtype), natural), slice_shape)
+    old = b.dynamic_slice(x, starts, slice_shape)
+    if accumulate:
+        v = b.binary("or", old, v) if x.dtype == torch.bool else b.add(old, v)
+    v = b.select(b.broadcast_to(in_range, slice_shape), v, old)
+    return b.dynamic_update_slice(x, v, starts)
 
 
 def _masked_put(b: Builder, x: Value, indices: list[Value | None], values: Value, accumulate: bool) -> Value:

@@ -63,6 +63,10 @@ def dump(out_dir: str, workload: str, mode: str) -> None:
     torch.tpu.synchronize()
     compile_cache.compile = real
     os.makedirs(out_dir, exist_ok=True)
+    from torchtpu import _device_state
+
+    with open(os.path.join(out_dir, OPTIONS_FILE), "wb") as f:  # the profile compiles with torchtpu's options
+        f.write(compile_cache._default_options(_device_state.client(), 0))
     big = [t for t in texts if len(t) > 20_000] or texts
     for i, t in enumerate(big):
         with open(os.path.join(out_dir, f"program_{i:02d}.mlir"), "w") as f:
@@ -120,7 +124,10 @@ def _donated(text: str) -> dict[int, int]:
     return out
 
 
-def _compile(text: str, keep_donation: bool = False) -> Any:
+OPTIONS_FILE = "compile_options.pb"  # torchtpu's serialized CompileOptionsProto, written by --dump
+
+
+def _compile(text: str, keep_donation: bool = False, options_path: str = "") -> Any:
     import jax
     from jax._src import compiler, xla_bridge
     from jax._src.interpreters import mlir
@@ -133,7 +140,14 @@ def _compile(text: str, keep_donation: bool = False) -> Any:
     backend = xla_bridge.get_backend()
     with mlir.make_ir_context():
         module = ir.Module.parse(text)
-        options = compiler.get_compile_options(1, 1, backend=backend)
+        if options_path and os.path.exists(options_path):
+            # torchtpu's own (xla_allow_excess_precision off, among others). With JAX's defaults the decode
+            # b8 step took 2.0 ms per run here where bench/tpu.py's compiled mode ran it at 1.61 ms per
+            # token on the same v5e: a profile of another compile is not the program torchtpu runs
+            with open(options_path, "rb") as f:
+                options = xc.CompileOptions.ParseFromString(f.read())
+        else:
+            options = compiler.get_compile_options(1, 1, backend=backend)
         return compiler.backend_compile_and_load(backend, module, xc.DeviceList((jax.devices()[0],)), options, [])
 
 
@@ -216,7 +230,8 @@ def _profile_program(path: str, runs: int, top: int) -> None:
     donated = _donated(text)
     t0 = time.perf_counter()
     try:
-        exe = _compile(text, keep_donation=bool(donated))
+        options_path = os.path.join(os.path.dirname(path), OPTIONS_FILE)
+        exe = _compile(text, keep_donation=bool(donated), options_path=options_path)
     except Exception as e:  # noqa: BLE001 (a program JAX's client refuses: said, and the next)
         print(f"== {os.path.basename(path)}: not compiled: {str(e).splitlines()[0][:200]}", flush=True)
         return
@@ -237,7 +252,7 @@ def _profile_program(path: str, runs: int, top: int) -> None:
             raise
         print(f"   (donated run refused: {str(e).splitlines()[0][:160]}; undonated)", flush=True)
         donated.clear()
-        exe, args = _compile(text), _inputs(_signature(text), jax.devices()[0])
+        exe, args = _compile(text, options_path=options_path), _inputs(_signature(text), jax.devices()[0])
         data, wall = _trace(lambda: run(exe, args), runs)
     _report(f"torchtpu {os.path.basename(path)} ({len(args)} arguments, {len(donated)} donated, compiled in "
             f"{compiled:.1f} s)", data, wall, runs, top)

@@ -39,6 +39,10 @@ def train(cfg: GPTConfig, device: str, batches: list, captured: bool, warmup: in
     graph = None
     for i, (x, y) in enumerate(batches):
         if i == warmup:
+            if captured:  # capture (nothing runs; the program compiles) before the clock starts, as
+                graph = accel.TPUGraph() if device == "tpu" else accel.CUDAGraph()  # the plain loop's
+                with accel.graph(graph):  # programs compiled in its warm-up
+                    static_loss = step()
             accel.synchronize()
             start = time.perf_counter()
         static_x.copy_(x)
@@ -47,10 +51,6 @@ def train(cfg: GPTConfig, device: str, batches: list, captured: bool, warmup: in
             losses.append(step().detach().clone())
             opt.zero_grad(set_to_none=True)
             continue
-        if graph is None:  # the first step after the warm-up: capture (nothing runs), then replay
-            graph = accel.TPUGraph() if device == "tpu" else accel.CUDAGraph()
-            with accel.graph(graph):
-                static_loss = step()
         graph.replay()
         losses.append(static_loss.detach().clone())
     accel.synchronize()

@@ -86,3 +86,15 @@ def test_fresh_done_lists_existing_fresh_process_tests():
                        cwd=ROOT, capture_output=True, text=True, check=False)
     collected = {ln.strip() for ln in r.stdout.splitlines() if "::" in ln}
     assert ids and set(ids) <= collected, set(ids) - collected
+
+
+def test_the_examples_runner_names_every_example_and_reads_its_figures_line():
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import run_examples
+
+    scripts = {str(p.relative_to(pathlib.Path(ROOT) / "examples"))[:-3]
+               for p in (pathlib.Path(ROOT) / "examples").rglob("*.py") if not p.name.startswith("_")}
+    assert set(run_examples.EXAMPLES) == scripts
+    out = ("dlrm on tpu: 10 steps, loss 0.7 -> 0.2\n/x/matmul.py:128: UserWarning: torchtpu: float32 ...\n"
+           "  precision.note_float32_product(ctx.precision)\n")
+    assert run_examples._figures(out) == "dlrm on tpu: 10 steps, loss 0.7 -> 0.2"

@@ -690,7 +690,9 @@ def test_a_put_at_one_position_is_a_dynamic_update_slice(dtype, module_texts):
     """Regression (TPU v5e, decode at batch 8): a KV cache's ``index_copy_`` at one position was a
     scatter, which XLA turns into a dynamic_update_slice under a select over the whole cache (36-45 us
     per 12.6 MB cache against JAX's 24.5). One-element indices now lower to a dynamic_update_slice
-    of that position, negative indices counted from the end, accumulate adding there."""
+    of that position, negative indices counted from the end, accumulate adding there; a write does
+    not read the buffer (the v5e's decode step, whose caches had a second reader, copied each whole
+    cache; JAX's, with none, updated them in place)."""
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(2, 3, 6, 4, generator=g) * 4).to(dtype)
     v = (torch.randn(2, 3, 1, 4, generator=g) * 4).to(dtype)
@@ -714,6 +716,13 @@ def test_a_put_at_one_position_is_a_dynamic_update_slice(dtype, module_texts):
         both(fn, x, v, rtol=0, atol=0)
     programs = [t for t in module_texts if "dynamic_update_slice" in t]
     assert programs and not [t for t in programs if "stablehlo.scatter" in t]
+    # a write (not accumulate) does not read the buffer: the update is its only use, in place when donated
+    module_texts.clear()
+    cache = torch.zeros(1, 2, 7, 4, dtype=dtype, device="tpu")
+    cache.index_copy_(2, torch.tensor([3], device="tpu"), v[:1, :2].to("tpu"))
+    assert torch.equal(cache.cpu()[0, :, 3], v[0, :2, 0]) and not cache.cpu()[0, :, [0, 1, 2, 4, 5, 6]].any()
+    writes = [t for t in module_texts if "dynamic_update_slice" in t]
+    assert writes and not [t for t in writes if "stablehlo.dynamic_slice" in t]
 
 
 def test_layer_norm_and_losses():

@@ -319,22 +319,19 @@ def _index_put(ctx: LoweringContext, x: Value, indices: list[Value | None], valu
 def _put_one_position(b: Builder, x: Value, idx_pos: list[int], idx_vals: list[Value], bshape: Sequence[int],
                       values: Value, accumulate: bool) -> Value:
     """``x[..., i, ...] = v`` where every index holds one element (a KV cache written at one
-    position per step): a ``dynamic_update_slice`` of that one position, done in place when ``x``
-    is donated. As a scatter, XLA rewrites it into a dynamic_update_slice inside a select over all
-    of ``x`` (a scatter drops an out-of-range update where a dynamic_update_slice would clamp it):
-    one pass over the whole buffer per write, 36-45 us for each 12.6 MB cache of a v5e decode step
-    where JAX's dynamic_update_slice takes 24.5. Here the select is over the written position
-    only: out of range, the position the slice clamps to gets its own values back (the scatter's
-    answer; the index checks report the index)."""
+    position per step): a ``dynamic_update_slice`` of that one position, as JAX writes a cache. As
+    a scatter, XLA rewrites it into a dynamic_update_slice under a select over all of ``x`` (a
+    scatter drops an out-of-range update, a dynamic_update_slice clamps it). Here ``x`` is not
+    read at all (unless accumulating), so the update is the buffer's only use and may be done in
+    place in a donated argument: on a v5e decode step with a second reader of each cache (a slice
+    for the select) the compiler copied each whole cache into another memory space and back,
+    where JAX's step, without one, updates in place (this form not yet measured there). Out of
+    range, the write lands where the slice clamps to, as XLA's gathers clamp, and the index checks
+    raise the CPU's IndexError at the next synchronization (engine/index_checks.py)."""
     slice_shape = [1 if d in idx_pos else n for d, n in enumerate(x.shape)]
     starts: list[Value | None] = [None] * x.rank
-    in_range = None
     for d, t in zip(idx_pos, idx_vals):
-        w = b.reshape(_wrap_rows(b, t, x.shape[d]), ())
-        ok = b.binary("and", b.compare(w, b.constant(0, w.dtype), "GE"),
-                      b.compare(w, b.constant(x.shape[d], w.dtype), "LT"))
-        in_range = ok if in_range is None else b.binary("and", in_range, ok)
-        starts[d] = w
+        starts[d] = b.reshape(_wrap_rows(b, t, x.shape[d]), ())
     index_dtype = next(w.dtype for w in starts if w is not None)
     starts = [b.constant(0, index_dtype) if w is None else b.convert(w, index_dtype) for w in starts]
     rest = [d for d in range(x.rank) if d not in idx_pos]
@@ -345,10 +342,9 @@ def _put_one_position(b: Builder, x: Value, idx_pos: list[int], idx_vals: list[V
         natural = list(bshape) + [x.shape[d] for d in rest]
     # the indexed dims have one element each, so the element order is the slice's
     v = b.reshape(b.broadcast_to(b.convert(values, x.dtype), natural), slice_shape)
-    old = b.dynamic_slice(x, starts, slice_shape)
     if accumulate:
+        old = b.dynamic_slice(x, starts, slice_shape)
         v = b.binary("or", old, v) if x.dtype == torch.bool else b.add(old, v)
-    v = b.select(b.broadcast_to(in_range, slice_shape), v, old)
     return b.dynamic_update_slice(x, v, starts)
 
 

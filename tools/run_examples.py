@@ -16,6 +16,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -32,8 +33,9 @@ def _figures(stdout: str) -> str:
 
 def run(name: str, timeout: float) -> dict:
     t0 = time.perf_counter()
+    work = tempfile.mkdtemp(prefix="example-")  # what an example writes (a trace, a Trainer's output) lands here
     try:
-        done = subprocess.run([sys.executable, str(ROOT / "examples" / f"{name}.py")], cwd=ROOT, timeout=timeout, check=False,
+        done = subprocess.run([sys.executable, str(ROOT / "examples" / f"{name}.py")], cwd=work, timeout=timeout, check=False,
                               capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         rc, out = done.returncode, done.stdout + (done.stderr if done.returncode else "")
     except subprocess.TimeoutExpired as e:

@@ -22,6 +22,10 @@ is then bound by the device, not the host). As with CUDA graphs:
 - the tensors the capture updates keep their old values until the first replay; new tensors, and
   tensors it overwrites without reading them, have none until then (reading one raises).
 
+Unlike CUDA graphs, a capture needs no warm-up for its own sake (nothing runs at capture): a
+``torch.compile`` function may be called the first time inside it, Dynamo tracing there, and only the
+captured program compiles. An optimizer's state still comes from steps run before the capture.
+
 Random ops draw a fresh seed from the device's default generator at every replay.
 ``make_graphed_callables`` graphs a callable's forward and backward as two graphs inside autograd,
 as ``torch.cuda.make_graphed_callables`` does.

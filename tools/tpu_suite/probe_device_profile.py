@@ -81,13 +81,18 @@ _TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float6
           "ui64": "uint64"}
 
 
-def _signature(text: str) -> list[tuple[tuple[int, ...], str]]:
-    """The main function's argument shapes and element types."""
+def _main_arguments(text: str) -> str:
+    """The text of the public main function's argument list."""
     m = re.search(r"func\.func public @main\((.*?)\)\s*->", text, re.DOTALL)
     if m is None:
         raise ValueError("no public @main")
+    return m.group(1)
+
+
+def _signature(text: str) -> list[tuple[tuple[int, ...], str]]:
+    """The main function's argument shapes and element types."""
     args = []
-    for t in re.findall(r"%[\w#]+\s*:\s*tensor<([^>]*)>", m.group(1)):
+    for t in re.findall(r"%[\w#]+\s*:\s*tensor<([^>]*)>", _main_arguments(text)):
         *dims, elem = t.split("x")
         args.append((tuple(int(d) for d in dims), _TYPES[elem]))
     return args
@@ -112,10 +117,7 @@ def _inputs(sig: list[tuple[tuple[int, ...], str]], device: Any) -> list[Any]:
 
 def _donated(text: str) -> dict[int, int]:
     """Which of main's arguments are donated, and to which output: {argument: output}."""
-    m = re.search(r"func\.func public @main\((.*?)\)\s*->", text, re.DOTALL)
-    if m is None:
-        raise ValueError("no public @main")
-    args = re.split(r",\s*(?=%[\w#]+\s*:)", m.group(1))
+    args = re.split(r",\s*(?=%[\w#]+\s*:)", _main_arguments(text))
     out = {}
     for i, arg in enumerate(args):
         alias = re.search(r"tf\.aliasing_output = (\d+)", arg)

@@ -290,18 +290,13 @@ def _index_put(ctx: LoweringContext, x: Value, indices: list[Value | None], valu
     full = b.concatenate(coords, len(bshape))
     rest = [d for d in range(x.rank) if d not in idx_pos]
     nb = len(bshape)
-    upd_shape = list(bshape) + [x.shape[d] for d in rest]
-    v = b.convert(values, x.dtype)
-    consecutive = idx_pos == list(range(idx_pos[0], idx_pos[-1] + 1))
-    if consecutive and idx_pos[0] > 0:
+    natural = _put_value_shape(x, idx_pos, bshape)
+    v = b.broadcast_to(b.convert(values, x.dtype), natural)
+    first = idx_pos[0]
+    if idx_pos == list(range(first, idx_pos[-1] + 1)) and first > 0:
         # PyTorch places the indexed dims at the first indexed position; move them to the front
-        first = idx_pos[0]
-        natural = list(x.shape[:first]) + list(bshape) + [x.shape[d] for d in rest if d > first]
-        v = b.broadcast_to(v, natural)
         perm = list(range(first, first + nb)) + list(range(first)) + list(range(first + nb, len(natural)))
         v = b.transpose(v, perm)
-    else:
-        v = b.broadcast_to(v, upd_shape)
 
     def body(bb: Builder, a: Value, c: Value) -> Value:
         if accumulate:
@@ -314,6 +309,16 @@ def _index_put(ctx: LoweringContext, x: Value, indices: list[Value | None], valu
              + ", ".join(map(str, idx_pos)) + "], scatter_dims_to_operand_dims = [" + ", ".join(map(str, idx_pos))
              + f"], index_vector_dim = {nb}>, indices_are_sorted = false, unique_indices = false")
     return b.op1("stablehlo.scatter", [x, full, v], x.shape, x.dtype, attrs=attrs, region=region)
+
+
+def _put_value_shape(x: Value, idx_pos: list[int], bshape: Sequence[int]) -> list[int]:
+    """The shape PyTorch gives ``x[indices]`` (and so the values ``index_put`` takes): the indices'
+    broadcast shape in place of the indexed dims where those are adjacent, in front otherwise."""
+    rest = [d for d in range(x.rank) if d not in idx_pos]
+    first = idx_pos[0]
+    if idx_pos == list(range(first, idx_pos[-1] + 1)):
+        return list(x.shape[:first]) + list(bshape) + [x.shape[d] for d in rest if d > first]
+    return list(bshape) + [x.shape[d] for d in rest]
 
 
 def _put_one_position(b: Builder, x: Value, idx_pos: list[int], idx_vals: list[Value], bshape: Sequence[int],
@@ -334,14 +339,8 @@ def _put_one_position(b: Builder, x: Value, idx_pos: list[int], idx_vals: list[V
         starts[d] = b.reshape(_wrap_rows(b, t, x.shape[d]), ())
     index_dtype = next(w.dtype for w in starts if w is not None)
     starts = [b.constant(0, index_dtype) if w is None else b.convert(w, index_dtype) for w in starts]
-    rest = [d for d in range(x.rank) if d not in idx_pos]
-    first = idx_pos[0]
-    if idx_pos == list(range(first, idx_pos[-1] + 1)):  # PyTorch's value shape for this indexing
-        natural = list(x.shape[:first]) + list(bshape) + [x.shape[d] for d in rest if d > first]
-    else:
-        natural = list(bshape) + [x.shape[d] for d in rest]
     # the indexed dims have one element each, so the element order is the slice's
-    v = b.reshape(b.broadcast_to(b.convert(values, x.dtype), natural), slice_shape)
+    v = b.reshape(b.broadcast_to(b.convert(values, x.dtype), _put_value_shape(x, idx_pos, bshape)), slice_shape)
     if accumulate:
         old = b.dynamic_slice(x, starts, slice_shape)
         v = b.binary("or", old, v) if x.dtype == torch.bool else b.add(old, v)

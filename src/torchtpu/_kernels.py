@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _C, flash_attention, nested, sync_debug
+from . import _C, flash_attention, math_attention, nested, sync_debug
 from . import storage as st
 from .engine import deferred, eager_buckets, executor, graph_node, index_checks
 from .engine.opplan import plan_for
@@ -281,6 +281,9 @@ def register_kernels() -> None:
     lib.impl("_fused_sdp_choice", _sdp_choice_math, "PrivateUse1")
     # ...except where a Pallas flash-attention kernel takes the call (flash_attention.py).
     flash_attention.register(lib)
+    # The math path itself, arranged for XLA (math_attention.py: the shorter operand scaled, GQA by
+    # grouping queries instead of repeating keys and values).
+    math_attention.register(lib)
     # Module.to("tpu") keeps Parameter identity (tied weights, optimizers built
     # before the move) only if CPU and tpu tensors may shallow-copy into each
     # other, as CPU and CUDA may; c10 lists no PrivateUse1 among dense backends.
@@ -310,7 +313,8 @@ def register_kernels() -> None:
     # The kernel front calls executor.run_plan and its index check, and plan_for once per op.
     _hide_from_dynamo(dispatch, copy_from, copy_from_and_resize, local_scalar_dense, _fallback,
                       executor.run_plan, executor.check_recorded_index_bounds, plan_for.__wrapped__,
-                      _sdp_choice_math, flash_attention.scaled_dot_product_attention, has_compatible_shallow_copy_type,
+                      _sdp_choice_math, flash_attention.scaled_dot_product_attention,
+                      math_attention.scaled_dot_product_attention_math, has_compatible_shallow_copy_type,
                       *{registry.host_kernel(op) for op in registry.host_kernel_ops()})
 
 

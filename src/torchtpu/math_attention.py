@@ -30,8 +30,8 @@ _MATH = torch.ops.aten._scaled_dot_product_attention_math.default
 
 def _boolean_to_additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """PyTorch's convention: True attends (adds 0), False is masked (adds -inf)."""
-    zero = torch.zeros((), dtype=dtype, device=mask.device)
-    return torch.where(mask, zero, torch.tensor(-math.inf, dtype=dtype, device=mask.device))
+    # (device-side fills only: no host tensor, which a graph capture would refuse to upload)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask.logical_not(), -math.inf)
 
 
 def _accumulation_copy(t: torch.Tensor) -> torch.Tensor:

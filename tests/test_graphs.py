@@ -429,6 +429,27 @@ def test_optimizer_state_is_packed_in_chunks_of_bounded_size(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+def test_the_automatic_packing_leaves_large_state_tensors_apart(monkeypatch):
+    """A packed matrix is copied between the flat storage's layout and the TPU's tiled one at every
+    step: the automatic packing after a capturable step moves state tensors of at most
+    AUTO_PACK_MAX_BYTES (the 100M GPT's replay lost 89 -> 106 ms per step on the v5e with its
+    matrices' moments packed too); on request any size packs."""
+    from torchtpu import packed_state
+
+    monkeypatch.setattr(packed_state, "AUTO_PACK_MAX_BYTES", 64 * 4)
+    params = [torch.nn.Parameter(torch.randn(n, device="tpu")) for n in (64, 64, 65, 64, 200)]
+    opt = torch.optim.AdamW(params, lr=0.1, capturable=True)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    small = {t.untyped_storage()._cdata for p in params[:2] + params[3:4] for t in opt.state[p].values()}
+    assert len(small) == 1  # moments and step counts of the three 64-element parameters: one storage
+    for p in (params[2], params[4]):
+        own = [t.untyped_storage()._cdata for t in (opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"])]
+        assert len(set(own)) == 2 and not set(own) & small
+    assert torch.tpu.pack_optimizer_state(opt) == 4  # on request, the large ones too
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_packed_parameters_train_as_unpacked_ones_and_replay_in_few_arguments(compiled):
     """torch.tpu.pack_parameters makes a module's parameters views of one flat storage (a captured

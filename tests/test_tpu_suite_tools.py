@@ -98,3 +98,13 @@ def test_the_examples_runner_names_every_example_and_reads_its_figures_line():
     out = ("dlrm on tpu: 10 steps, loss 0.7 -> 0.2\n/x/matmul.py:128: UserWarning: torchtpu: float32 ...\n"
            "  precision.note_float32_product(ctx.precision)\n")
     assert run_examples._figures(out) == "dlrm on tpu: 10 steps, loss 0.7 -> 0.2"
+
+
+def test_the_example_step_probe_counts_each_optimizer_steps_launches_and_compiles():
+    sys.path.insert(0, os.path.join(ROOT, "tools", "tpu_suite"))
+    import probe_example_steps
+
+    rows = probe_example_steps.main(["dlrm", "--tiny", "--steps", "3"])
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["launches"] > 0 and r["wall_ms"] > 0 and r["reads"] >= 0 for r in rows)
+    assert all(isinstance(r["compiles"], int) for r in rows)  # (0 where an earlier test compiled them)

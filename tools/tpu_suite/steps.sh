@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
-#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute|jax|devprof|examples SECONDS
+#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute|jax|devprof|examples|exsteps SECONDS
 #   bash tools/tpu_suite/steps.sh bench SECONDS demo|decode|big
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N (or a list K1,K2-K3), threaded
 # Results come back in $OUT/STEP.tgz; the list of tests run stays in /tmp/done.txt while the host is warm.
@@ -45,6 +45,10 @@ bench)  # SET (third argument): demo = TPUGraph replay against JAX on the demo G
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tee $OUT/bench3.log | tail -14
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tee $OUT/bench2.log | tail -24 ;;
   esac ;;
+exsteps)  # per optimizer step of a training example: wall, launches, time inside execute, compiles, reads
+  # (EXAMPLE=resnet_amp_channels_last by default; EXAMPLE_ARGS="--steps 6")
+  timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_example_steps.py ${EXAMPLE:-resnet_amp_channels_last} \
+    ${EXAMPLE_ARGS:---steps 6} 2>&1 | grep -v "Warning\|warn" | tee $OUT/exsteps.log | tail -12 ;;
 examples)  # each example of examples/ at its default size on the chip: its loss and speed line (tools/run_examples.py)
   timeout $(( $(left) - 5 )) python3 tools/run_examples.py --timeout ${EXAMPLE_TIMEOUT:-150} --out $OUT/examples.json 2>&1 | tee $OUT/examples.log | grep "^|" ;;
 profile)  # where a demo step's time goes (bench/step_profile.py), per mode: wall, host, execute, launched alone

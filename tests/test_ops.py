@@ -480,6 +480,22 @@ def test_arg_reductions_and_scans():
     both(lambda t: t.sum(0, dtype=torch.float64), x)
 
 
+def test_arg_reductions_carry_a_32_bit_index(module_texts):
+    """A TPU emulates int64 as 32-bit pairs: argmax/argmin and max/min along a dim reduce with an
+    int32 index and widen the result (a decode step's argmax over the vocabulary at every token).
+    The values and indices stay CPU's: first index among ties, NaN as the extreme, int64 results."""
+    x = torch.randn(5, 37)
+    x[1, 3] = x[1, 30] = 9.0  # a tie: the first wins
+    x[2, 7] = float("nan")
+    x[3] = 0.0
+    for fn in (lambda t: t.argmax(1), lambda t: t.argmin(0, keepdim=True), lambda t: t.max(1), lambda t: t.argmax()):
+        got, want = fn(x.to("tpu")), fn(x)
+        got, want = (got, want) if isinstance(want, torch.Tensor) else (got.indices, want.indices)
+        assert got.dtype == torch.int64 and torch.equal(got.cpu(), want)
+    text = "\n".join(module_texts)
+    assert "tensor<5x37xi32>" in text and "tensor<5x37xi64>" not in text
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
 def test_cummax_and_cummin_over_long_dims(dtype):
     """Regression: a dim of 17 or more made XLA:CPU refuse cummax/cummin's program (its variadic

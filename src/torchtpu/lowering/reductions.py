@@ -131,10 +131,16 @@ def _max_all(ctx: LoweringContext, x: Value) -> Value:
 
 
 def arg_reduce(b: Builder, x: Value, dim: int, is_max: bool) -> tuple[Value, Value]:
-    """(values, first index) along ``dim``; NaN counts as the extreme, like PyTorch."""
-    idx = b.iota(x.shape, dim, torch.int64)
+    """(values, first index as int64) along ``dim``; NaN counts as the extreme, like PyTorch.
+
+    The reduction carries the index as int32 where the dim allows (always, in practice) and widens
+    the result: a TPU has no 64-bit integer unit, so an int64 index is emulated as a pair of 32-bit
+    words in every comparison and select of the reduction's body (a decode step's argmax over the
+    vocabulary, at every token)."""
+    index_type = torch.int32 if x.shape[dim] < 2**31 else torch.int64
+    idx = b.iota(x.shape, dim, index_type)
     init_v = b.constant(_init_max(x.dtype, is_max), x.dtype)
-    init_i = b.constant(0, torch.int64)
+    init_i = b.constant(0, index_type)
     floating = x.dtype.is_floating_point
 
     def body(bb: Builder, av: Value, ai: Value, ev: Value, ei: Value) -> list[Value]:
@@ -152,7 +158,7 @@ def arg_reduce(b: Builder, x: Value, dim: int, is_max: bool) -> tuple[Value, Val
         return [bb.select(take, ev, av), bb.select(take, ei, ai)]
 
     vals, inds = b.reduce_multi([x, idx], [init_v, init_i], [dim], body)
-    return vals, inds
+    return vals, b.convert(inds, torch.int64)
 
 
 @register(aten.max.dim, aten.min.dim)

@@ -22,8 +22,17 @@ mkdir -p .tpu/suite && cp tools/tpu_suite/* .tpu/suite/ && touch /tmp/done.txt &
 python3 -c "import importlib.metadata as m; print('libtpu', m.version('libtpu'), 'jax', m.version('jax'))" 2>&1 | tee -a $OUT/versions.txt
 git log -1 --format=%h 2>/dev/null | tee -a $OUT/versions.txt
 case $step in
-suite)  # pytest arguments follow SECONDS
-  shift 2; bash .tpu/suite/suite_run.sh suite $(( $(left) - 5 )) "$@"
+suite)  # pytest arguments follow SECONDS; with .tpu/tree.tgz carried (pin_tree.sh), in that pinned tree
+  shift 2
+  if [ -e .tpu/tree.tgz ]; then
+    tree=/tmp/suite_tree; rm -rf $tree; mkdir -p $tree; tar xzf .tpu/tree.tgz -C $tree
+    echo "pinned tree $(cat $tree/PINNED)" | tee -a $OUT/versions.txt
+    mkdir -p $tree/.tpu && cp -r .tpu/suite $tree/.tpu/
+    cat .tpu/tree_done.txt /tmp/done.txt 2>/dev/null | sort -u > $tree/.tpu/suite/done.txt
+    (cd $tree && PYTHONPATH=/tmp/torchtpu-site:$tree/src bash .tpu/suite/suite_run.sh suite $(( $(left) - 5 )) "$@")
+  else
+    bash .tpu/suite/suite_run.sh suite $(( $(left) - 5 )) "$@"
+  fi
   cp $OUT/done.txt /tmp/done.txt ;;
 demo)
   for m in strict debug defer_and_fuse; do

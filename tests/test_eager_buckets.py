@@ -92,6 +92,22 @@ def test_reductions(n):
 
 
 @pytest.mark.parametrize("n", SIZES)
+def test_flat_arg_reductions_index_as_cpu(n):
+    """Regression (found by tests/test_fuzz_as_cpu.py's script mode): argmin over all dims of a
+    transposed padded tensor returned its flat index in the padded layout (6 for 5 at [3, 3] on a
+    4-row bucket). A flat index over a padded inner dimension now runs at exact size; over a
+    padded leading dimension, or along one dim, it runs padded, as before."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, 3, generator=g)
+    x[n // 2, 1] = -float("inf")
+    x[n - 1, 0] = float("inf")
+    t = dynamic(x)
+    for fn in (lambda v: v.t().argmin(), lambda v: v.t().argmax(), lambda v: v.argmin(), lambda v: v.argmax(),
+               lambda v: v.t().argmin(1), lambda v: v.argmax(0, keepdim=True)):
+        close(fn(t), fn(x))
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_softmax_and_its_backward(n):
     g = torch.Generator().manual_seed(n)
     x, w = torch.randn(n, 4, generator=g), torch.randn(n, 4, generator=g)

@@ -474,6 +474,13 @@ def _reduction(n, args, ins, val, layouts, masks) -> None:
     else:
         dims = list(range(rank))
     keepdim = bool(args[2]) if len(args) > 2 and isinstance(args[2], bool) else bool(n.kwargs.get("keepdim", False))
+    if name in ("argmax", "argmin"):
+        # The index is a row-major position over the reduced dims' factors: in the padded program
+        # each factor's stride is the product of the padded sizes after it, so only the first
+        # factor may be padded (argmin of a transposed [3, 3] at bucket [4, 3] gave 6 for 5).
+        factors = [f for d in dims for f in lay[d]]
+        if any(_padded(f) for f in factors[1:]):
+            raise NotBucketable(f"{name}'s flat index over a padded inner dimension")
     if _is_padded(lay, dims):
         identity = _REDUCTIONS[name]
         if identity == "mean":

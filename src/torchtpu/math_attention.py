@@ -10,7 +10,7 @@ same dropout and dropout-mask forms, the same outputs and dtypes); two of its ar
   precision, on devices that multiply in it). Here the inputs are already float32 or the matrix unit
   accumulates in float32, and the key side is the costly one to scale: in decoding with a static
   KV cache the key is the whole cache, and its scaled copy is a pass over the cache per layer that
-  the compiler may also not fuse (on a TPU v5e, GPT-2-small decode at batch 8: a materialized
+  the compiler may also not fuse (on a TPU v5e, the bench's 100M GPT decoding at batch 8: a materialized
   [8, 12, 512, 64] product per layer, and the cache fetched whole into on-chip memory for it). So
   the shorter of query and key is multiplied by the whole scale. With a power-of-four head dim the
   scale is a power of two and the product exact.

@@ -106,3 +106,24 @@ def test_decoding_attention_scales_the_query_and_reads_shared_key_value_heads_on
     multiplied = [line for line in text.splitlines() if "stablehlo.multiply" in line and re.search(cache_sized, line)]
     assert not multiplied, multiplied[:2]
     assert "3x6x37x16" not in text and "3x6x16x37" not in text  # no repeated (6-head) cache
+
+
+@pytest.mark.parametrize("how", ["defer_and_fuse", "compiled_dynamic"])
+def test_math_attention_in_defer_and_fuse_and_compiled_with_dynamic_shapes(how):
+    """The same path recorded by DeferAndFuse, and traced by torch.compile with symbolic lengths
+    (the scaled operand is chosen by comparing them: a guard, not an error)."""
+    def attend(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+    fn = torch.compile(attend, backend="tpu", dynamic=True) if how == "compiled_dynamic" else attend
+    for q_len, kv_len in ((3, 5), (6, 9), (7, 4)):
+        q, k, v = _case(torch.float32, q_heads=4, k_heads=2, q_len=q_len, kv_len=kv_len)
+        mask = torch.rand(q_len, kv_len, generator=torch.Generator().manual_seed(q_len)) > 0.2
+        want = attend(q, k, v, mask)
+        with torch.tpu.precision("highest"):
+            if how == "defer_and_fuse":
+                with torch.tpu.defer_and_fuse():
+                    got = fn(*(t.to("tpu") for t in (q, k, v, mask))).cpu()
+            else:
+                got = fn(*(t.to("tpu") for t in (q, k, v, mask))).cpu()
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)

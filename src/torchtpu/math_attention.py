@@ -16,7 +16,8 @@ same dropout and dropout-mask forms, the same outputs and dtypes); two of its ar
   scale is a power of two and the product exact.
 - With ``enable_gqa`` PyTorch repeats key and value heads to the query's head count (a copy of
   both, per call). Here the query's heads are grouped onto the shared key/value heads instead, so
-  the products read key and value once.
+  the products read key and value once (at static sizes; a graph traced with symbolic sizes repeats,
+  as PyTorch does).
 """
 
 from __future__ import annotations
@@ -66,11 +67,15 @@ def scaled_dot_product_attention_math(
     if enable_gqa and (heads != k.shape[-3] or heads != v.shape[-3]):
         if heads % k.shape[-3] or heads % v.shape[-3]:
             raise RuntimeError("Number of heads in key and value must divide the number of heads in ")
-        if k.shape[-3] == v.shape[-3]:
+        symbolic = any(isinstance(d, torch.SymInt) for d in (*q.shape, *k.shape))
+        if k.shape[-3] == v.shape[-3] and not symbolic:
             # Query head h shares key/value head h // groups (PyTorch's repeat_interleave): fold
             # each group's queries into one longer query block of its key/value head.
             groups = heads // k.shape[-3]
-        else:  # unequal key and value head counts: repeat both, as PyTorch does
+        else:
+            # Unequal key and value head counts, or symbolic sizes (a graph traced with dynamic
+            # shapes, where the folded sizes would be computed from symbols the graph cannot
+            # lower): repeat both, as PyTorch does.
             k = k.repeat_interleave(heads // k.shape[-3], dim=-3)
             v = v.repeat_interleave(heads // v.shape[-3], dim=-3)
     if groups > 1:

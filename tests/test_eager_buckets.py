@@ -108,6 +108,19 @@ def test_flat_arg_reductions_index_as_cpu(n):
 
 
 @pytest.mark.parametrize("n", SIZES)
+def test_any_and_all_over_no_dims_keep_the_shape(n):
+    """Regression (test_fuzz_as_cpu's script mode, 20000 examples): ``any``/``all`` with ``dim=()``
+    reduce nothing, but the bucketing analysis took () as every dim, and a padded input's result came
+    back with its bucket's rows ([4, 2] for [3, 2])."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, 2, generator=g).to(torch.bfloat16)
+    x[0, 0] = 0
+    t = dynamic(x)
+    for fn in (lambda v: v.any(dim=()), lambda v: v.all(dim=()), lambda v: v.all(dim=(0,)), lambda v: v.any()):
+        close(fn(t), fn(x))
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_softmax_and_its_backward(n):
     g = torch.Generator().manual_seed(n)
     x, w = torch.randn(n, 4, generator=g), torch.randn(n, 4, generator=g)

@@ -471,6 +471,8 @@ def _reduction(n, args, ins, val, layouts, masks) -> None:
         dims = [_dim(dims_arg, rank)]
     elif isinstance(dims_arg, (list, tuple)) and dims_arg:
         dims = [_dim(d, rank) for d in dims_arg]
+    elif isinstance(dims_arg, (list, tuple)) and name in ("any", "all"):
+        dims = []  # any/all.dims with dim=() reduce nothing (sum's dim=() reduces everything)
     else:
         dims = list(range(rank))
     keepdim = bool(args[2]) if len(args) > 2 and isinstance(args[2], bool) else bool(n.kwargs.get("keepdim", False))

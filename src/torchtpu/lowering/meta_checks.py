@@ -738,6 +738,20 @@ def _fill(x: torch.Tensor, value: Any) -> None:
     _check_fill_value(value, x.dtype)  # regression: fill_(int32, inf) gave int max
 
 
+@register_argument_check(aten.full.default)
+def _full_value(size: Any, value: Any, dtype: Any = None, *rest: Any) -> None:
+    if dtype is None:  # (full infers it from the value: bool, int64, or the default float type)
+        dtype = torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else \
+            torch.get_default_dtype()
+    _check_fill_value(value, dtype)  # regression: full((2,), 2**31, dtype=int32) wrapped to -2**31
+
+
+@register_argument_check(aten.scalar_tensor.default)
+def _scalar_tensor_value(value: Any, dtype: Any = None, *rest: Any) -> None:
+    # regression: where(cond, int32, 2**31), whose composite makes scalar_tensor(2**31, dtype=int32)
+    _check_fill_value(value, torch.get_default_dtype() if dtype is None else dtype)
+
+
 @register_argument_check(aten.masked_fill.Scalar)
 def _masked_fill_value(x: torch.Tensor, mask: torch.Tensor, value: Any) -> None:
     _check_fill_value(value, x.dtype)  # regression: a NaN into int64 raised ValueError

@@ -147,11 +147,10 @@ CASES = {
         1, li.to(d), float("-inf")),
     "fill int32 inf": lambda d: torch.ones(2, dtype=torch.int32).to(d).fill_(float("inf")),
     # regressions (test_fuzz_as_cpu's script mode, 20000 examples): these wrapped silently on tpu
-    "where int32 scalar 2**31": lambda d: torch.where(b[:2].to(d), torch.ones(2, dtype=torch.int32).to(d), 2**31),
     "full int32 2**31": lambda d: torch.full((2,), 2**31, dtype=torch.int32, device=d),
     "full float32 1e39": lambda d: torch.full((2,), 1e39, device=d),
     "full float32 inf": lambda d: torch.full((2,), float("inf"), device=d),
-    "scalar_tensor 1e39": lambda d: torch.scalar_tensor(1e39, device=d),
+    "scatter_reduce bool mean": lambda d: b.to(d).scatter_reduce(0, li.to(d), b[:2].to(d), "mean", include_self=False),
     "masked_fill int nan": lambda d: torch.ones(2).long().to(d).masked_fill(b[:2].to(d), float("nan")),
     "scatter uint8 inf": lambda d: torch.ones(2, dtype=torch.uint8).to(d).scatter(0, li.to(d), float("inf")),
     "mul_ uint8 by float": lambda d: torch.ones(2, dtype=torch.uint8).to(d).mul_(torch.ones(2).to(d)),

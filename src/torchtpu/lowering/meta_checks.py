@@ -746,12 +746,6 @@ def _full_value(size: Any, value: Any, dtype: Any = None, *rest: Any) -> None:
     _check_fill_value(value, dtype)  # regression: full((2,), 2**31, dtype=int32) wrapped to -2**31
 
 
-@register_argument_check(aten.scalar_tensor.default)
-def _scalar_tensor_value(value: Any, dtype: Any = None, *rest: Any) -> None:
-    # regression: where(cond, int32, 2**31), whose composite makes scalar_tensor(2**31, dtype=int32)
-    _check_fill_value(value, torch.get_default_dtype() if dtype is None else dtype)
-
-
 @register_argument_check(aten.masked_fill.Scalar)
 def _masked_fill_value(x: torch.Tensor, mask: torch.Tensor, value: Any) -> None:
     _check_fill_value(value, x.dtype)  # regression: a NaN into int64 raised ValueError
@@ -1047,6 +1041,9 @@ def _scatter_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.T
                     *rest: Any) -> None:
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    if reduce == "mean" and x.dtype == torch.bool and index.numel():
+        # CPU's kernel has no boolean mean (XLA refused the division: a CompileError, found by the fuzz)
+        raise NotImplementedError('"scatter_gather_tensor_cpu_reduce_mean" not implemented for \'Bool\'')
 
 
 @register_meta_check(aten.roll.default)

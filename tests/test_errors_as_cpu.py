@@ -151,6 +151,8 @@ CASES = {
     "full float32 1e39": lambda d: torch.full((2,), 1e39, device=d),
     "full float32 inf": lambda d: torch.full((2,), float("inf"), device=d),
     "scatter_reduce bool mean": lambda d: b.to(d).scatter_reduce(0, li.to(d), b[:2].to(d), "mean", include_self=False),
+    "scatter_reduce bool mean bad dim": lambda d: b.to(d).scatter_reduce(1, li.to(d), b[:2].to(d), "mean",
+                                                                        include_self=False),
     "masked_fill int nan": lambda d: torch.ones(2).long().to(d).masked_fill(b[:2].to(d), float("nan")),
     "scatter uint8 inf": lambda d: torch.ones(2, dtype=torch.uint8).to(d).scatter(0, li.to(d), float("inf")),
     "mul_ uint8 by float": lambda d: torch.ones(2, dtype=torch.uint8).to(d).mul_(torch.ones(2).to(d)),

@@ -1042,7 +1042,9 @@ def _scatter_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.T
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
     if reduce == "mean" and x.dtype == torch.bool and index.numel():
-        # CPU's kernel has no boolean mean (XLA refused the division: a CompileError, found by the fuzz)
+        # CPU's kernel has no boolean mean (XLA refused the division: a CompileError, found by the fuzz);
+        # CPU checks the dim first (index bounds too, which are known only on the device here)
+        check_dim(x, dim)
         raise NotImplementedError('"scatter_gather_tensor_cpu_reduce_mean" not implemented for \'Bool\'')
 
 

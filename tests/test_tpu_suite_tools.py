@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def test_verify_list_names_existing_samples_functions_and_tests():
 
 
 def test_steps_script_parses():
-    for script in ("steps.sh", "suite_run.sh"):
+    for script in ("steps.sh", "suite_run.sh", "pin_tree.sh"):
         assert subprocess.run(["bash", "-n", os.path.join(SUITE, script)], check=False).returncode == 0, script
 
 
@@ -108,3 +109,64 @@ def test_the_example_step_probe_counts_each_optimizer_steps_launches_and_compile
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(r["launches"] > 0 and r["wall_ms"] > 0 and r["reads"] >= 0 for r in rows)
     assert all(isinstance(r["compiles"], int) for r in rows)  # (0 where an earlier test compiled them)
+
+
+def test_the_suite_plugin_records_each_tests_outcome(tmp_path, monkeypatch):
+    import importlib
+    import types
+
+    sys.path.insert(0, SUITE)
+    monkeypatch.setenv("TPU_SUITE_OUTCOMES", str(tmp_path / "outcomes.txt"))
+    import suite_resume
+
+    suite_resume = importlib.reload(suite_resume)  # it reads the environment at import
+
+    def report(nodeid: str, when: str, outcome: str) -> types.SimpleNamespace:
+        return types.SimpleNamespace(nodeid=nodeid, when=when, outcome=outcome, passed=outcome == "passed",
+                                     skipped=outcome == "skipped", failed=outcome == "failed")
+
+    for r in (report("t::a", "setup", "passed"), report("t::a", "call", "passed"), report("t::a", "teardown", "passed"),
+              report("t::b", "setup", "skipped"), report("t::c", "call", "failed"),
+              report("t::d", "setup", "failed"), report("t::e", "call", "passed"),
+              report("t::e", "teardown", "failed")):
+        suite_resume.pytest_runtest_logreport(r)
+    lines = (tmp_path / "outcomes.txt").read_text().splitlines()
+    assert lines == ["passed t::a", "skipped t::b", "failed t::c", "error t::d", "passed t::e", "error t::e"]
+    monkeypatch.delenv("TPU_SUITE_OUTCOMES")
+    importlib.reload(suite_resume)
+
+
+def test_the_pinned_record_merges_returned_results_later_ones_winning(tmp_path):
+    import io
+    import tarfile
+
+    sys.path.insert(0, SUITE)
+    import pinned_record
+
+    junit = (b'<testsuites><testsuite><testcase classname="tests.test_x" name="test_a[1]"/>'
+             b'<testcase classname="tests.test_x" name="test_b"><skipped/></testcase>'
+             b'<testcase classname="tests.test_y" name="test_c"><failure/></testcase></testsuite></testsuites>')
+    assert pinned_record.outcomes_from_junit(junit) == {
+        "tests/test_x.py::test_a[1]": "passed", "tests/test_x.py::test_b": "skipped",
+        "tests/test_y.py::test_c": "failed"}
+    tgz = tmp_path / "suite.tgz"
+    with tarfile.open(tgz, "w:gz") as tar:
+        data = b"failed tests/test_y.py::test_c\npassed tests/test_y.py::test_c\n"
+        info = tarfile.TarInfo("./outcomes.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    record = tmp_path / "pinned_run.txt"
+    outcomes = pinned_record.outcomes_from_junit(junit)
+    outcomes.update(pinned_record.outcomes_from_result(tgz))
+    pinned_record.write_record("abc1234", outcomes, record)
+    commit, back = pinned_record.read_record(record)
+    assert commit == "abc1234" and back["tests/test_y.py::test_c"] == "passed" and len(back) == 3
+
+
+def test_the_pinned_record_names_a_commit_and_only_known_outcomes():
+    sys.path.insert(0, SUITE)
+    import pinned_record
+
+    commit, outcomes = pinned_record.read_record()
+    assert re.fullmatch(r"[0-9a-f]{7,40}", commit), commit  # (CI's clone may be shallow: no lookup)
+    assert set(outcomes.values()) <= set(pinned_record.OUTCOMES)

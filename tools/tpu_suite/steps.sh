@@ -28,12 +28,17 @@ suite)  # pytest arguments follow SECONDS; with .tpu/tree.tgz carried (pin_tree.
     tree=/tmp/suite_tree; rm -rf $tree; mkdir -p $tree; tar xzf .tpu/tree.tgz -C $tree
     echo "pinned tree $(cat $tree/PINNED)" | tee -a $OUT/versions.txt
     mkdir -p $tree/.tpu && cp -r .tpu/suite $tree/.tpu/
-    cat .tpu/tree_done.txt /tmp/done.txt 2>/dev/null | sort -u > $tree/.tpu/suite/done.txt
-    (cd $tree && PYTHONPATH=/tmp/torchtpu-site:$tree/src bash .tpu/suite/suite_run.sh suite $(( $(left) - 5 )) "$@")
+    # the pinned run's own lists (a warm host's /tmp/done.txt may hold tests of another commit)
+    cat .tpu/tree_done.txt /tmp/tree_done.txt 2>/dev/null | sort -u > $tree/.tpu/suite/done.txt
+    cat .tpu/tree_outcomes.txt /tmp/tree_outcomes.txt 2>/dev/null > $tree/.tpu/suite/outcomes.txt
+    # the tree's src first, before the checkout's (env.sh put it last); the rest of PYTHONPATH names
+    # the host's JAX and libtpu: replacing it lost libtpu ("Failed to load the backend extension")
+    (cd $tree && PYTHONPATH=$tree/src:$PYTHONPATH bash .tpu/suite/suite_run.sh suite $(( $(left) - 5 )) "$@")
+    cp $OUT/done.txt /tmp/tree_done.txt; cp $OUT/outcomes.txt /tmp/tree_outcomes.txt
   else
     bash .tpu/suite/suite_run.sh suite $(( $(left) - 5 )) "$@"
-  fi
-  cp $OUT/done.txt /tmp/done.txt ;;
+    cp $OUT/done.txt /tmp/done.txt
+  fi ;;
 demo)
   for m in strict debug defer_and_fuse; do
     [ "$(left)" -lt 70 ] && break

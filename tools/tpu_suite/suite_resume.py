@@ -2,6 +2,9 @@
 
 TPU_SUITE_DONE names a file of node ids already run (one per line): they are deselected, and each
 test that finishes is appended, so the next call goes on where this one stopped.
+TPU_SUITE_OUTCOMES, where set, names a file that gets a line "OUTCOME NODE_ID" per test (passed,
+failed, error, skipped; a later line for the same test wins), so that a run spanning calls can be
+counted (`pinned_record.py`).
 TPU_SUITE_DEADLINE is a Unix time: once it is near, no further test starts and the session ends
 cleanly (junit written), instead of being killed mid-test by the call's time limit.
 """
@@ -12,6 +15,7 @@ import pytest
 
 _DONE = os.environ.get("TPU_SUITE_DONE")
 _DEADLINE = float(os.environ.get("TPU_SUITE_DEADLINE", "0") or 0)
+_OUTCOMES = os.environ.get("TPU_SUITE_OUTCOMES")
 _MARGIN_S = float(os.environ.get("TPU_SUITE_MARGIN", "45"))
 
 
@@ -38,6 +42,23 @@ def pytest_runtest_logfinish(nodeid, location):
     if _DONE:
         with open(_DONE, "a") as f:
             f.write(nodeid + "\n")
+
+
+def pytest_runtest_logreport(report):
+    """The test's outcome, once known: its call's, or its setup's when that skipped or failed, or an
+    error in its teardown."""
+    if not _OUTCOMES:
+        return
+    if report.when == "call":
+        outcome = report.outcome
+    elif report.when == "setup" and not report.passed:
+        outcome = "skipped" if report.skipped else "error"
+    elif report.when == "teardown" and report.failed:
+        outcome = "error"
+    else:
+        return
+    with open(_OUTCOMES, "a") as f:
+        f.write(f"{outcome} {report.nodeid}\n")
 
 
 @pytest.hookimpl(tryfirst=True)

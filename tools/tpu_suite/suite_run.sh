@@ -18,12 +18,13 @@ if [ "${1:-}" = restore ]; then
 fi
 tag=$1; secs=$2; shift 2
 touch "$OUT/done.txt"; [ -e .tpu/suite/done.txt ] && cp .tpu/suite/done.txt "$OUT/done.txt"
-export TPU_SUITE_DONE="$OUT/done.txt" TPU_SUITE_DEADLINE=$(( $(date +%s) + secs ))
+touch "$OUT/outcomes.txt"; [ -e .tpu/suite/outcomes.txt ] && cp .tpu/suite/outcomes.txt "$OUT/outcomes.txt"
+export TPU_SUITE_DONE="$OUT/done.txt" TPU_SUITE_OUTCOMES="$OUT/outcomes.txt" TPU_SUITE_DEADLINE=$(( $(date +%s) + secs ))
 export PYTHONPATH="$PWD/.tpu/suite:${PYTHONPATH:-}"
 export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="${TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT:-$T3}"
 python3 -m pytest -p suite_resume -p pytest_timeout --timeout 300 -q -rfEs -p no:cacheprovider \
   --junitxml "$OUT/$tag.xml" "${@:-tests}" 2>&1 | tee "$OUT/$tag.log" | grep -v PASSED | tail -120
-echo "done so far: $(wc -l < "$OUT/done.txt")"
+echo "done so far: $(wc -l < "$OUT/done.txt"); outcomes: $(awk '{o[$2] = $1} END {for (t in o) n[o[t]]++; for (k in n) printf "%s %d  ", k, n[k]}' "$OUT/outcomes.txt")"
 # the largest cache entries, as many as fit 4 parts of 15 MiB compressed
 if [ -d "$T3" ]; then
   budget=$((240 * 1024 * 1024))

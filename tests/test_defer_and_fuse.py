@@ -526,6 +526,26 @@ def test_native_recording_matches_python(monkeypatch):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 
+def test_native_record_runs_the_ops_argument_check(monkeypatch):
+    """An op with a per-call argument check (a fill value's range) is recorded natively once its key
+    is known, and the native path runs the check: scalar_tensor(2**31, int32), the composite of
+    where(cond, int32, 2**31), converted without CPU's overflow error while the check kept the op off
+    that path (it was taken back: the path records every wrapped scalar)."""
+    calls = []
+    run_plan = executor.run_plan
+    monkeypatch.setattr(executor, "run_plan", lambda plan, *a: calls.append(plan.op) or run_plan(plan, *a))
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        # the key's first record, by the Python path, and its program's launch
+        assert torch.scalar_tensor(1, dtype=torch.int32, device="tpu").item() == 1
+        calls.clear()
+        x = torch.scalar_tensor(7, dtype=torch.int32, device="tpu")
+        assert torch.ops.aten.scalar_tensor.default not in calls  # recorded natively
+        with pytest.raises(RuntimeError, match="value cannot be converted to type int without overflow"):
+            torch.scalar_tensor(2**31, dtype=torch.int32, device="tpu")
+        assert torch.ops.aten.scalar_tensor.default not in calls  # raised by the native path's check
+        assert x.item() == 7
+
+
 def test_native_record_reads_only_the_types_it_knows():
     """The native record reads a graph's, an op info's and a collector's fields at their slot
     offsets: any other object is a TypeError, never a read at a foreign object's offsets."""

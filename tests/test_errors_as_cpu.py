@@ -150,6 +150,11 @@ CASES = {
     "full int32 2**31": lambda d: torch.full((2,), 2**31, dtype=torch.int32, device=d),
     "full float32 1e39": lambda d: torch.full((2,), 1e39, device=d),
     "full float32 inf": lambda d: torch.full((2,), float("inf"), device=d),
+    # (the first call records the op's key, so that in DeferAndFuse the second takes the native fast
+    # path, which runs scalar_tensor's argument check too: it was left out of that path before)
+    "where int32 scalar 2**31": lambda d: [torch.where(b[:2].to(d), torch.ones(2, dtype=torch.int32).to(d), v)
+                                           for v in (5, 2**31)],
+    "scalar_tensor float32 1e39": lambda d: [torch.scalar_tensor(v, device=d) for v in (1.0, 1e39)],
     "scatter_reduce bool mean": lambda d: b.to(d).scatter_reduce(0, li.to(d), b[:2].to(d), "mean", include_self=False),
     "scatter_reduce bool mean bad dim": lambda d: b.to(d).scatter_reduce(1, li.to(d), b[:2].to(d), "mean",
                                                                         include_self=False),

@@ -29,7 +29,8 @@ PyObject *g_deferred, *g_config, *g_missing, *g_eligible;
 PyObject *s_defer_and_fuse, *s_launch_blocking, *s_debug_checks_override, *s_graph, *s_native_record,
     *s_lock, *s_acquire, *s_release, *s_names, *s_defaults, *s_runtime_scalar, *s_mutated, *s_returns,
     *s_returns_list, *s_arg, *s_since_sync, *s_period, *s_stats, *s_period_cuts, *s_chunk_nodes, *s_max_nodes,
-    *s_min_period, *s_min_cut_nodes, *s_flush, *s_cut, *s_history, *s_history_occurrences, *s_on_period;
+    *s_min_period, *s_min_cut_nodes, *s_flush, *s_cut, *s_history, *s_history_occurrences, *s_on_period,
+    *s_argument_check, *s_func_arg_positions;
 
 // deferred's globals and config's settings, read per recorded op. Module globals and plain
 // instance attributes live in a dict: reading that dict skips the generic attribute lookup
@@ -62,6 +63,11 @@ struct FastPlan {
   bool mutated = false;
   bool returns_list = false;
   std::vector<std::pair<bool, Py_ssize_t>> returns;  // (from an argument, position)
+  // OpPlan.argument_check (None for most ops) and the positions of its arguments among the
+  // call's values: a check of runtime scalars (a fill value's range), run on every call, as
+  // executor.run_plan does, before anything is recorded
+  py::object argument_check;
+  std::vector<Py_ssize_t> check_positions;
 };
 // Leaked, like the objects above: destroying it at exit would drop Python references after
 // the interpreter has finalized.
@@ -83,6 +89,11 @@ const FastPlan& fast_plan(py::handle plan) {
       fp.returns.emplace_back(from_arg, PyLong_AsSsize_t(PyTuple_GET_ITEM(r.ptr(), 1)));
     }
     TORCH_CHECK(PyList_Check(fp.runtime_scalar.ptr()), "OpPlan.runtime_scalar must be a list");
+    py::object check = plan.attr(s_argument_check);
+    if (!check.is_none()) {
+      fp.argument_check = check;
+      for (py::handle i : py::object(plan.attr(s_func_arg_positions))) fp.check_positions.push_back(PyLong_AsSsize_t(i.ptr()));
+    }
   }
   Py_INCREF(plan.ptr());  // the map holds its plans
   return g_plans->emplace(plan.ptr(), std::move(fp)).first->second;
@@ -395,6 +406,14 @@ py::object defer_record(py::handle plan, py::handle args, py::handle kwargs) {
   if (!fp.eligible) return fallback;
   py::object values = normalize(fp, args, kwargs);
   if (!values) return fallback;
+  if (fp.argument_check) {  // raises as the Python path would, nothing recorded
+    const Py_ssize_t n = static_cast<Py_ssize_t>(fp.check_positions.size());
+    py::object check_args = steal(PyTuple_New(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyTuple_SET_ITEM(check_args.ptr(), i, Py_NewRef(PyList_GET_ITEM(values.ptr(), fp.check_positions[i])));
+    }
+    steal(PyObject_Call(fp.argument_check.ptr(), check_args.ptr(), nullptr));
+  }
   py::object col = new_collector();
   thread_local std::vector<uint64_t> words;  // the call's key words (kept: no allocation per call)
   PyObject* info = call_info(plan, values, fp, col, words);  // borrowed
@@ -457,7 +476,8 @@ void register_defer(py::module& m) {
                 {&s_period_cuts, "period_cuts"}, {&s_chunk_nodes, "CHUNK_NODES"}, {&s_max_nodes, "MAX_NODES"},
                 {&s_min_period, "MIN_PERIOD"}, {&s_min_cut_nodes, "MIN_CUT_NODES"}, {&s_flush, "flush"},
                 {&s_cut, "cut"}, {&s_history, "_history"}, {&s_history_occurrences, "_history_occurrences"},
-                {&s_on_period, "_on_period"}});
+                {&s_on_period, "_on_period"}, {&s_argument_check, "argument_check"},
+                {&s_func_arg_positions, "func_arg_positions"}});
   });
   m.def(
       "_remember_op_info",

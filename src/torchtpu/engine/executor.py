@@ -312,9 +312,10 @@ def _supported(plan: OpPlan) -> bool:
 
 def defer_fast_eligible(plan: OpPlan) -> bool:
     """Whether the native kernel (csrc/defer.cpp) may record calls of ``plan`` (checked once per plan): a
-    supported op without per-call argument checks or random draws, which need run_plan. (Index
-    bounds are checked after the native record: see ``check_recorded_index_bounds``.)"""
-    return _supported(plan) and plan.argument_check is None and not plan.random
+    supported op without random draws, which need run_plan. (It runs the plan's argument check itself,
+    before recording; index bounds are checked after the native record: see
+    ``check_recorded_index_bounds``.)"""
+    return _supported(plan) and not plan.random
 
 
 _deferred_module: Any = None

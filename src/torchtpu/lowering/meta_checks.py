@@ -746,6 +746,13 @@ def _full_value(size: Any, value: Any, dtype: Any = None, *rest: Any) -> None:
     _check_fill_value(value, dtype)  # regression: full((2,), 2**31, dtype=int32) wrapped to -2**31
 
 
+@register_argument_check(aten.scalar_tensor.default)
+def _scalar_tensor_value(value: Any, dtype: Any = None, *rest: Any) -> None:
+    # regression: where(cond, int32, 2**31), whose composite makes scalar_tensor(2**31, dtype=int32)
+    # (DeferAndFuse's native fast path runs argument checks too: csrc/defer.cpp)
+    _check_fill_value(value, torch.get_default_dtype() if dtype is None else dtype)
+
+
 @register_argument_check(aten.masked_fill.Scalar)
 def _masked_fill_value(x: torch.Tensor, mask: torch.Tensor, value: Any) -> None:
     _check_fill_value(value, x.dtype)  # regression: a NaN into int64 raised ValueError

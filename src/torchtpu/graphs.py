@@ -57,6 +57,7 @@ class TPUGraph:
     def __init__(self, keep_graph: bool = False) -> None:
         self._fused: Any = None
         self._args: list[tuple] = []
+        self._buffer_refs: list[weakref.ref] | None = None  # (see _compile)
         self._outputs: list[list[weakref.ref]] = []  # per program result: the storages it is written to
         self._device = 0
         self._empty = False
@@ -133,6 +134,10 @@ class TPUGraph:
         self._args = [("buf", None, a[2]) if a[0] == "buf" else a for a in args]
         self._fused, self._device = fused, g.nodes[0].device
         self._outputs = [[weakref.ref(s) for s, _ in holders[k]] for k in live]
+        # per program parameter of its own (in order), the storage's weak reference where it is a
+        # buffer: a replay reads those storages' current buffers and nothing else of the arguments
+        own = [self._args[i] for i in fused.layout.own]
+        self._buffer_refs = [a[2] for a in own] if all(a[0] == "buf" for a in own) else None
 
     def refuse(self, what: str) -> None:
         """Raise for an operation that cannot happen inside the capture (deferred.flush calls it)."""
@@ -158,6 +163,39 @@ class TPUGraph:
             raise CaptureError("torchtpu: replay() before the graph was captured")
         if deferred.has_pending():  # recorded work first: it may write what the graph reads
             deferred.flush()
+        fused, device = self._fused, self._device
+        with runtime.batched_destroys():  # the ~30 buffers a replay replaces: off this thread
+            with deferred._lock:
+                if self._buffer_refs is not None:  # every parameter a tensor's buffer (no seed)
+                    buffers = self._current_buffers()
+                    if fused.layout.packed:
+                        deferred.append_packed_scalars(fused, self._args, device, buffers)
+                    outs = deferred.launch_fused(fused, buffers, device)
+                else:
+                    outs = deferred.run_fused(fused, self._current_args(), device)
+            attr = deferred._ATTR
+            for refs, buf in zip(self._outputs, outs):
+                for ref in refs:
+                    s = ref()
+                    if s is not None:
+                        setattr(s, attr, buf)
+        if config.launch_blocking:  # Debug mode: synchronous, device errors surface here
+            torch.tpu.synchronize()
+
+    def _current_buffers(self) -> list:
+        """The buffers the captured tensors hold now, one per program parameter of its own."""
+        attr = deferred._ATTR
+        try:
+            buffers = [getattr(ref(), attr) for ref in self._buffer_refs]
+        except AttributeError:  # a storage freed (None has no buffer) or never given one
+            buffers = [None]
+        if None in buffers or deferred.Pending in {b.__class__ for b in buffers}:
+            args = self._current_args()  # raises, naming what is wrong
+            return [args[i][1] for i in self._fused.layout.own]
+        return buffers
+
+    def _current_args(self) -> list[tuple]:
+        """The captured arguments with the tensors' current buffers and a new seed per random draw."""
         args = []
         for a in self._args:
             kind = a[0]
@@ -173,22 +211,12 @@ class TPUGraph:
                 args.append(("seed", _C._next_seed(_C._default_generator(self._device))))
             else:
                 args.append(a)
-        with runtime.batched_destroys():  # the ~30 buffers a replay replaces: off this thread
-            with deferred._lock:
-                outs = deferred.run_fused(self._fused, args, self._device)
-            del args
-            attr = deferred._ATTR
-            for refs, buf in zip(self._outputs, outs):
-                for ref in refs:
-                    s = ref()
-                    if s is not None:
-                        setattr(s, attr, buf)
-        if config.launch_blocking:  # Debug mode: synchronous, device errors surface here
-            torch.tpu.synchronize()
+        return args
 
     def reset(self) -> None:
         """Drop the captured program; the graph may be captured again."""
         self._fused, self._args, self._outputs, self._empty = None, [], [], False
+        self._buffer_refs = None
 
     def pool(self) -> tuple[int, int]:
         """A memory-pool handle, as CUDA graphs share pools: PJRT owns tpu memory, so it is opaque."""

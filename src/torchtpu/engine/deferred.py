@@ -474,22 +474,32 @@ def _launch(fused: _Fused, args: list[tuple], device: int,
 
 def run_fused(fused: _Fused, args: list[tuple], device: int) -> list:
     """Launch a fused program on these arguments (not waited for): its live outputs' buffers."""
-    layout = fused.layout
-    buffers = [_arg_buffer(args[i], device) for i in layout.own]
-    if layout.packed:
-        last = fused.packed_last
-        for n, (dtype, members) in enumerate(layout.packed):
-            values = [args[i][1] for i in members]
-            key = _C._op_key(tuple(values))  # exact: -0.0 is not 0.0, 1 is not 1.0
-            hit = last[n]
-            if hit is None or hit[1] != device or hit[0] != key:
-                vector = _device_state.client().buffer_from_host(
-                    np.array(values, dtype=st.TORCH_TO_NUMPY[dtype]), device)
-                hit = last[n] = (key, device, vector)
-            buffers.append(hit[2])
+    buffers = [_arg_buffer(args[i], device) for i in fused.layout.own]
+    if fused.layout.packed:
+        append_packed_scalars(fused, args, device, buffers)
+    return launch_fused(fused, buffers, device)
+
+
+def launch_fused(fused: _Fused, buffers: list, device: int) -> list:
+    """Launch a fused program on its parameters' buffers (``buffers`` is consumed)."""
     outs = executor.launch(fused.executable, buffers, device, fused.donate)
-    del buffers
+    buffers.clear()  # (a donated input's Buffer is not kept alive here past the launch)
     return outs
+
+
+def append_packed_scalars(fused: _Fused, args: list[tuple], device: int, buffers: list) -> None:
+    """Append the vectors of the runtime scalars packed per dtype (``_ParamLayout``) to ``buffers``:
+    the previous launch's vector again where the values are the same."""
+    last = fused.packed_last
+    for n, (dtype, members) in enumerate(fused.layout.packed):
+        values = [args[i][1] for i in members]
+        key = _C._op_key(tuple(values))  # exact: -0.0 is not 0.0, 1 is not 1.0
+        hit = last[n]
+        if hit is None or hit[1] != device or hit[0] != key:
+            vector = _device_state.client().buffer_from_host(
+                np.array(values, dtype=st.TORCH_TO_NUMPY[dtype]), device)
+            hit = last[n] = (key, device, vector)
+        buffers.append(hit[2])
 
 
 def _live_outputs_python(g: _Graph, touched: list) -> tuple[list[tuple[int, int]], dict]:

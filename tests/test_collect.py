@@ -96,3 +96,22 @@ def test_native_walk_leaves_lazy_views_to_python() -> None:
     native, python = _both([z.conj(), torch.neg(z)._neg_view()], [False, False])
     assert native == python
     assert len(native[0][0]) == 7  # the conj/neg flags ride along in the spec
+
+
+def test_native_storage_buffers_gather_what_the_launch_loop_gathers() -> None:
+    """_C._storage_buffers (execute_and_bind's common case): each storage input's Buffer in order,
+    storages the program does not read ("U" keys: written, not read) skipped; None, for the Python
+    loop, where an input is not a storage or a storage holds no Buffer."""
+    from torchtpu import storage as st
+    from torchtpu.runtime import Buffer
+
+    a, b = torch.randn(3, device="tpu"), torch.randn(5, device="tpu")
+    col = executor._Collector()
+    _C._walk_all(col, [a, a[1:], b], [False, False, False])
+    assert len(col.storages) == 2  # a's view shares its storage
+    got = _C._storage_buffers(col.inputs, col.storages, tuple(col.skeys), Buffer)
+    assert got == [getattr(a.untyped_storage(), st._ATTR), getattr(b.untyped_storage(), st._ATTR)]
+    skeys = (("U", 2, torch.float32), *col.skeys[1:])  # the first storage only written
+    assert _C._storage_buffers(col.inputs, col.storages, skeys, Buffer) == got[1:]
+    assert _C._storage_buffers([*col.inputs, ("scalar", 1.0, None)], col.storages, tuple(col.skeys), Buffer) is None
+    assert _C._storage_buffers(col.inputs, col.storages, tuple(col.skeys), type(None)) is None  # not Buffers

@@ -404,6 +404,46 @@ void register_collect(py::module& m) {
       },
       "one argument's spec (see executor._Collector.walk)");
   m.def("_walk_all", &walk_all, "(specs, has_generator) of a call's schema values (see executor.run_plan)");
+  m.def(
+      "_storage_buffers",
+      [](py::handle inputs, py::handle storages, py::handle skeys, py::handle buffer_type) -> py::object {
+        // executor.execute_and_bind's loop over a launch's inputs, for the common case where each
+        // is a storage: its buffer, in order, skipping storages the program does not read ("U"
+        // keys). None, having changed nothing, where an input is anything else (a scalar, a host
+        // value, a seed) or a storage holds no Buffer (a DeferAndFuse Pending): Python's loop then.
+        TORCH_CHECK(g_buffer_attr != nullptr, "torchtpu._C._collect_setup was not called");
+        TORCH_CHECK(PyList_Check(inputs.ptr()) && PyList_Check(storages.ptr()) &&
+                        (PyTuple_Check(skeys.ptr()) || PyList_Check(skeys.ptr())),
+                    "_storage_buffers(inputs: list, storages: list, skeys: tuple or list, buffer_type)");
+        const auto is = [](PyObject* o, PyObject* interned) {  // (kinds are interned; equal strings too)
+          return o == interned || (PyUnicode_Check(o) && PyUnicode_Compare(o, interned) == 0);
+        };
+        const Py_ssize_t n_skeys = PySequence_Fast_GET_SIZE(skeys.ptr());
+        const Py_ssize_t n = PyList_GET_SIZE(inputs.ptr());
+        py::list buffers;
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          PyObject* inp = PyList_GET_ITEM(inputs.ptr(), i);
+          if (!PyTuple_Check(inp) || PyTuple_GET_SIZE(inp) != 2 || !is(PyTuple_GET_ITEM(inp, 0), k_storage)) {
+            return py::none();
+          }
+          const Py_ssize_t slot = PyLong_AsSsize_t(PyTuple_GET_ITEM(inp, 1));
+          if (slot < 0 || slot >= n_skeys || slot >= PyList_GET_SIZE(storages.ptr())) {
+            if (PyErr_Occurred()) throw py::error_already_set();
+            return py::none();
+          }
+          PyObject* skey = PySequence_Fast_GET_ITEM(skeys.ptr(), slot);
+          if (PyTuple_Check(skey) && PyTuple_GET_SIZE(skey) > 0 && is(PyTuple_GET_ITEM(skey, 0), k_U)) continue;
+          PyObject* raw = nullptr;
+          if (_PyObject_LookupAttr(PyList_GET_ITEM(storages.ptr(), slot), g_buffer_attr, &raw) < 0) {
+            throw py::error_already_set();
+          }
+          py::object buf = py::reinterpret_steal<py::object>(raw);
+          if (!buf || Py_TYPE(buf.ptr()) != reinterpret_cast<PyTypeObject*>(buffer_type.ptr())) return py::none();
+          check(PyList_Append(buffers.ptr(), buf.ptr()));
+        }
+        return std::move(buffers);
+      },
+      "the buffers of a launch's storage inputs, or None (see executor.execute_and_bind)");
 }
 
 }  // namespace torchtpu

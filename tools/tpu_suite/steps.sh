@@ -54,7 +54,7 @@ bench)  # SET (third argument): demo = TPUGraph replay against JAX on the demo G
   demo)
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_demo --modes ${BENCH_MODES:-jax_jit,compiled,compiled_graph} --timeout 100 --out $OUT/bdemo.json 2>&1 | tee $OUT/bench1.log | tail -14 ;;
   decode)  # greedy decoding at batch 1 and 8: the compiled step per token, and replayed from a TPUGraph
-    timeout $(( $(left) - 5 )) python3 bench/tpu.py --only decode_b1,decode_b8 --modes jax_jit,compiled,compiled_graph --timeout 110 --out $OUT/bdecode.json 2>&1 | tee $OUT/bench4.log | tail -14 ;;
+    timeout $(( $(left) - 5 )) python3 bench/tpu.py --only decode_b1,decode_b8 --modes ${BENCH_MODES:-jax_jit,compiled,compiled_graph,compiled_replayed} --timeout 110 --out $OUT/bdecode.json 2>&1 | tee $OUT/bench4.log | tail -14 ;;
   big)
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tee $OUT/bench3.log | tail -14
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tee $OUT/bench2.log | tail -24 ;;

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-_backend = None
+_backends: dict[bool, Any] = {}  # replayed (mode="reduce-overhead") -> the AOTAutograd backend
 
 
 def _tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:
@@ -100,21 +100,38 @@ def _decompositions() -> dict:
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
-    """The Dynamo backend registered as ``"tpu"``."""
-    global _backend
-    if _backend is None:
+    """The Dynamo backend registered as ``"tpu"``. ``mode="reduce-overhead"`` replays inference graphs
+    from TPU graphs (compile/replayed.py); other modes are Inductor's and change nothing here."""
+    mode = kwargs.pop("mode", None)
+    if mode not in (None, "default", "reduce-overhead"):
+        _warn_inductor_settings()
+    replayed = mode == "reduce-overhead"
+    backend = _backends.get(replayed)
+    if backend is None:
         from torch._dynamo.backends.common import aot_autograd
 
-        _backend = aot_autograd(fw_compiler=_graph_compiler("forward"), bw_compiler=_graph_compiler("backward"),
-                                inference_compiler=_graph_compiler("inference"),
-                                decompositions=_decompositions(),
-                                # Optimizer steps mutate their inputs: keep the copies in the
-                                # graph, where they become storage write-backs of one program.
-                                keep_inference_input_mutations=True)
+        inference = _graph_compiler("inference")
+        if replayed:
+            inference = _replayed(inference)
+        backend = _backends[replayed] = aot_autograd(
+            fw_compiler=_graph_compiler("forward"), bw_compiler=_graph_compiler("backward"),
+            inference_compiler=inference, decompositions=_decompositions(),
+            # Optimizer steps mutate their inputs: keep the copies in the
+            # graph, where they become storage write-backs of one program.
+            keep_inference_input_mutations=True)
     from ..lowering.decompose import tracing_lock
 
     with tracing_lock:  # AOTAutograd traces with make_fx, whose state is global (decompose.py)
-        return _backend(gm, example_inputs, **kwargs)
+        return backend(gm, example_inputs, **kwargs)
+
+
+def _replayed(compile_graph: Any) -> Any:
+    def compile_replayed(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        from .replayed import ReplayedRunner
+
+        return ReplayedRunner(compile_graph(gm, example_inputs), gm)
+
+    return compile_replayed
 
 
 def holds_tpu_tensors(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> bool:
@@ -125,6 +142,15 @@ def holds_tpu_tensors(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> bo
 
 
 _warned_inductor_settings = False
+
+
+def _warn_inductor_settings() -> None:
+    global _warned_inductor_settings
+    if not _warned_inductor_settings:
+        _warned_inductor_settings = True
+        warnings.warn("torchtpu: torch.compile's mode and options are Inductor settings; tpu graphs compile "
+                      "with the 'tpu' backend (XLA), which does not read them (mode='reduce-overhead' "
+                      "replays inference graphs from TPU graphs)", stacklevel=3)
 
 
 def route_default_compile() -> None:
@@ -141,14 +167,14 @@ def route_default_compile() -> None:
     inductor_call = wrapper.__call__
 
     def __call__(self: Any, model_: torch.fx.GraphModule, inputs_: list[Any], *, config_patches: Any = None) -> Any:
-        global _warned_inductor_settings
         if not holds_tpu_tensors(model_, inputs_):
             return inductor_call(self, model_, inputs_, config_patches=config_patches)
-        if (self.config or config_patches) and not _warned_inductor_settings:
-            _warned_inductor_settings = True
-            warnings.warn("torchtpu: torch.compile's mode and options are Inductor settings; tpu graphs compile "
-                          "with the 'tpu' backend (XLA), which does not read them", stacklevel=2)
-        return tpu_backend(model_, inputs_)
+        settings = {**(self.config or {}), **(config_patches or {})}
+        # mode="reduce-overhead" is Inductor's CUDA graphs: on tpu, TPU graphs (compile/replayed.py)
+        replayed = settings.pop("triton.cudagraphs", False)
+        if settings:
+            _warn_inductor_settings()
+        return tpu_backend(model_, inputs_, **({"mode": "reduce-overhead"} if replayed else {}))
 
     wrapper.__call__ = __call__
     wrapper._torchtpu_routed = True

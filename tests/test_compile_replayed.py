@@ -111,3 +111,25 @@ def test_training_graphs_and_default_backend_routing():
     assert replayed.stats["replays"] == before["replays"] + 2  # the first call runs as compiled
     for o in outs:
         torch.testing.assert_close(o.cpu(), model(x).detach().cpu() * 2)
+
+
+def test_outputs_that_are_or_view_an_argument():
+    """An argument returned, or a view of it, is the call's own argument (or its view), not a copy."""
+    def f(x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        cache.add_(x)
+        return cache, cache[1], x, x.t() * 2
+
+    cache, cache_cpu = torch.zeros(3, 3, device="tpu"), torch.zeros(3, 3)
+    g = torch.compile(f, backend="tpu", mode="reduce-overhead")
+    before = replayed.stats["replays"]
+    with torch.no_grad():
+        for k in range(4):
+            x_cpu = torch.arange(9.0).reshape(3, 3) + k
+            got = g(x_cpu.to("tpu"), cache)
+            want = f(x_cpu, cache_cpu)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a.cpu(), b)
+            assert got[0] is cache
+    assert replayed.stats["replays"] == before + 3  # (calls 2-4: the first runs as compiled)
+    cache.add_(1)  # the returned view is a view of the argument, as in eager
+    torch.testing.assert_close(got[1].cpu(), cache_cpu[1] + 1)

@@ -71,7 +71,8 @@ class _Capture:
         # positions whose tensor the graph reads (and may write) itself: the storage and offset it reads
         self.in_place = [(i, weakref.ref(static_args[i].untyped_storage()), static_args[i].storage_offset())
                          for i in in_place]
-        self.outputs = outputs
+        self.plan = _output_plan(outputs, static_args)
+        self.tuple_type = type(outputs) if isinstance(outputs, (list, tuple)) else None
         self._attr = deferred._ATTR
 
     def matches(self, args: list[Any]) -> bool:
@@ -99,39 +100,66 @@ class _Capture:
                 self.static_args[i].copy_(a)
         self.graph.replay()
         stats["replays"] += 1
-        return _fresh(self.outputs, self.static_args, args)
+        return _fresh(self.plan, self.tuple_type, args)
 
 
-def _fresh(outputs: Any, static_args: list[Any], args: list[Any]) -> Any:
-    """The replay's results as new tensors on its (immutable) output buffers, outputs that shared
-    a storage sharing a new one; an output that is one of the call's inputs is that input."""
+def _output_plan(outputs: Any, static_args: list[Any]) -> list[tuple]:
+    """How each captured output is handed out after a replay (decided once, at the capture):
+    ("input", i) for an argument returned as is, ("view", i, shape, stride, offset) for a view on an
+    argument's storage (a view of that call's argument, as eager gives), ("new", ...) for a result
+    of the graph's own (on the replay's buffer), ("value", v) for anything else."""
+    by_storage = {}
+    for i, a in enumerate(static_args):
+        if isinstance(a, torch.Tensor) and a.device.type == "tpu":
+            by_storage.setdefault(id(a.untyped_storage()), i)
+    plan = []
+    for t in (outputs if isinstance(outputs, (list, tuple)) else [outputs]):
+        if not isinstance(t, torch.Tensor) or t.device.type != "tpu":
+            plan.append(("value", t))
+            continue
+        same = next((i for i, a in enumerate(static_args) if t is a), None)
+        storage = t.untyped_storage()
+        if same is not None:
+            plan.append(("input", same))
+        elif id(storage) in by_storage:
+            plan.append(("view", by_storage[id(storage)], tuple(t.shape), t.stride(), t.storage_offset()))
+        else:
+            whole = t.storage_offset() == 0 and t.numel() * t.element_size() == storage.nbytes()
+            plan.append(("new", storage, whole, tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device))
+    return plan
+
+
+def _fresh(plan: list[tuple], tuple_type: type | None, args: list[Any]) -> Any:
+    """The replay's results (see ``_output_plan``): its own as new tensors on its immutable output
+    buffers, outputs that shared a storage sharing a new one, so earlier calls' results keep their
+    values."""
     from .. import _C
     from ..engine import deferred
 
     attr = deferred._ATTR
     storages: dict[int, torch.UntypedStorage] = {}
-
-    def one(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor) or t.device.type != "tpu":
-            return t
-        for s, a in zip(static_args, args):
-            if t is s:
-                return a
-        static = t.untyped_storage()
-        buf = getattr(static, attr)
-        storage = storages.get(id(static))
-        if storage is None:
-            if t.storage_offset() == 0 and t.numel() * t.element_size() == static.nbytes():  # a whole storage
-                out, storages[id(static)] = _C._new_tensor(tuple(t.shape), t.stride(), t.dtype,
-                                                           t.device.index or 0, attr, buf)
-                return out
-            storage = storages[id(static)] = torch.UntypedStorage(static.nbytes(), device=t.device)
-            setattr(storage, attr, buf)
-        return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride())
-
-    if isinstance(outputs, (list, tuple)):
-        return type(outputs)(one(t) for t in outputs)
-    return one(outputs)
+    out = []
+    for step in plan:
+        kind = step[0]
+        if kind == "value":
+            out.append(step[1])
+        elif kind == "input":
+            out.append(args[step[1]])
+        elif kind == "view":
+            out.append(args[step[1]].as_strided(step[2], step[3], step[4]))
+        else:
+            _, static, whole, shape, stride, offset, dtype, device = step
+            buf = getattr(static, attr)
+            storage = storages.get(id(static))
+            if storage is None and whole:  # the common case: a result on a storage of its own
+                t, storages[id(static)] = _C._new_tensor(shape, stride, dtype, device.index or 0, attr, buf)
+                out.append(t)
+                continue
+            if storage is None:
+                storage = storages[id(static)] = torch.UntypedStorage(static.nbytes(), device=device)
+                setattr(storage, attr, buf)
+            out.append(torch.empty(0, dtype=dtype, device=device).set_(storage, offset, shape, stride))
+    return out[0] if tuple_type is None else tuple_type(out)
 
 
 class ReplayedRunner:

@@ -133,3 +133,14 @@ def test_outputs_that_are_or_view_an_argument():
     assert replayed.stats["replays"] == before + 3  # (calls 2-4: the first runs as compiled)
     cache.add_(1)  # the returned view is a view of the argument, as in eager
     torch.testing.assert_close(got[1].cpu(), cache_cpu[1] + 1)
+
+
+def test_the_inputs_a_graph_writes_are_found_in_positional_and_keyword_arguments():
+    from torchtpu.compile.replayed import _mutated_inputs
+
+    g = torch.fx.Graph()
+    a, b, c = g.placeholder("a"), g.placeholder("b"), g.placeholder("c")
+    g.output((g.call_function(torch.ops.aten.copy_.default, (a, c)),
+              g.call_function(torch.ops.aten.add.out, (c, c), {"out": b}),
+              g.call_function(torch.ops.aten.add.Tensor, (c, c))))
+    assert _mutated_inputs(torch.fx.GraphModule(torch.nn.Module(), g)) == {0, 1}

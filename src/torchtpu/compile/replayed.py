@@ -9,16 +9,17 @@ tokens/s as compiled calls and 1,572 replayed (JAX 1,634).
 
 Each inference graph (no autograd: training graphs run as compiled) is wrapped:
 
-- its first call runs as usual and notes which tensors it was given;
+- its first call runs as usual and notes the storages of its tensors;
 - the next call captures the graph for its argument layouts (at most ``MAX_CAPTURES`` captures),
   then each call with those layouts replays it. A tensor on the same storage (at the same offset)
   as at the first call (a parameter, a cache the function updates in place), and any tensor the
-  graph writes, is read in place, as CUDA graphs read static addresses, and must be on that storage
-  at each replay (another one runs as compiled once and captures again); any other tensor is given to a tensor of the
-  capture's own before each replay (its buffer, or a copy). A graph whose capture fails (an op that
-  reads a value on the host) runs as compiled calls;
+  graph writes, is read in place, as CUDA graphs read static addresses, and must be on that
+  storage at each replay (another one runs as compiled once and captures again); any other tensor
+  is given to a tensor of the capture's own before each replay (its buffer, or a copy). A graph
+  whose capture fails (an op that reads a value on the host) runs as compiled calls;
 - each replay's results are new tensors on that replay's output buffers, so results of earlier
-  calls keep their values (a CUDA graph overwrites them; a PJRT execution makes new buffers).
+  calls keep their values (a CUDA graph overwrites them; a PJRT execution makes new buffers); an
+  output that is an argument, or a view of one, is that call's argument or its view.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def _mutated_inputs(gm: torch.fx.GraphModule) -> set[int]:
     written = set()
     for node in gm.graph.nodes:
         if node.op == "call_function" and getattr(node.target, "_schema", None) is not None:
-            for arg, info in zip(node.args, node.target._schema.arguments):
+            schema = node.target._schema.arguments
+            given = [*zip(node.args, schema), *((node.kwargs[a.name], a) for a in schema if a.name in node.kwargs)]
+            for arg, info in given:
                 if info.alias_info is not None and info.alias_info.is_write and arg in placeholders:
                     written.add(placeholders.index(arg))
     return written

@@ -188,8 +188,8 @@ class TPUGraph:
         try:
             buffers = [getattr(ref(), attr) for ref in self._buffer_refs]
         except AttributeError:  # a storage freed (None has no buffer) or never given one
-            buffers = [None]
-        if None in buffers or deferred.Pending in {b.__class__ for b in buffers}:
+            buffers = None
+        if buffers is None or None in buffers or deferred.Pending in {b.__class__ for b in buffers}:
             args = self._current_args()  # raises, naming what is wrong
             return [args[i][1] for i in self._fused.layout.own]
         return buffers

@@ -30,6 +30,11 @@ from typing import Any
 
 import torch
 
+# (imported when a graph is first compiled with this mode: torchtpu is loaded by then)
+from .. import _C, graphs
+from ..engine import deferred
+from ..runtime import Buffer
+
 MAX_CAPTURES = 8  # captures per graph (argument layouts, new static tensors); then compiled calls
 _warned: set[str] = set()  # each reason a graph is not replayed, warned once per process
 stats = {"captures": 0, "replays": 0, "declined": 0}  # process-wide counts (tests, benchmarks)
@@ -62,15 +67,13 @@ class _Capture:
 
     def __init__(self, graph: Any, static_args: list[Any], private: list[int], in_place: list[int],
                  outputs: Any) -> None:
-        from ..engine import deferred
-
         self.graph = graph
         self.static_args = static_args
         # positions read from tensors of the capture's own, given each call's values: the call's
         # buffer itself where the layouts agree (buffers are immutable, and the graph does not write
         # these), else a copy
-        self.private = [(i, static_args[i].untyped_storage(), static_args[i].untyped_storage().nbytes())
-                        for i in private]
+        self.private = [(i, static_args[i].untyped_storage(), static_args[i].untyped_storage().nbytes(),
+                         static_args[i].stride()) for i in private]
         # positions whose tensor the graph reads (and may write) itself: the storage and offset it reads
         self.in_place = [(i, weakref.ref(static_args[i].untyped_storage()), static_args[i].storage_offset())
                          for i in in_place]
@@ -89,15 +92,13 @@ class _Capture:
         return True
 
     def replay(self, args: list[Any]) -> Any:
-        from ..runtime import Buffer
-
         attr = self._attr
-        for i, storage, nbytes in self.private:
+        for i, storage, nbytes, stride in self.private:
             a = args[i]
             source = a.untyped_storage()
             buf = getattr(source, attr, None)
             if (buf.__class__ is Buffer and a.storage_offset() == 0 and source.nbytes() == nbytes
-                    and a.stride() == self.static_args[i].stride()):
+                    and a.stride() == stride):
                 setattr(storage, attr, buf)
             else:
                 self.static_args[i].copy_(a)
@@ -136,9 +137,6 @@ def _fresh(plan: list[tuple], tuple_type: type | None, args: list[Any]) -> Any:
     """The replay's results (see ``_output_plan``): its own as new tensors on its immutable output
     buffers, outputs that shared a storage sharing a new one, so earlier calls' results keep their
     values."""
-    from .. import _C
-    from ..engine import deferred
-
     attr = deferred._ATTR
     storages: dict[int, torch.UntypedStorage] = {}
     out = []
@@ -179,8 +177,6 @@ class ReplayedRunner:
         self.program = getattr(run, "program", None)
 
     def __call__(self, args: list[Any]) -> Any:
-        from ..engine import deferred
-
         if deferred.capturing is not None or torch.is_grad_enabled():  # a user's own capture; autograd
             return self._run(args)
         try:
@@ -213,9 +209,6 @@ class ReplayedRunner:
     def _capture(self, args: list[Any], same: Any) -> _Capture | None:
         """Capture the graph on these arguments: a tensor it writes, or one ``same(i, tensor)`` says
         was passed before, read in place; any other read from a tensor of its own."""
-        from .. import graphs
-        from ..engine import deferred
-
         if self._n_captured >= MAX_CAPTURES:
             return self._decline(f"{MAX_CAPTURES} captures made (argument layouts, or new tensors it writes)")
         static_args, private, in_place = list(args), [], []

@@ -888,16 +888,33 @@ def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry,
     ``shapes``: per output, the shape of its new tensor where not the buffer's (a bucketed
     call's exact-size result on its bucket-sized buffer, engine/eager_buckets.py)."""
     device = col.device or 0
-    client = _device_state.client()
     # natively where every input is a storage holding a Buffer (a compiled graph's ~180 parameters and
-    # caches: ~0.5 us an input in this loop); None otherwise, and the loop below
+    # caches); None otherwise, and the Python loop
     buffers = _C._storage_buffers(col.inputs, col.storages, skeys, Buffer)
-    inputs = col.inputs
     if buffers is None:
-        buffers = []
-    else:
-        inputs = ()
-    for inp in inputs:
+        buffers = _input_buffers(col, skeys, device)
+    outs = launch(entry.executable, buffers, device, entry.donate)
+    new_tensors = []
+    bufs = iter(outs)
+    for i, spec in enumerate(entry.outputs):
+        if spec[0] == "none":
+            new_tensors.append(None)
+            continue
+        buf = next(bufs)
+        if spec[0] == "new":
+            shape = spec[2] if shapes is None or shapes[i] is None else shapes[i]
+            new_tensors.append(_new_tensor(shape, spec[3], spec[1], device, _BUFFER_ATTR, buf)[0])
+        else:
+            st.set_storage_buffer(col.storages[spec[1]], buf)
+    return new_tensors
+
+
+def _input_buffers(col: _Collector, skeys: tuple, device: int) -> list[Any]:
+    """The launch's parameter buffers from the collected inputs: storages' buffers (materialized
+    first where DeferAndFuse recorded them), scalars, host values and seeds moved to the device."""
+    client = _device_state.client()
+    buffers = []
+    for inp in col.inputs:
         kind = inp[0]
         if kind == "storage":
             if skeys[inp[1]][0] == "U":
@@ -916,20 +933,7 @@ def execute_and_bind(col: _Collector, skeys: tuple, entry: Entry,
             gen = inp[1] if inp[1] is not None else _C._default_generator(device)
             seed = _C._next_seed(gen)
             buffers.append(client.buffer_from_host(np.array([seed, 0], dtype=np.uint64), device))
-    outs = launch(entry.executable, buffers, device, entry.donate)
-    new_tensors = []
-    bufs = iter(outs)
-    for i, spec in enumerate(entry.outputs):
-        if spec[0] == "none":
-            new_tensors.append(None)
-            continue
-        buf = next(bufs)
-        if spec[0] == "new":
-            shape = spec[2] if shapes is None or shapes[i] is None else shapes[i]
-            new_tensors.append(_new_tensor(shape, spec[3], spec[1], device, _BUFFER_ATTR, buf)[0])
-        else:
-            st.set_storage_buffer(col.storages[spec[1]], buf)
-    return new_tensors
+    return buffers
 
 
 def launch(executable: Any, buffers: list[Any], device: int, donate: Any = ()) -> list[Any]:

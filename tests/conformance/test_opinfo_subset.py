@@ -231,7 +231,10 @@ def test_samples_making_a_dtype_the_device_refuses_by_design_are_noted_not_faile
     assert refused_by_design(refusal, torch.ones(2), torch.ones(2, dtype=torch.complex64)) is None
     assert refused_by_design(RuntimeError("complex128"), torch.ones(2, dtype=torch.complex128)) is None
     monkeypatch.undo()
-    assert [r.status for r in check_op(opinfo_by_key()["cdouble"], (torch.float32,), ("forward",))] == ["pass"]
+    # where the device holds complex128 (the emulator) the same row runs and passes; a TPU refuses it
+    # by design, so there it stays untested (this line failed on the v5e, round 25, asking for a pass)
+    expected = "pass" if _device_state.client().supports_complex128 else "untested"
+    assert [r.status for r in check_op(opinfo_by_key()["cdouble"], (torch.float32,), ("forward",))] == [expected]
 
 
 @pytest.mark.fresh_process

@@ -402,6 +402,17 @@ def torch_first_step(p: dict[str, Any], mode: str) -> dict[str, Any]:
 
 
 def torch_decode(p: dict[str, Any], mode: str) -> dict[str, Any]:
+    torch, generate, generated = torch_decode_generation(p, mode)
+    compiles0 = torch.tpu.compile_cache_stats()["compiles"]
+    first, times = time_runs(generate, p["reps"])
+    return {"tokens_per_s": p["batch"] * p["new_tokens"] / statistics.median(times), "first_gen_s": first,
+            "compiles": torch.tpu.compile_cache_stats()["compiles"] - compiles0,
+            "tokens_seq0": torch.cat(generated, 1)[0].tolist()}
+
+
+def torch_decode_generation(p: dict[str, Any], mode: str) -> tuple[Any, Callable[[], None], list[Any]]:
+    """torch, one greedy generation of ``p["new_tokens"]`` tokens in ``mode`` (a call), and the list
+    it leaves its tokens in (tools/tpu_suite/probe_decode_timeline.py times the same generation)."""
     torch, model = _torch_gpt(p, train=False)
     import torch.nn.functional as F
 
@@ -449,11 +460,7 @@ def torch_decode(p: dict[str, Any], mode: str) -> dict[str, Any]:
 
     if mode == "compiled_graph":
         generate = _graphed_generation(torch, compiled, b, cfg.seq, p["new_tokens"], generated)
-    compiles0 = torch.tpu.compile_cache_stats()["compiles"]
-    first, times = time_runs(generate, p["reps"])
-    return {"tokens_per_s": b * p["new_tokens"] / statistics.median(times), "first_gen_s": first,
-            "compiles": torch.tpu.compile_cache_stats()["compiles"] - compiles0,
-            "tokens_seq0": torch.cat(generated, 1)[0].tolist()}
+    return torch, generate, generated
 
 
 def _graphed_generation(torch: Any, compiled: Any, b: int, seq: int, new_tokens: int,
@@ -684,7 +691,8 @@ def last_line(text: str) -> str:
 def run_worker(workload: str, mode: str, args: argparse.Namespace, tmp: str, persistent: bool) -> dict[str, Any]:
     """Run one worker process; its metrics, or ``{"error": ...}``. Never raises."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", workload, "--mode", mode,
-           "--peak-tflops", str(args.peak_tflops)] + (["--small"] if args.small else [])
+           "--peak-tflops", str(args.peak_tflops), "--pack-max-bytes", str(args.pack_max_bytes)] + (
+               ["--small"] if args.small else [])
     t0 = time.perf_counter()
     # its own session: on a timeout the whole process group goes, children included
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -889,6 +897,7 @@ def driver_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global PACKED_PARAMETER_MAX_BYTES  # a worker's, from --pack-max-bytes
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--small", action="store_true", help="tiny sizes and few steps (CPU emulator)")
     p.add_argument("--only", default="", help=f"comma-separated workloads of {','.join(WORKLOADS)}")
@@ -897,12 +906,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per worker process")
     p.add_argument("--modes", type=lambda v: [m.strip() for m in v.split(",") if m.strip()], default=[],
                    help=f"comma-separated modes of {','.join(MODES)} (default: each workload's all)")
+    p.add_argument("--pack-max-bytes", type=int, default=PACKED_PARAMETER_MAX_BYTES,
+                   help="compiled_graph cells pack the parameters up to this size (bytes; 0: none packed)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if unknown := [m for m in args.modes if m not in MODES]:
         p.error(f"unknown modes {unknown}; choose from {list(MODES)}")
     if args.worker:
+        PACKED_PARAMETER_MAX_BYTES = args.pack_max_bytes
         worker_main(args.worker, args.mode, args.small, args.peak_tflops)
         return 0
     return driver_main(args)

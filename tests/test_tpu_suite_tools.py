@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from torchtpu.conformance.core import opinfo_by_key
@@ -24,6 +25,7 @@ def _verify_lines() -> list[str]:
         return [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
 
 
+@pytest.mark.fresh_process
 def test_verify_list_names_existing_samples_functions_and_tests():
     ops = opinfo_by_key()
     for line in _verify_lines():
@@ -50,8 +52,18 @@ def test_steps_script_parses():
 
 
 def _calls(node: ast.AST, names: set[str]) -> bool:
-    return any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) in names
-               for n in ast.walk(node))
+    """Whether ``node`` calls one of ``names``, or starts a Python child (``sys.executable`` in a
+    subprocess call's arguments: the second test of the decode probe did, and this missed it)."""
+    for n in ast.walk(node):
+        if not isinstance(n, ast.Call):
+            continue
+        name = getattr(n.func, "id", getattr(n.func, "attr", None))
+        if name in names:
+            return True
+        if isinstance(n.func, ast.Attribute) and getattr(n.func.value, "id", None) == "subprocess" \
+                and "sys.executable" in ast.unparse(n):
+            return True
+    return False
 
 
 def _marked(decorators: list[ast.expr]) -> bool:
@@ -77,6 +89,7 @@ def test_every_test_starting_a_child_process_is_marked_fresh_process():
     assert not unmarked, unmarked
 
 
+@pytest.mark.fresh_process
 def test_fresh_done_lists_existing_fresh_process_tests():
     """steps.sh fresh skips the ids of tools/tpu_suite/fresh_done.txt: each must name a collected
     fresh_process test (a stale id would leave its renamed test to run again, a wrong one hides nothing)."""
@@ -170,3 +183,30 @@ def test_the_pinned_record_names_a_commit_and_only_known_outcomes():
     commit, outcomes = pinned_record.read_record()
     assert re.fullmatch(r"[0-9a-f]{7,40}", commit), commit  # (CI's clone may be shallow: no lookup)
     assert set(outcomes.values()) <= set(pinned_record.OUTCOMES)
+
+
+def test_the_decode_timeline_probe_reads_busy_and_idle_time_from_program_runs():
+    sys.path.insert(0, SUITE)
+    import probe_decode_timeline
+
+    from torchtpu.runtime.xspace import DeviceEvent
+
+    # two steps: programs of 100 and 50 us, 20 us idle between runs (times in ps)
+    runs = [DeviceEvent(0, "XLA Modules", name, start * 1_000_000, length * 1_000_000)
+            for name, start, length in (("step", 0, 100), ("cat", 120, 50), ("step", 190, 100), ("cat", 310, 50))]
+    lines = probe_decode_timeline.summarize(runs, steps=2, wall_s=400e-6)
+    assert "4 program runs (2.00 a step), busy 150.0 us a step, first start to last end 180.0 us a step (83% busy)" \
+        in lines[0]
+    assert "median 20.0 us, max 20.0 us, total 30.0 us a step" in lines[1]
+    assert "host: 200.0 us a step" in lines[2]
+    assert "100.0 us a step" in lines[3] and "step" in lines[3]
+
+
+@pytest.mark.fresh_process
+def test_the_decode_timeline_probe_runs_a_generation_where_the_plugin_has_no_timeline():
+    r = subprocess.run([sys.executable, os.path.join(SUITE, "probe_decode_timeline.py"), "decode_b1",
+                        "compiled_replayed", "--small", "--pack-max-bytes", "0"],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "decode_b1 compiled_replayed (pack_max_bytes 0):" in r.stdout
+    assert "no device timeline in this plugin" in r.stdout

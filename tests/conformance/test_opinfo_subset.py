@@ -307,6 +307,7 @@ def test_a_tpu_report_lists_where_it_differs_from_the_cpu_report(tmp_path):
     assert "Differences" not in (tmp_path / "op_coverage.md").read_text()
 
 
+@pytest.mark.fresh_process
 def test_the_sweep_reads_two_answers_that_arrive_together():
     """A threaded worker may write two answers at once; the sweep read the first with a buffered
     readline after select, which kept the second in its buffer where select does not look, and

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
-#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute|jax|devprof|examples|exsteps SECONDS
+#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute|jax|devprof|examples|exsteps|timeline SECONDS
 #   bash tools/tpu_suite/steps.sh bench SECONDS demo|decode|big
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N (or a list K1,K2-K3), threaded
 # Results come back in $OUT/STEP.tgz; the list of tests run stays in /tmp/done.txt while the host is warm.
@@ -59,6 +59,14 @@ bench)  # SET (third argument): demo = TPUGraph replay against JAX on the demo G
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tee $OUT/bench3.log | tail -14
     timeout $(( $(left) - 5 )) python3 bench/tpu.py --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tee $OUT/bench2.log | tail -24 ;;
   esac ;;
+timeline)  # decoding's device busy and idle time per step, per mode (probe_decode_timeline.py): host- or chip-bound
+  # (TIMELINE_RUNS: "workload:mode[:pack bytes]" items; the default compares the three torch modes at batch 1 and 8)
+  for run in ${TIMELINE_RUNS:-decode_b1:compiled decode_b1:compiled_graph decode_b1:compiled_replayed decode_b8:compiled decode_b8:compiled_graph decode_b8:compiled_graph:0 decode_b8:compiled_replayed}; do
+    [ "$(left)" -lt 50 ] && break
+    IFS=: read -r w m pack <<< "$run"
+    timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_decode_timeline.py $w $m ${pack:+--pack-max-bytes $pack} 2>&1 \
+      | grep -v "Warning\|warn\|^WARNING\|^I0000\|^W0000\|^E0000" | tee -a $OUT/timeline.log | tail -9
+  done ;;
 exsteps)  # per optimizer step of a training example: wall, launches, time inside execute, compiles, reads
   # (EXAMPLE=resnet_amp_channels_last by default; EXAMPLE_ARGS="--steps 6")
   timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_example_steps.py ${EXAMPLE:-resnet_amp_channels_last} \

@@ -144,3 +144,36 @@ def test_the_inputs_a_graph_writes_are_found_in_positional_and_keyword_arguments
               g.call_function(torch.ops.aten.add.out, (c, c), {"out": b}),
               g.call_function(torch.ops.aten.add.Tensor, (c, c))))
     assert _mutated_inputs(torch.fx.GraphModule(torch.nn.Module(), g)) == {0, 1}
+
+
+def test_the_native_storage_checks_tell_a_tensors_own_storage_and_offset():
+    """A replay's checks run natively (_C._same_storages for the tensors read in place,
+    _C._weak_buffers for the buffers a TPUGraph reads): each says no where Python's loops did."""
+    import gc
+    import weakref
+
+    from torchtpu import _C, runtime
+    from torchtpu.engine import deferred
+
+    base = torch.arange(8.0, device="tpu")
+    other = torch.arange(8.0, device="tpu")
+    view = base[2:]
+    checks = [(0, weakref.ref(base.untyped_storage()), 0), (1, weakref.ref(base.untyped_storage()), 2)]
+    assert _C._same_storages([base, view], checks)
+    assert _C._same_storages((base.view(2, 4), view), checks)  # another tensor object on the storage
+    assert not _C._same_storages([other, view], checks)  # another storage
+    assert not _C._same_storages([base, base[1:]], checks)  # another offset
+    assert not _C._same_storages([base, 2.0], checks)  # not a tensor
+    assert not _C._same_storages([base], checks)  # too few arguments
+    gone = torch.ones(2, device="tpu")
+    dead = [(0, weakref.ref(gone.untyped_storage()), 0)]
+    del gone
+    gc.collect()
+    assert not _C._same_storages([base], dead)  # (a storage freed since the capture)
+
+    refs = [weakref.ref(base.untyped_storage()), weakref.ref(other.untyped_storage())]
+    buffers = _C._weak_buffers(refs, runtime.Buffer)
+    assert buffers == [getattr(base.untyped_storage(), deferred._ATTR), getattr(other.untyped_storage(), deferred._ATTR)]
+    assert _C._weak_buffers([*refs, dead[0][1]], runtime.Buffer) is None  # freed
+    assert _C._weak_buffers([weakref.ref(torch.UntypedStorage(4))], runtime.Buffer) is None  # no buffer
+    assert _C._weak_buffers(refs, object) is None  # a buffer of another type (a DeferAndFuse Pending)

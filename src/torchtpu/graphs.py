@@ -184,12 +184,9 @@ class TPUGraph:
 
     def _current_buffers(self) -> list:
         """The buffers the captured tensors hold now, one per program parameter of its own."""
-        attr = deferred._ATTR
-        try:
-            buffers = [getattr(ref(), attr) for ref in self._buffer_refs]
-        except AttributeError:  # a storage freed (None has no buffer) or never given one
-            buffers = None
-        if buffers is None or None in buffers or deferred.Pending in {b.__class__ for b in buffers}:
+        # (natively: None where a storage was freed or holds no Buffer, e.g. a Pending)
+        buffers = _C._weak_buffers(self._buffer_refs, runtime.Buffer)
+        if buffers is None:
             args = self._current_args()  # raises, naming what is wrong
             return [args[i][1] for i in self._fused.layout.own]
         return buffers

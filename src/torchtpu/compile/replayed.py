@@ -85,11 +85,7 @@ class _Capture:
         """Whether the tensors read in place are this call's (the same storage at the same offset; a
         call may pass another tensor object on it, as AOTAutograd does with parameters): a new KV
         cache of the same shape is another storage, which this graph would not read."""
-        for i, storage, offset in self.in_place:
-            a = args[i]
-            if a.untyped_storage() is not storage() or a.storage_offset() != offset:
-                return False
-        return True
+        return _C._same_storages(args, self.in_place)  # (natively: ~180 tensors, 43 us in Python)
 
     def replay(self, args: list[Any]) -> Any:
         attr = self._attr

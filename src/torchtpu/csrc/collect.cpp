@@ -444,6 +444,70 @@ void register_collect(py::module& m) {
         return std::move(buffers);
       },
       "the buffers of a launch's storage inputs, or None (see executor.execute_and_bind)");
+  m.def(
+      "_weak_buffers",
+      [](py::handle refs, py::handle buffer_type) -> py::object {
+        // graphs.TPUGraph._current_buffers: the buffers the storages behind ``refs`` (weak references)
+        // hold now, in order; None, for Python to name the fault, where a storage is gone or holds
+        // anything but a Buffer (none yet, a DeferAndFuse Pending). A replay reads ~180 of them:
+        // 20 us as a comprehension, the host's work of every replayed decoding step.
+        TORCH_CHECK(g_buffer_attr != nullptr, "torchtpu._C._collect_setup was not called");
+        TORCH_CHECK(PyList_Check(refs.ptr()), "_weak_buffers(refs: list, buffer_type)");
+        const Py_ssize_t n = PyList_GET_SIZE(refs.ptr());
+        py::list buffers(n);
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          PyObject* ref = PyList_GET_ITEM(refs.ptr(), i);
+          if (!PyWeakref_Check(ref)) return py::none();
+          PyObject* storage = PyWeakref_GET_OBJECT(ref);  // borrowed; Py_None once it died
+          if (storage == Py_None) return py::none();
+          PyObject* raw = nullptr;
+          if (_PyObject_LookupAttr(storage, g_buffer_attr, &raw) < 0) throw py::error_already_set();
+          if (raw == nullptr) return py::none();
+          if (Py_TYPE(raw) != reinterpret_cast<PyTypeObject*>(buffer_type.ptr())) {
+            Py_DECREF(raw);
+            return py::none();
+          }
+          PyList_SET_ITEM(buffers.ptr(), i, raw);  // steals the reference
+        }
+        return std::move(buffers);
+      },
+      "the buffers of weakly referenced storages, or None (see graphs.TPUGraph._current_buffers)");
+  m.def(
+      "_same_storages",
+      [](py::handle args, py::handle checks) -> bool {
+        // compile/replayed.py's _Capture.matches: whether each (position, storage weakref, offset)
+        // of ``checks`` names args[position]'s storage and offset: the tensors a replay reads in
+        // place (parameters, a KV cache) are this call's. Compared as storage implementations, so a
+        // call may pass another tensor object on the same storage (AOTAutograd does).
+        TORCH_CHECK((PyList_Check(args.ptr()) || PyTuple_Check(args.ptr())) && PyList_Check(checks.ptr()),
+                    "_same_storages(args: list or tuple, checks: list)");
+        const Py_ssize_t n_args = PySequence_Fast_GET_SIZE(args.ptr());
+        const Py_ssize_t n = PyList_GET_SIZE(checks.ptr());
+        for (Py_ssize_t k = 0; k < n; ++k) {
+          PyObject* check_item = PyList_GET_ITEM(checks.ptr(), k);
+          TORCH_CHECK(PyTuple_Check(check_item) && PyTuple_GET_SIZE(check_item) == 3,
+                      "_same_storages: each check is (position, storage weakref, offset)");
+          const Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(check_item, 0));
+          if (i < 0 || i >= n_args) {
+            if (PyErr_Occurred()) throw py::error_already_set();
+            return false;
+          }
+          PyObject* arg = PySequence_Fast_GET_ITEM(args.ptr(), i);
+          PyObject* ref = PyTuple_GET_ITEM(check_item, 1);
+          if (!THPVariable_Check(arg) || !PyWeakref_Check(ref)) return false;
+          PyObject* storage = PyWeakref_GET_OBJECT(ref);
+          if (storage == Py_None || !THPStorage_Check(storage)) return false;
+          const at::Tensor& t = THPVariable_Unpack(arg);
+          if (!t.has_storage() || t.storage().unsafeGetStorageImpl() != THPStorage_Unpack(storage).unsafeGetStorageImpl()) {
+            return false;
+          }
+          const int64_t offset = PyLong_AsLongLong(PyTuple_GET_ITEM(check_item, 2));
+          if (offset == -1 && PyErr_Occurred()) throw py::error_already_set();
+          if (t.storage_offset() != offset) return false;
+        }
+        return true;
+      },
+      "whether the checked arguments are on the given storages at the given offsets (see compile/replayed.py)");
 }
 
 }  // namespace torchtpu

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
-#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute|jax|devprof|examples|exsteps|timeline SECONDS
+#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute|jax|devprof|examples|exsteps|timeline|resnet SECONDS
 #   bash tools/tpu_suite/steps.sh bench SECONDS demo|decode|big
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N (or a list K1,K2-K3), threaded
 # Results come back in $OUT/STEP.tgz; the list of tests run stays in /tmp/done.txt while the host is warm.
@@ -67,6 +67,9 @@ timeline)  # decoding's device busy and idle time per step, per mode (probe_deco
     timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_decode_timeline.py $w $m ${pack:+--pack-max-bytes $pack} 2>&1 \
       | grep -v "Warning\|warn\|^WARNING\|^I0000\|^W0000\|^E0000" | tee -a $OUT/timeline.log | tail -9
   done ;;
+resnet)  # the ResNet example on tpu against CPU: one step's gradients against float64, then the 30 steps' losses
+  timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_resnet_steps.py ${RESNET_ARGS:-} 2>&1 \
+    | grep -v "Warning\|warn\|^WARNING\|^I0000\|^W0000\|^E0000" | tee $OUT/resnet.log | tail -45 ;;
 exsteps)  # per optimizer step of a training example: wall, launches, time inside execute, compiles, reads
   # (EXAMPLE=resnet_amp_channels_last by default; EXAMPLE_ARGS="--steps 6")
   timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_example_steps.py ${EXAMPLE:-resnet_amp_channels_last} \

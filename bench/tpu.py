@@ -520,8 +520,14 @@ def torch_worker(workload: str, mode: str, p: dict[str, Any], peak_tflops: float
         add_mfu(out, workload, p, peak_tflops)
         out.update(torch_peak_memory(torch))
     out.update(platform=torch.tpu.get_device_name(), eager_mode=torch.tpu.get_eager_mode(),
-               torch=torch.__version__)
+               torch=torch.__version__, slowest_compiles=slowest_compiles(torch.tpu.compile_log()))
     return out
+
+
+def slowest_compiles(log: list[dict[str, Any]], n: int = 5) -> list[list]:
+    """[what, seconds] of a cell's ``n`` longest XLA compiles (torch.tpu.compile_log()): what a
+    cold first step waited on, for the JSON (side-by-side compiles overlap; their sum is not wall)."""
+    return [[e["what"][:120], round(e["seconds"], 2)] for e in sorted(log, key=lambda e: -e["seconds"])[:n]]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -129,6 +129,29 @@ def test_hits_and_misses_per_tier(tiers):
     assert entries(tiers["t2"]) == [key + cc.ENTRY_SUFFIX]
 
 
+def test_the_compile_log_lists_real_compiles_with_what_they_compiled(tiers):
+    """torch.tpu.compile_log(): each XLA compile with what it compiled and its seconds; a program
+    from tier 1 or 2 is not a compile and adds nothing."""
+    import torch
+
+    text, c = fresh()
+    before = len(cc.compile_log())
+    check(cc.compile_program(text, "the test's program"), c)
+    log = cc.compile_log()
+    assert len(log) == before + 1 or len(log) == cc.COMPILE_LOG_SIZE
+    entry = log[-1]
+    assert entry["what"] == "the test's program" and entry["seconds"] > 0 and entry["text_bytes"] == len(text)
+    assert entry["thread"] == threading.current_thread().name and abs(entry["started"] - time.time()) < 600
+    cc.compile_program(text, "again")  # tier 1
+    cc.clear(1)
+    cc.compile_program(text, "again")  # tier 2
+    assert cc.compile_log()[-1] is not None and cc.compile_log()[-1]["what"] == "the test's program"
+    assert torch.tpu.compile_log()[-1] == entry
+    text2, _ = fresh()
+    cc.compile(text2)  # not through compile_program: no name
+    assert cc.compile_log()[-1]["what"] == "program"
+
+
 def test_disabled_tiers(tiers, monkeypatch):
     monkeypatch.setenv(cc.ENV_TIER2, "disabled")
     monkeypatch.delenv(cc.ENV_TIER3)

@@ -571,6 +571,17 @@ def compile_cache_stats() -> dict[str, float]:
     return {**ours, "entries": executor.cache_size(), **compile_cache.stats()}
 
 
+def compile_log() -> list[dict[str, Any]]:
+    """The process's most recent XLA compiles, oldest first (at most 256): ``what`` (an op with its
+    argument layouts, a fused DeferAndFuse program, a compiled graph), ``seconds``, ``started``
+    (``time.time()``), ``text_bytes`` and ``thread``; programs loaded from the compile cache are
+    not compiles. Where a first step's time went: ``sorted(torch.tpu.compile_log(), key=lambda e:
+    -e["seconds"])[:5]``. (Each compile is also logged at DEBUG on the ``torchtpu`` logger.)"""
+    from .engine import compile_cache
+
+    return compile_cache.compile_log()
+
+
 def clear_compile_cache(tier: int | None = None) -> None:
     """Clear tier 1 (process memory), 2 (host-shared) or 3 (persistent); all tiers by default."""
     from .engine import compile_cache

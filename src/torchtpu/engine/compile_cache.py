@@ -45,10 +45,12 @@ Knows nothing of PyTorch: imports only ``torchtpu.runtime`` and
 
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import hashlib
 import json
+import logging
 import os
 import platform
 import re
@@ -66,6 +68,8 @@ from ..runtime import env, host_cpu
 from ..runtime.errors import RESOURCE_EXHAUSTED
 from . import cache_dir
 from .bounded import BoundedCache
+
+_log = logging.getLogger("torchtpu")
 
 __all__ = [
     "ENV_TIER2",
@@ -152,6 +156,23 @@ _stats: dict[str, float] = dict.fromkeys(_STAT_NAMES, 0)
 def _add(name: str, value: float = 1) -> None:
     with _stats_lock:
         _stats[name] += value
+
+
+# The most recent XLA compiles (``compile_log()``): what each compiled and how long it took, so a
+# slow first step names the programs it waited on. ``what`` reaches _compile_and_store through a
+# thread-local: each compile runs on its caller's thread (parallel compiles on pool threads).
+COMPILE_LOG_SIZE = 256
+_compile_log: collections.deque[dict[str, Any]] = collections.deque(maxlen=COMPILE_LOG_SIZE)
+_compiling = threading.local()
+
+
+def compile_log() -> list[dict[str, Any]]:
+    """The last ``COMPILE_LOG_SIZE`` XLA compiles of this process, oldest first: ``what`` (the op,
+    fused or compiled graph), ``seconds``, ``started`` (``time.time()``), ``text_bytes`` (the
+    StableHLO's size) and ``thread`` (its name: side-by-side compiles overlap). Programs taken from
+    tier 1, 2 or 3 are not compiles and are not listed."""
+    with _stats_lock:
+        return list(_compile_log)
 
 
 def stats() -> dict[str, float]:
@@ -644,10 +665,16 @@ def _resolve(text: str | bytes, text_digest: str, client: runtime.Client, option
 def _compile_and_store(text: str | bytes, key: str, client: runtime.Client, options: bytes,
                        missed: list[_Tier]) -> Any:
     global _serialize_supported
-    start = time.perf_counter()
+    started, start = time.time(), time.perf_counter()
     exe = client.compile(text, options=options)
+    seconds = time.perf_counter() - start
     _add("compiles")
-    _add("compile_seconds", time.perf_counter() - start)
+    _add("compile_seconds", seconds)
+    entry = {"what": getattr(_compiling, "what", None) or "program", "seconds": seconds, "started": started,
+             "text_bytes": len(text), "thread": threading.current_thread().name}
+    with _stats_lock:
+        _compile_log.append(entry)
+    _log.debug("torchtpu: compiled %s in %.2f s (%d bytes of StableHLO)", entry["what"], seconds, len(text))
     if missed:
         start = time.perf_counter()
         try:
@@ -777,6 +804,7 @@ def _eager_effort(client: runtime.Client) -> str:
 def compile_program(text: str | bytes, what: str, eager: bool = False) -> runtime.Executable:
     """:func:`compile`, with a refusal re-raised as :class:`CompileError` naming ``what``.
     ``eager``: one op's program (Strict), compiled with TORCH_TPU_EAGER_COMPILE_EFFORT's effort."""
+    _compiling.what = what
     try:
         exe = compile(text, effort=_eager_effort(_device_state.client()) if eager else "default")
     except runtime.UnsupportedDtypeError as e:
@@ -787,6 +815,8 @@ def compile_program(text: str | bytes, what: str, eager: bool = False) -> runtim
         lines = [ln.strip() for ln in e.message.splitlines() if "error" in ln] or e.message.splitlines()[:1]
         raise CompileError(f"torchtpu: XLA could not compile the program of {what}: "
                            f"{lines[0] if lines else e.code_name}") from e
+    finally:
+        _compiling.what = None
     # the op without its arguments, or the graph: the program's name in profiler traces
     exe.label = what.split("(", 1)[0] if what.startswith("aten::") else what
     return exe

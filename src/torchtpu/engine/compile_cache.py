@@ -172,7 +172,7 @@ def compile_log() -> list[dict[str, Any]]:
     StableHLO's size) and ``thread`` (its name: side-by-side compiles overlap). Programs taken from
     tier 1, 2 or 3 are not compiles and are not listed."""
     with _stats_lock:
-        return list(_compile_log)
+        return [dict(e) for e in _compile_log]  # (copies: a caller's edits stay its own)
 
 
 def stats() -> dict[str, float]:

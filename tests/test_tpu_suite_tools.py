@@ -219,6 +219,8 @@ def test_the_resnet_probe_finds_the_tpu_gradients_as_near_float64_as_cpus(capsys
     sys.path.insert(0, SUITE)
     import probe_resnet_steps
 
-    probe_resnet_steps.compare_one_step(probe_resnet_steps.load_example(), tiny=True)
+    # (the example's setting and float32's: the third, bf16 in the default layout, adds compiles, not checks)
+    probe_resnet_steps.compare_one_step(probe_resnet_steps.load_example(), tiny=True,
+                                        settings=probe_resnet_steps.SETTINGS[:2])
     ratios = [float(line.rsplit(" ", 1)[1]) for line in capsys.readouterr().out.splitlines() if line.startswith("==")]
-    assert len(ratios) == 3 and all(r < 4 for r in ratios), ratios
+    assert len(ratios) == 2 and all(r < 4 for r in ratios), ratios

@@ -49,7 +49,12 @@ def grads(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, de
     return loss.item(), {n: p.grad.detach().to("cpu", torch.float64) for n, p in m.named_parameters()}
 
 
-def compare_one_step(ex: Any, tiny: bool) -> None:
+SETTINGS = [("bf16 autocast, channels-last (the example)", True, True),
+            ("float32 channels-last, highest", False, True),
+            ("bf16 autocast, default layout", True, False)]
+
+
+def compare_one_step(ex: Any, tiny: bool, settings: list[tuple[str, bool, bool]] = SETTINGS) -> None:
     size, widths, blocks = (16, (8, 16), 1) if tiny else (32, (32, 64, 128, 256), 2)
     torch.manual_seed(0)
     model = ex.ResNet(widths, blocks, 10)
@@ -58,9 +63,6 @@ def compare_one_step(ex: Any, tiny: bool) -> None:
     labels = torch.stack([data[i][1] for i in range(32)])
     loss64, ref = grads(model.double(), images.double(), labels, "cpu", False, False)
     model = model.float()
-    settings = [("bf16 autocast, channels-last (the example)", True, True),
-                ("float32 channels-last, highest", False, True),
-                ("bf16 autocast, default layout", True, False)]
     for title, autocast, channels_last in settings:
         with torch.tpu.precision("highest" if not autocast else "medium"):
             loss_t, g_t = grads(model, images, labels, "tpu", autocast, channels_last)

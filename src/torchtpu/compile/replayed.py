@@ -33,6 +33,7 @@ import torch
 # (imported when a graph is first compiled with this mode: torchtpu is loaded by then)
 from .. import _C, graphs
 from ..engine import deferred
+from ..engine.graph_runner import view_spec
 from ..runtime import Buffer
 
 MAX_CAPTURES = 8  # captures per graph (argument layouts, new static tensors); then compiled calls
@@ -106,7 +107,8 @@ class _Capture:
 def _output_plan(outputs: Any, static_args: list[Any]) -> list[tuple]:
     """How each captured output is handed out after a replay (decided once, at the capture):
     ("input", i) for an argument returned as is, ("view", i, shape, stride, offset) for a view on an
-    argument's storage (a view of that call's argument, as eager gives), ("new", ...) for a result
+    argument's storage (a view of that call's argument, as eager gives; the offset from the
+    argument's own, as a call's argument may sit elsewhere in its storage), ("new", ...) for a result
     of the graph's own (on the replay's buffer), ("value", v) for anything else."""
     by_storage = {}
     for i, a in enumerate(static_args):
@@ -122,7 +124,8 @@ def _output_plan(outputs: Any, static_args: list[Any]) -> list[tuple]:
         if same is not None:
             plan.append(("input", same))
         elif id(storage) in by_storage:
-            plan.append(("view", by_storage[id(storage)], tuple(t.shape), t.stride(), t.storage_offset()))
+            i = by_storage[id(storage)]
+            plan.append(("view", i, *view_spec(t, static_args[i])))
         else:
             whole = t.storage_offset() == 0 and t.numel() * t.element_size() == storage.nbytes()
             plan.append(("new", storage, whole, tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device))
@@ -143,7 +146,8 @@ def _fresh(plan: list[tuple], tuple_type: type | None, args: list[Any]) -> Any:
         elif kind == "input":
             out.append(args[step[1]])
         elif kind == "view":
-            out.append(args[step[1]].as_strided(step[2], step[3], step[4]))
+            base = args[step[1]]
+            out.append(base.as_strided(step[2], step[3], base.storage_offset() + step[4]))
         else:
             _, static, whole, shape, stride, offset, dtype, device = step
             buf = getattr(static, attr)

@@ -380,6 +380,19 @@ py::tuple walk_all(py::handle col, py::handle values_obj, py::handle runtime_sca
   return py::make_tuple(specs, has_generator);
 }
 
+// The Buffer a storage holds (a new reference), or nullptr where it holds none or an object of
+// another type than ``buffer_type`` (a DeferAndFuse Pending): _storage_buffers' and _weak_buffers'
+// test of each storage.
+static PyObject* exact_buffer(PyObject* storage, PyObject* buffer_type) {
+  PyObject* raw = nullptr;
+  if (_PyObject_LookupAttr(storage, g_buffer_attr, &raw) < 0) throw py::error_already_set();
+  if (raw != nullptr && Py_TYPE(raw) != reinterpret_cast<PyTypeObject*>(buffer_type)) {
+    Py_DECREF(raw);
+    return nullptr;
+  }
+  return raw;
+}
+
 void register_collect(py::module& m) {
   m.def("_collect_setup", [](py::object numpy_to_torch, py::str buffer_attr, py::object generator_type) {
     // Leaked on purpose, like the interned names: they live as long as the module.
@@ -433,12 +446,9 @@ void register_collect(py::module& m) {
           }
           PyObject* skey = PySequence_Fast_GET_ITEM(skeys.ptr(), slot);
           if (PyTuple_Check(skey) && PyTuple_GET_SIZE(skey) > 0 && is(PyTuple_GET_ITEM(skey, 0), k_U)) continue;
-          PyObject* raw = nullptr;
-          if (_PyObject_LookupAttr(PyList_GET_ITEM(storages.ptr(), slot), g_buffer_attr, &raw) < 0) {
-            throw py::error_already_set();
-          }
-          py::object buf = py::reinterpret_steal<py::object>(raw);
-          if (!buf || Py_TYPE(buf.ptr()) != reinterpret_cast<PyTypeObject*>(buffer_type.ptr())) return py::none();
+          py::object buf = py::reinterpret_steal<py::object>(
+              exact_buffer(PyList_GET_ITEM(storages.ptr(), slot), buffer_type.ptr()));
+          if (!buf) return py::none();
           check(PyList_Append(buffers.ptr(), buf.ptr()));
         }
         return std::move(buffers);
@@ -460,14 +470,9 @@ void register_collect(py::module& m) {
           if (!PyWeakref_Check(ref)) return py::none();
           PyObject* storage = PyWeakref_GET_OBJECT(ref);  // borrowed; Py_None once it died
           if (storage == Py_None) return py::none();
-          PyObject* raw = nullptr;
-          if (_PyObject_LookupAttr(storage, g_buffer_attr, &raw) < 0) throw py::error_already_set();
-          if (raw == nullptr) return py::none();
-          if (Py_TYPE(raw) != reinterpret_cast<PyTypeObject*>(buffer_type.ptr())) {
-            Py_DECREF(raw);
-            return py::none();
-          }
-          PyList_SET_ITEM(buffers.ptr(), i, raw);  // steals the reference
+          PyObject* buf = exact_buffer(storage, buffer_type.ptr());
+          if (buf == nullptr) return py::none();
+          PyList_SET_ITEM(buffers.ptr(), i, buf);  // steals the reference
         }
         return std::move(buffers);
       },

@@ -17,6 +17,7 @@ pack() {
   tar czf "$RETURN/$step.tgz" -C "$OUT" . && echo "results: $step.tgz ($(du -h "$RETURN/$step.tgz" | cut -f1))"
 }
 trap pack EXIT
+quiet() { grep -v "Warning\|warn\|^WARNING\|^I0000\|^W0000\|^E0000"; }  # a probe's output without log noise (the timeline and resnet steps)
 [ -e .tpu/hf.tgz ] && [ ! -e /tmp/torchtpu-site/transformers ] && tar xzf .tpu/hf.tgz -C /tmp/torchtpu-site  # pack_packages.py
 mkdir -p .tpu/suite && cp tools/tpu_suite/* .tpu/suite/ && touch /tmp/done.txt && cp /tmp/done.txt .tpu/suite/done.txt
 python3 -c "import importlib.metadata as m; print('libtpu', m.version('libtpu'), 'jax', m.version('jax'))" 2>&1 | tee -a $OUT/versions.txt
@@ -67,11 +68,11 @@ timeline)  # decoding's device busy and idle time per step, per mode (probe_deco
     [ "$(left)" -lt 50 ] && break
     IFS=: read -r w m pack <<< "$run"
     timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_decode_timeline.py $w $m ${pack:+--pack-max-bytes $pack} 2>&1 \
-      | grep -v "Warning\|warn\|^WARNING\|^I0000\|^W0000\|^E0000" | tee -a $OUT/timeline.log | tail -9
+      | quiet | tee -a $OUT/timeline.log | tail -9
   done ;;
 resnet)  # the ResNet example on tpu against CPU: one step's gradients against float64, then the 30 steps' losses
   timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_resnet_steps.py ${RESNET_ARGS:-} 2>&1 \
-    | grep -v "Warning\|warn\|^WARNING\|^I0000\|^W0000\|^E0000" | tee $OUT/resnet.log | tail -45 ;;
+    | quiet | tee $OUT/resnet.log | tail -45 ;;
 exsteps)  # per optimizer step of a training example: wall, launches, time inside execute, compiles, reads
   # (EXAMPLE=resnet_amp_channels_last by default; EXAMPLE_ARGS="--steps 6")
   timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_example_steps.py ${EXAMPLE:-resnet_amp_channels_last} \

@@ -1,7 +1,7 @@
 """Attention forward + backward on ``tpu``: the Pallas flash kernel (at several block sizes) against
 the math lowering, at the 100M GPT's shapes by default (not a test).
 
-    python bench/flash_attention.py [--shape 16,12,512,64] [--blocks 128x128,256x256,512x512]
+    python bench/flash_attention.py [--shape 16,12,512,64] [--blocks 128x128,256x256,512x512,512x512x128]
                                     [--dtype float32] [--no-causal] [--iters 10] [--out results.json]
 
 One process, Strict mode, ``torch.compile`` of ``F.scaled_dot_product_attention`` followed by its
@@ -22,14 +22,15 @@ from typing import Any
 
 
 def run_variant(torch: Any, shape: tuple[int, ...], dtype: Any, causal: bool, flash: bool,
-                blocks: tuple[int, int] | None, iters: int) -> dict[str, Any]:
+                blocks: tuple[int, ...] | None, iters: int) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from torchtpu import flash_attention
 
     os.environ["TORCH_TPU_FLASH_ATTENTION"] = "1" if flash else "0"
-    if blocks:
-        flash_attention.BLOCK_Q, flash_attention.BLOCK_K = blocks
+    if blocks:  # query x key (x the dq half's key block, else the key block)
+        flash_attention.BLOCK_Q, flash_attention.BLOCK_K = blocks[:2]
+        flash_attention.BLOCK_K_DQ = blocks[2] if len(blocks) > 2 else blocks[1]
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(shape, generator=g).to(dtype).to("tpu").requires_grad_() for _ in range(3))
@@ -64,8 +65,9 @@ def run_variant(torch: Any, shape: tuple[int, ...], dtype: Any, causal: bool, fl
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="16,12,512,64", help="batch,heads,seq,head_dim")
-    p.add_argument("--blocks", default="128x128,256x256,512x512,128x512,512x128",
-                   help="query x key block edges to try")
+    p.add_argument("--blocks", default="128x128,256x256,512x512,128x512,512x128,512x512x128,512x512x256",
+                   help="query x key block edges to try; a third edge is the dq half's key block "
+                        "(flash_attention.BLOCK_K_DQ; else the key block)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--no-causal", action="store_true")
     p.add_argument("--iters", type=int, default=10)

@@ -697,7 +697,8 @@ def last_line(text: str) -> str:
 def run_worker(workload: str, mode: str, args: argparse.Namespace, tmp: str, persistent: bool) -> dict[str, Any]:
     """Run one worker process; its metrics, or ``{"error": ...}``. Never raises."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", workload, "--mode", mode,
-           "--peak-tflops", str(args.peak_tflops), "--pack-max-bytes", str(args.pack_max_bytes)] + (
+           "--peak-tflops", str(args.peak_tflops), "--pack-max-bytes", str(args.pack_max_bytes),
+           "--flash-dq-block", str(args.flash_dq_block)] + (
                ["--small"] if args.small else [])
     t0 = time.perf_counter()
     # its own session: on a timeout the whole process group goes, children included
@@ -914,6 +915,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma-separated modes of {','.join(MODES)} (default: each workload's all)")
     p.add_argument("--pack-max-bytes", type=int, default=PACKED_PARAMETER_MAX_BYTES,
                    help="compiled_graph cells pack the parameters up to this size (bytes; 0: none packed)")
+    p.add_argument("--flash-dq-block", type=int, default=0,
+                   help="the flash backward's dq key block (torchtpu.flash_attention.BLOCK_K_DQ; 0: its default)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -921,6 +924,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown modes {unknown}; choose from {list(MODES)}")
     if args.worker:
         PACKED_PARAMETER_MAX_BYTES = args.pack_max_bytes
+        if args.flash_dq_block:
+            from torchtpu import flash_attention
+
+            flash_attention.BLOCK_K_DQ = args.flash_dq_block
         worker_main(args.worker, args.mode, args.small, args.peak_tflops)
         return 0
     return driver_main(args)

@@ -85,6 +85,15 @@ def test_longer_keys_than_queries_and_explicit_scale(highest):
     _check(*_inputs(q_len=64, kv_len=256, d=128), scale=0.3)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_smaller_key_block_for_the_dq_half_gives_the_same_gradients(highest, monkeypatch, causal):
+    """BLOCK_K_DQ below BLOCK_K: dq's kernel walks the keys in more blocks (two of 128 here, where
+    dk/dv and the forward take all 256 at once); dq, dk and dv still match CPU's."""
+    monkeypatch.setattr(flash_attention, "BLOCK_K", 256)
+    monkeypatch.setattr(flash_attention, "BLOCK_K_DQ", 128)
+    _check(*_inputs(q_len=256, kv_len=256), is_causal=causal)
+
+
 @pytest.mark.parametrize("mask_shape", [(128, 256), (2, 1, 128, 256)])
 def test_additive_mask_and_its_gradient(highest, mask_shape):
     q, k, v = _inputs(b=2, kv_len=256)
@@ -195,7 +204,7 @@ def test_a_tpu_gets_a_mosaic_kernel(monkeypatch):
     monkeypatch.setattr(kernels, "_export_platform", lambda: "tpu")
     shapes = ((3, 1, 128, 64),) * 3
     dtypes = (torch.float32,) * 3
-    static = (True, 0.125, True, (128, 128))
+    static = (True, 0.125, True, (128, 128, 128))
     fwd = kernels._KERNELS[forward._schema.name.split("::")[1]]
     text, specs = fwd.module_for(shapes, dtypes, static)
     try:
@@ -209,6 +218,26 @@ def test_a_tpu_gets_a_mosaic_kernel(monkeypatch):
     finally:  # these modules are a TPU's: no later call on this emulator may take them
         fwd._modules.clear()
         fwd._inlined.clear()
+        bwd._modules.clear()
+        bwd._inlined.clear()
+
+
+@pytest.mark.parametrize("dq_block", [512, 128])
+def test_the_dq_halfs_key_block_sets_the_width_of_the_broadcast_a_tpu_is_sent(monkeypatch, dq_block):
+    """JAX's wrapper broadcasts each row's sum(dO * O) to the dq kernel's key block in device memory
+    (BLOCK_K_DQ's comment): exported for a TPU at 512 keys, a [.., 512, 512] float32 tensor at 512,
+    none wider than the 128 lanes the dk/dv kernel's copy has at 128."""
+    _, backward = flash_attention._ops()
+    monkeypatch.setattr(kernels, "_export_platform", lambda: "tpu")
+    bwd = kernels._KERNELS[backward._schema.name.split("::")[1]]
+    shape = (1, 1, 512, 64)
+    try:
+        text, _ = bwd.module_for((shape,) * 4 + (shape[:3], shape), (torch.bfloat16,) * 4 + (
+            torch.float32, torch.bfloat16), (True, 0.125, False, (512, 512, dq_block)))
+        assert "tpu_custom_call" in text
+        assert ("tensor<1x1x512x512xf32>" in text) == (dq_block == 512)
+        assert "tensor<1x1x512x128xf32>" in text
+    finally:
         bwd._modules.clear()
         bwd._inlined.clear()
 

@@ -40,6 +40,15 @@ _BLOCK = 128  # the kernel's lane width: key lengths and key blocks are multiple
 # 512x512 3.95, against 5.86 for the math lowering.
 BLOCK_Q = 512
 BLOCK_K = 512
+# The key block of the dq half of the backward alone. Its kernel reads each query row's
+# sum(dO * O) as a tile [query block, its key block] wide, which JAX's wrapper broadcasts in device
+# memory beforehand (XLA cannot fuse a broadcast into a kernel's operand): at 512, a [B, H, L, 512]
+# float32 tensor per layer, written and read every step (201 MB at the 100M GPT's 16x12x512). On
+# the v5e (26th session, bf16 step of 78 ms) the backward's 37 broadcasts took 6.5 ms, these 12 the
+# largest. At 128 it is a quarter of that, and the very tensor the dk/dv half reads (which
+# broadcasts to 128 lanes), so XLA makes one. bench/flash_attention.py's "QxKxKDQ" variants
+# measure the trade (more grid steps in dq); 512, as BLOCK_K, until the chip has said.
+BLOCK_K_DQ = 512
 _HEAD_DIMS = (64, 128)  # below 128: the sizes the kernel is tested with; beyond: multiples of 128
 
 
@@ -122,10 +131,10 @@ def _edge(length: int, wanted: int) -> int:
     return edge if length % edge == 0 else min(_BLOCK, length)
 
 
-def _block_sizes(fa: Any, bq: int, bk: int) -> Any:
+def _block_sizes(fa: Any, bq: int, bk: int, bk_dq: int) -> Any:
     return fa.BlockSizes(block_q=bq, block_k_major=bk, block_k=bk, block_b=1,
                          block_q_major_dkv=bq, block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq,
-                         block_k_major_dq=bk, block_k_dq=bk, block_q_dq=bq)
+                         block_k_major_dq=bk_dq, block_k_dq=bk_dq, block_q_dq=bq)
 
 
 def _operands(causal: bool, scale: float, low: bool, q: Any, k: Any, v: Any, mask: Any) -> tuple:
@@ -141,7 +150,7 @@ def _operands(causal: bool, scale: float, low: bool, q: Any, k: Any, v: Any, mas
     return q, k, v, mask, sm_scale
 
 
-def _forward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], q: Any, k: Any, v: Any,
+def _forward(causal: bool, scale: float, low: bool, blocks: tuple[int, int, int], q: Any, k: Any, v: Any,
              *mask: Any) -> tuple:
     """(output, logsumexp of each query row's scaled scores)."""
     import jax.numpy as jnp
@@ -154,7 +163,7 @@ def _forward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], q: 
     return o.astype(out_dtype), m + jnp.log(l)
 
 
-def _backward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], q: Any, k: Any, v: Any,
+def _backward(causal: bool, scale: float, low: bool, blocks: tuple[int, int, int], q: Any, k: Any, v: Any,
               *rest: Any) -> tuple:
     """Gradients of q, k, v (and of the mask, when there is one) from (…, out, logsumexp, grad_out)."""
     import jax.numpy as jnp
@@ -212,7 +221,8 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
     inputs = [query, key, value]
     if attn_mask is not None:
         inputs.append(attn_mask.to(torch.float32).expand(b, h, q_len, key.shape[2]))
-    blocks = (_edge(q_len, BLOCK_Q), _edge(key.shape[2], BLOCK_K))
+    kv_len = key.shape[2]
+    blocks = (_edge(q_len, BLOCK_Q), _edge(kv_len, BLOCK_K), _edge(kv_len, BLOCK_K_DQ))
     forward, _ = _ops()
     return forward(inputs, repr((bool(is_causal), scale, low, blocks)))[0]
 

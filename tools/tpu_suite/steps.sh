@@ -2,7 +2,7 @@
 # TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
 #   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute|jax|devprof|examples|exsteps|timeline|resnet SECONDS
-#   bash tools/tpu_suite/steps.sh bench SECONDS demo|decode|big|warm
+#   bash tools/tpu_suite/steps.sh bench SECONDS demo|decode|big|warm|flash
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N (or a list K1,K2-K3), threaded
 # Results come back in $OUT/STEP.tgz; the list of tests run stays in /tmp/done.txt while the host is warm.
 # A call brings back at most 8 files from $OUT (more are dropped: the twelfth round lost four
@@ -49,18 +49,27 @@ fresh)  # (tools/tpu_suite/fresh_done.txt: those that passed in earlier rounds, 
   grep -v '^#' tools/tpu_suite/fresh_done.txt >> .tpu/suite/done.txt
   bash .tpu/suite/suite_run.sh fresh $(( $(left) - 5 )) -m "fresh_process and not slow" tests
   cp $OUT/done.txt /tmp/done.txt ;;
-bench)  # SET (third argument): demo = TPUGraph replay against JAX on the demo GPT; decode; big = flash at seq 2048 and the 100M GPT; warm = warm start
+bench)  # (BENCH_ARGS: more bench/tpu.py options) SET (third argument): demo = TPUGraph replay against JAX on the demo GPT; decode; big = flash at seq 2048 and the 100M GPT; warm = warm start
   export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=
   case ${3:-demo} in
   demo)
-    timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_demo --modes ${BENCH_MODES:-jax_jit,compiled,compiled_graph} --timeout 100 --out $OUT/bdemo.json 2>&1 | tee $OUT/bench1.log | tail -14 ;;
+    timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only gpt_demo --modes ${BENCH_MODES:-jax_jit,compiled,compiled_graph} --timeout 100 --out $OUT/bdemo.json 2>&1 | tee $OUT/bench1.log | tail -14 ;;
   decode)  # greedy decoding at batch 1 and 8: the compiled step per token, and replayed from a TPUGraph
-    timeout $(( $(left) - 5 )) python3 bench/tpu.py --only decode_b1,decode_b8 --modes ${BENCH_MODES:-jax_jit,compiled,compiled_graph,compiled_replayed} --timeout 110 --out $OUT/bdecode.json 2>&1 | tee $OUT/bench4.log | tail -14 ;;
+    timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only decode_b1,decode_b8 --modes ${BENCH_MODES:-jax_jit,compiled,compiled_graph,compiled_replayed} --timeout 110 --out $OUT/bdecode.json 2>&1 | tee $OUT/bench4.log | tail -14 ;;
   warm)  # the demo GPT's first step cold, then in a second process from the filled tier 3 (seconds, compiles)
-    timeout $(( $(left) - 5 )) python3 bench/tpu.py --only warm_start --modes ${BENCH_MODES:-jax_jit,strict,defer,compiled} --timeout 120 --out $OUT/bwarm.json 2>&1 | tee $OUT/bench5.log | tail -12 ;;
+    timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only warm_start --modes ${BENCH_MODES:-jax_jit,strict,defer,compiled} --timeout 120 --out $OUT/bwarm.json 2>&1 | tee $OUT/bench5.log | tail -12 ;;
   big)
-    timeout $(( $(left) - 5 )) python3 bench/tpu.py --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tee $OUT/bench3.log | tail -14
-    timeout $(( $(left) - 5 )) python3 bench/tpu.py --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tee $OUT/bench2.log | tail -24 ;;
+    timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tee $OUT/bench3.log | tail -14
+    timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tee $OUT/bench2.log | tail -24 ;;
+  flash)  # the flash backward's dq key block: the kernel alone (bench/flash_attention.py, bf16 at the 100M GPT's
+    # shape), then the bf16 100M step with the dq block at 128 against its default and JAX
+    timeout $(( $(left) - 5 )) python3 bench/flash_attention.py --dtype bfloat16 --blocks 512x512,512x512x128,512x512x256 \
+      --out $OUT/fdq.json 2>&1 | quiet | tee $OUT/bench6.log | tail -8
+    for dq in 0 128; do
+      [ "$(left)" -lt 120 ] && break
+      timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --flash-dq-block $dq --only gpt_100m_bf16 \
+        --modes ${BENCH_MODES:-jax_jit,compiled} --timeout 150 --out $OUT/bbf16_dq$dq.json 2>&1 | tee -a $OUT/bench7.log | tail -8
+    done ;;
   esac ;;
 timeline)  # decoding's device busy and idle time per step, per mode (probe_decode_timeline.py): host- or chip-bound
   # (TIMELINE_RUNS: "workload:mode[:pack bytes]" items; the default compares the three torch modes at batch 1 and 8)

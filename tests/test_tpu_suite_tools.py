@@ -224,3 +224,58 @@ def test_the_resnet_probe_finds_the_tpu_gradients_as_near_float64_as_cpus(capsys
                                         settings=probe_resnet_steps.SETTINGS[:2])
     ratios = [float(line.rsplit(" ", 1)[1]) for line in capsys.readouterr().out.splitlines() if line.startswith("==")]
     assert len(ratios) == 2 and all(r < 4 for r in ratios), ratios
+
+
+_PROFILED_HLO = """HloModule step
+
+%fused_product (p0: bf16[8,128], p1: bf16[128,128]) -> f32[8,128] {
+  %p0 = bf16[8,128]{1,0} parameter(0)
+  %p1 = bf16[128,128]{1,0} parameter(1)
+  ROOT %convolution.1 = f32[8,128]{1,0} convolution(%p0, %p1), dim_labels=bf_io->bf
+}
+
+%inner_reduce (p0: f32[8,128]) -> f32[8] {
+  %p0 = f32[8,128]{1,0} parameter(0)
+  %c = f32[] constant(0)
+  ROOT %reduce.2 = f32[8]{0} reduce(%p0, %c), dimensions={1}, to_apply=%add
+}
+
+%fused_outer (p0: f32[8,128]) -> f32[8] {
+  %p0 = f32[8,128]{1,0} parameter(0)
+  ROOT %fusion.9 = f32[8]{0} fusion(%p0), kind=kLoop, calls=%inner_reduce
+}
+
+ENTRY %main (a: bf16[8,128], b: bf16[128,128]) -> f32[8] {
+  %a = bf16[8,128]{1,0} parameter(0)
+  %b = bf16[128,128]{1,0} parameter(1)
+  %fusion.1 = f32[8,128]{1,0} fusion(%a, %b), kind=kOutput, calls=%fused_product
+  %copy.3 = f32[8,128]{0,1} copy(%fusion.1)
+  %name.4 = f32[8,128]{1,0} custom-call(%copy.3), custom_call_target="tpu_custom_call", backend_config="{}"
+  %broadcast.5 = f32[8,128,4]{2,1,0} broadcast(%name.4), dimensions={0,1}
+  %convert.6 = bf16[8,128]{1,0} convert(%name.4)
+  ROOT %fusion.7 = f32[8]{0} fusion(%name.4), kind=kLoop, calls=%fused_outer
+}
+"""
+
+
+def test_the_profile_comparison_sorts_each_ops_time_into_its_kind_of_work(tmp_path, capsys):
+    """compare_profiles.py: a product's fusion, a Mosaic kernel, a relayout copy, a broadcast, a convert
+    and a nested reduction fusion each land in their kind; two profiles of one side add up."""
+    sys.path.insert(0, SUITE)
+    try:
+        import compare_profiles
+    finally:
+        sys.path.remove(SUITE)
+    for stem, scale in (("a", 1), ("b", 2)):
+        (tmp_path / f"{stem}.opt.hlo").write_text(_PROFILED_HLO)
+        rows = [("10.0", "%fusion.1 = f32[8,128]{1,0} fusion(%a, %b), kind=kOutput"), ("4.0", "%copy.3 = f32[8,128]"),
+                ("7.5", "%name.4 = f32[8,128] custom-call(%copy.3)"), ("3.0", "%broadcast.5 = f32[8,128,4]"),
+                ("1.0", "%convert.6 = bf16[8,128]"), ("2.0", "%fusion.7 = f32[8]{0} fusion(%name.4)")]
+        (tmp_path / f"{stem}.ops.tsv").write_text("".join(f"{float(us) * scale}\t1.00\t{op}\n" for us, op in rows))
+    got = compare_profiles.side([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert {k: v[0] for k, v in got.items() if v[0]} == {
+        "matmul": 30.0, "copy": 12.0, "kernel": 22.5, "broadcast": 9.0, "elementwise": 3.0, "reduce": 6.0}
+    assert got["matmul"][1] == 2.0
+    assert compare_profiles.main([str(tmp_path / "a"), "--vs", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^matmul\s+0\.010\s+1\s+0\.020\s+1\s+-0\.010$", out, re.MULTILINE), out

@@ -13,7 +13,10 @@ capture's) to DIR, in compile order.
 (inputs made from the program's signature: values do not change a step's device time), then JAX's
 own step of the same model, and prints per program the device time of one run and its costliest
 XLA ops, from the trace's device plane ("XLA Modules" and "XLA Ops" lines on a TPU; on XLA:CPU the
-host threads' op events stand in). ``steps.sh devprof`` runs both.
+host threads' op events stand in). ``steps.sh devprof`` runs both. Every op's time also goes to a
+table beside the programs (``NAME.ops.tsv``: us per run, events per run, the op), with each side's
+optimized HLO (``program_NN.opt.hlo``, ``jax_step.opt.hlo``), for ``compare_profiles.py`` to sort
+into kinds of work (matrix products, kernels, copies, broadcasts, ...) off the chip.
 """
 
 from __future__ import annotations
@@ -169,7 +172,7 @@ def _trace(run: Any, runs: int) -> Any:
     return jax.profiler.ProfileData.from_file(files[0]), wall
 
 
-def _report(name: str, data: Any, wall: float, runs: int, top: int) -> None:
+def _report(name: str, data: Any, wall: float, runs: int, top: int, table: str = "") -> None:
     modules: collections.Counter = collections.Counter()
     ops: collections.Counter = collections.Counter()
     counts: collections.Counter = collections.Counter()
@@ -204,6 +207,10 @@ def _report(name: str, data: Any, wall: float, runs: int, top: int) -> None:
                                      for k, ns in kinds.most_common(12)), flush=True)
     for op, ns in ops.most_common(top):
         print(f"   {ns / runs / 1e3:9.1f} us  x{counts[op] / runs:5.1f}  {op[:110]}", flush=True)
+    if table:  # every op, for compare_profiles.py
+        with open(table, "w") as f:
+            for op, ns in ops.most_common():
+                f.write(f"{ns / runs / 1e3:.3f}\t{counts[op] / runs:.2f}\t{' '.join(op.split())[:400]}\n")
 
 
 def profile(in_dir: str, workload: str, runs: int, top: int) -> None:
@@ -216,9 +223,9 @@ def profile(in_dir: str, workload: str, runs: int, top: int) -> None:
     if workload.startswith("decode"):
         jax_decode_step(workload, runs, top, in_dir)
         return
-    jax_step(workload, runs, top)
+    jax_step(workload, runs, top, in_dir)
     if workload != "gpt_demo":  # torchtpu's step uses the Pallas flash kernel there: JAX's with it too
-        jax_step(workload, runs, top, flash=True)
+        jax_step(workload, runs, top, in_dir, flash=True)
 
 
 def _profile_program(path: str, runs: int, top: int) -> None:
@@ -257,7 +264,7 @@ def _profile_program(path: str, runs: int, top: int) -> None:
         exe, args = _compile(text, options_path=options_path), _inputs(_signature(text), jax.devices()[0])
         data, wall = _trace(lambda: run(exe, args), runs)
     _report(f"torchtpu {os.path.basename(path)} ({len(args)} arguments, {len(donated)} donated, compiled in "
-            f"{compiled:.1f} s)", data, wall, runs, top)
+            f"{compiled:.1f} s)", data, wall, runs, top, path[: -len(".mlir")] + ".ops.tsv")
 
 
 def _write_optimized(exe: Any, path: str) -> None:
@@ -271,7 +278,7 @@ def _write_optimized(exe: Any, path: str) -> None:
         f.write(text)
 
 
-def jax_step(workload: str, runs: int, top: int, flash: bool = False) -> None:
+def jax_step(workload: str, runs: int, top: int, out_dir: str = "", flash: bool = False) -> None:
     import jax
     import jax.numpy as jnp
     import tpu as bench_tpu  # bench/tpu.py: the same sizes
@@ -290,7 +297,11 @@ def jax_step(workload: str, runs: int, top: int, flash: bool = False) -> None:
         jax.block_until_ready(out)
 
     data, wall = _trace(run, runs)
-    _report(f"JAX jit step ({workload}{', flash attention' if flash else ''})", data, wall, runs, top)
+    name = "jax_step_flash" if flash else "jax_step"
+    _report(f"JAX jit step ({workload}{', flash attention' if flash else ''})", data, wall, runs, top,
+            os.path.join(out_dir, name + ".ops.tsv") if out_dir else "")
+    if out_dir:
+        _write_optimized(train_step.lower(*state["s"], x, y).compile(), os.path.join(out_dir, name + ".opt.hlo"))
 
 
 def jax_decode_step(workload: str, runs: int, top: int, out_dir: str = "") -> None:
@@ -314,7 +325,8 @@ def jax_decode_step(workload: str, runs: int, top: int, out_dir: str = "") -> No
         jax.block_until_ready(tok)
 
     data, wall = _trace(run, runs)
-    _report(f"JAX jit decode step ({workload})", data, wall, runs, top)
+    _report(f"JAX jit decode step ({workload})", data, wall, runs, top,
+            os.path.join(out_dir, "jax_decode.ops.tsv") if out_dir else "")
     if out_dir:
         k, v, tok, pos = state["s"]
         _write_optimized(step.lower(params, k, v, tok, pos).compile(), os.path.join(out_dir, "jax_decode.opt.hlo"))

@@ -17,7 +17,7 @@ pack() {
   tar czf "$RETURN/$step.tgz" -C "$OUT" . && echo "results: $step.tgz ($(du -h "$RETURN/$step.tgz" | cut -f1))"
 }
 trap pack EXIT
-quiet() { grep -v "Warning\|warn\|^WARNING\|^I0000\|^W0000\|^E0000"; }  # a probe's output without log noise (the timeline and resnet steps)
+quiet() { grep -v "Warning\|warn\|^WARNING\|^I0000\|^W0000\|^E0000"; }  # a probe's output without Python's warnings and libtpu's log lines
 [ -e .tpu/hf.tgz ] && [ ! -e /tmp/torchtpu-site/transformers ] && tar xzf .tpu/hf.tgz -C /tmp/torchtpu-site  # pack_packages.py
 mkdir -p .tpu/suite && cp tools/tpu_suite/* .tpu/suite/ && touch /tmp/done.txt && cp /tmp/done.txt .tpu/suite/done.txt
 python3 -c "import importlib.metadata as m; print('libtpu', m.version('libtpu'), 'jax', m.version('jax'))" 2>&1 | tee -a $OUT/versions.txt
@@ -85,7 +85,7 @@ resnet)  # the ResNet example on tpu against CPU: one step's gradients against f
 exsteps)  # per optimizer step of a training example: wall, launches, time inside execute, compiles, reads
   # (EXAMPLE=resnet_amp_channels_last by default; EXAMPLE_ARGS="--steps 6")
   timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_example_steps.py ${EXAMPLE:-resnet_amp_channels_last} \
-    ${EXAMPLE_ARGS:---steps 6} 2>&1 | grep -v "Warning\|warn" | tee $OUT/exsteps.log | tail -12 ;;
+    ${EXAMPLE_ARGS:---steps 6} 2>&1 | quiet | tee $OUT/exsteps.log | tail -12 ;;
 examples)  # each example of examples/ at its default size on the chip: its loss and speed line (tools/run_examples.py)
   timeout $(( $(left) - 5 )) python3 tools/run_examples.py --timeout ${EXAMPLE_TIMEOUT:-150} --out $OUT/examples.json 2>&1 | tee $OUT/examples.log | grep "^|" ;;
 profile)  # where a demo step's time goes (bench/step_profile.py), per mode: wall, host, execute, launched alone
@@ -99,7 +99,7 @@ devprof)  # per-XLA-op device time of the demo step's programs (torch writes the
   # (each program's optimized HLO comes back beside it: programs/*.opt.hlo)
   timeout $(( $(left) / 2 )) python3 tools/tpu_suite/probe_device_profile.py --dump $OUT/programs --workload $w --mode ${DEVPROF_MODE:-compiled_graph} > $OUT/dump.log 2>&1; tail -2 $OUT/dump.log
   timeout $(( $(left) - 5 )) python3 tools/tpu_suite/probe_device_profile.py --profile $OUT/programs --workload $w --top ${DEVPROF_TOP:-25} > $OUT/devprof.log 2>&1
-  grep -v "^WARNING\|^I0000\|^W0000\|^E0000" $OUT/devprof.log | head -150 ;;
+  quiet < $OUT/devprof.log | head -150 ;;
 jax)  # JAX-only probes (no torch needed: the first call of a round, before the install, can run them)
   for probe in probe_compile_effort probe_gather_compile; do
     [ "$(left)" -lt 30 ] && break
@@ -136,6 +136,6 @@ conf)  # parts K..N of an N-way split in one worker, THREADS ops at once; each p
   resume=(); [ -d .tpu/conf ] && resume=(--resume .tpu/conf)
   spec=$k-$n/$n; [[ $k == *,* ]] && spec=$k/$n  # K: parts K..N; a list (1,2,4-5): those parts
   timeout $(( $(left) - 10 )) python3 -m torchtpu.conformance --shard $spec --threads $threads --out $OUT/conf "${resume[@]}" 2>&1 \
-    | grep -v "Warning\|warn" > $OUT/conf_full.log; tail -5 $OUT/conf_full.log | tee -a $OUT/conf.log
+    | quiet > $OUT/conf_full.log; tail -5 $OUT/conf_full.log | tee -a $OUT/conf.log
   ls $OUT/conf | tee -a $OUT/conf.log ;;
 esac

@@ -924,7 +924,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown modes {unknown}; choose from {list(MODES)}")
     if args.worker:
         PACKED_PARAMETER_MAX_BYTES = args.pack_max_bytes
-        if args.flash_dq_block:
+        if args.flash_dq_block and args.mode not in JAX_MODES:
+            # torch first: importing torchtpu before torch, with backend autoload on, loads it twice
+            _torch()
             from torchtpu import flash_attention
 
             flash_attention.BLOCK_K_DQ = args.flash_dq_block

@@ -223,10 +223,10 @@ def test_a_tpu_gets_a_mosaic_kernel(monkeypatch):
 
 
 @pytest.mark.parametrize("dq_block", [512, 128])
-def test_the_dq_halfs_key_block_sets_the_width_of_the_broadcast_a_tpu_is_sent(monkeypatch, dq_block):
-    """JAX's wrapper broadcasts each row's sum(dO * O) to the dq kernel's key block in device memory
-    (BLOCK_K_DQ's comment): exported for a TPU at 512 keys, a [.., 512, 512] float32 tensor at 512,
-    none wider than the 128 lanes the dk/dv kernel's copy has at 128."""
+def test_a_tpu_is_sent_no_key_block_wide_broadcast_of_the_rows_sums(monkeypatch, dq_block):
+    """JAX's own wrapper broadcast each row's sum(dO * O) to the dq kernel's key block in device memory
+    (a [.., 512, 512] float32 tensor at 512 keys) though the kernel reads 128 lanes of it;
+    flash_attention_dq sends it 128 lanes wide: exported for a TPU, no such tensor at any dq block."""
     _, backward = flash_attention._ops()
     monkeypatch.setattr(kernels, "_export_platform", lambda: "tpu")
     bwd = kernels._KERNELS[backward._schema.name.split("::")[1]]
@@ -234,8 +234,8 @@ def test_the_dq_halfs_key_block_sets_the_width_of_the_broadcast_a_tpu_is_sent(mo
     try:
         text, _ = bwd.module_for((shape,) * 4 + (shape[:3], shape), (torch.bfloat16,) * 4 + (
             torch.float32, torch.bfloat16), (True, 0.125, False, (512, 512, dq_block)))
-        assert "tpu_custom_call" in text
-        assert ("tensor<1x1x512x512xf32>" in text) == (dq_block == 512)
+        assert text.count("tpu_custom_call") >= 2
+        assert "tensor<1x1x512x512xf32>" not in text
         assert "tensor<1x1x512x128xf32>" in text
     finally:
         bwd._modules.clear()

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from . import flash_attention_dq
 from .runtime import env
 
 _BLOCK = 128  # the kernel's lane width: key lengths and key blocks are multiples of it
@@ -40,14 +41,11 @@ _BLOCK = 128  # the kernel's lane width: key lengths and key blocks are multiple
 # 512x512 3.95, against 5.86 for the math lowering.
 BLOCK_Q = 512
 BLOCK_K = 512
-# The key block of the dq half of the backward alone. Its kernel reads each query row's
-# sum(dO * O) as a tile [query block, its key block] wide, which JAX's wrapper broadcasts in device
-# memory beforehand (XLA cannot fuse a broadcast into a kernel's operand): at 512, a [B, H, L, 512]
-# float32 tensor per layer, written and read every step (201 MB at the 100M GPT's 16x12x512). On
-# the v5e (26th session, bf16 step of 78 ms) the backward's 37 broadcasts took 6.5 ms, these 12 the
-# largest. At 128 it is a quarter of that, and the very tensor the dk/dv half reads (which
-# broadcasts to 128 lanes), so XLA makes one. bench/flash_attention.py's "QxKxKDQ" variants
-# measure the trade (more grid steps in dq); 512, as BLOCK_K, until the chip has said.
+# The key block of the dq half of the backward alone. JAX's wrapper broadcast each row's sum(dO * O)
+# to this width in device memory, so at 512 it was the largest of the backward's broadcasts; torchtpu
+# now sends that operand 128 lanes wide at any width (flash_attention_dq.py). Before that change, on
+# the v5e (27th session, bench/flash_attention.py, bf16 fwd+bwd at 16x12x512x64): 512 3.585 ms, 128
+# 3.726, 256 3.771: the wider block pays for its broadcast and more.
 BLOCK_K_DQ = 512
 _HEAD_DIMS = (64, 128)  # below 128: the sizes the kernel is tested with; beyond: multiples of 128
 
@@ -175,11 +173,16 @@ def _backward(causal: bool, scale: float, low: bool, blocks: tuple[int, int, int
     qk, kk, vk, bias, sm_scale = _operands(causal, scale, low, q, k, v, mask)
     if low:
         grad_out = grad_out.astype(jnp.bfloat16)
-    # The kernel's residuals are the row max m and row sum l of exp(s - m); with m = logsumexp
-    # and l = 1 it computes the same probabilities exp(s - lse).
-    residuals = (qk, kk, vk, bias, None, out, jnp.ones_like(lse), lse)
-    dq, dk, dv, dbias, _ = fa._flash_attention_bwd(False, causal, sm_scale, _block_sizes(fa, *blocks), False,
-                                                   residuals, grad_out)
+    # The kernels take the row max m and row sum l of exp(s - m); with m = logsumexp and l = 1
+    # they compute the same probabilities exp(s - lse). (fa._flash_attention_bwd, less its dq call.)
+    ones = jnp.ones_like(lse)
+    di = jnp.sum(out.astype(jnp.float32) * grad_out.astype(jnp.float32), axis=-1)
+    bq, bk, bk_dq = blocks
+    dk, dv = fa._flash_attention_bwd_dkv(qk, kk, vk, bias, None, ones, lse, grad_out, di, block_q_major=bq,
+                                         block_k_major=bk, block_k=bk, block_q=bq, sm_scale=sm_scale,
+                                         causal=causal, mask_value=fa.DEFAULT_MASK_VALUE, debug=False)
+    dq, dbias = flash_attention_dq.dq(fa, qk, kk, vk, bias, ones, lse, grad_out, di, block_q=bq,
+                                      block_k_major=bk_dq, block_k=bk_dq, sm_scale=sm_scale, causal=causal)
     if mask is not None:
         dq = dq.astype(jnp.float32) * scale
         return dq.astype(dtype), dk.astype(dtype), dv.astype(dtype), dbias.astype(mask.dtype)

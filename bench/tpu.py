@@ -22,7 +22,8 @@ the capture).
 For the ``flash_*`` workloads: ``jax_flash``
 (the JAX peer with JAX's Pallas TPU flash-attention kernel), ``compiled`` with torchtpu's flash
 attention forced on (``TORCH_TPU_FLASH_ATTENTION=1``) and ``compiled_math`` with it off (``=0``,
-attention by the math lowering).
+attention by the math lowering; ``compiled_math`` so in any workload, e.g. ``gpt_100m_bf16``, whose
+``compiled`` cell takes the kernel where it is on by default: on a TPU).
 
 Workloads (``--small`` shrinks each to tiny sizes and few steps, for the CPU emulator):
 - ``op_chain``: 1,000 tiny dependent elementwise ops then one read, µs per op. Its ratios are to
@@ -681,8 +682,10 @@ def worker_env(mode: str, tmp: str, persistent: bool, workload: str = "") -> dic
     env["TORCH_TPU_TIER2_COMPILATION_CACHE"] = "disabled"
     env["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = cache_dir or "disabled"
     env.pop("BENCH_JAX_CACHE_DIR", None)
-    if workload in FLASH_SHAPES:
-        env["TORCH_TPU_FLASH_ATTENTION"] = "0" if mode == "compiled_math" else "1"
+    if mode == "compiled_math":  # any workload: attention by the math lowering
+        env["TORCH_TPU_FLASH_ATTENTION"] = "0"
+    elif workload in FLASH_SHAPES:
+        env["TORCH_TPU_FLASH_ATTENTION"] = "1"
     if cache_dir:
         os.makedirs(cache_dir, exist_ok=True)
         env["BENCH_JAX_CACHE_DIR"] = cache_dir

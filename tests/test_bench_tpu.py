@@ -78,3 +78,19 @@ def test_flash_dq_block_option_runs_both_frameworks_cells(tmp_path):
     for mode, cell in cells.items():
         assert "error" not in cell, (mode, cell)
     assert cells["compiled"]["loss0"] == pytest.approx(cells["jax_jit"]["loss0"], rel=1e-2)
+
+
+def test_compiled_math_turns_the_kernel_off_in_any_workload(tmp_path, monkeypatch):
+    """``compiled_math`` is the math lowering's cell in every workload (it once was only in the flash_*
+    ones, so on a TPU the bf16 100M step's compiled_math cell took the kernel as compiled does)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_tpu", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # (its dataclasses look their module up)
+    spec.loader.exec_module(bench)
+    monkeypatch.delenv("TORCH_TPU_FLASH_ATTENTION", raising=False)
+    for workload in ("gpt_100m_bf16", "flash_s512"):
+        assert bench.worker_env("compiled_math", str(tmp_path), False, workload)["TORCH_TPU_FLASH_ATTENTION"] == "0"
+    assert bench.worker_env("compiled", str(tmp_path), False, "flash_s512")["TORCH_TPU_FLASH_ATTENTION"] == "1"
+    assert "TORCH_TPU_FLASH_ATTENTION" not in bench.worker_env("compiled", str(tmp_path), False, "gpt_100m_bf16")

@@ -248,8 +248,8 @@ _PROFILED_HLO = """HloModule step
 ENTRY %main (a: bf16[8,128], b: bf16[128,128]) -> f32[8] {
   %a = bf16[8,128]{1,0} parameter(0)
   %b = bf16[128,128]{1,0} parameter(1)
-  %fusion.1 = f32[8,128]{1,0} fusion(%a, %b), kind=kOutput, calls=%fused_product
-  %copy.3 = f32[8,128]{0,1} copy(%fusion.1)
+  %fusion.1 = f32[8,128]{1,0} fusion(%a, %b), kind=kOutput, calls=%fused_product, metadata={op_name="blocks.3.mlp/aten.mm.default"}
+  %copy.3 = f32[8,128]{0,1} copy(%fusion.1), metadata={op_name="blocks.10.attn/aten.transpose.int" source_line=1}
   %name.4 = f32[8,128]{1,0} custom-call(%copy.3), custom_call_target="tpu_custom_call", backend_config="{}"
   %broadcast.5 = f32[8,128,4]{2,1,0} broadcast(%name.4), dimensions={0,1}
   %convert.6 = bf16[8,128]{1,0} convert(%name.4)
@@ -279,3 +279,11 @@ def test_the_profile_comparison_sorts_each_ops_time_into_its_kind_of_work(tmp_pa
     assert compare_profiles.main([str(tmp_path / "a"), "--vs", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^matmul\s+0\.010\s+1\s+0\.020\s+1\s+-0\.010$", out, re.MULTILINE), out
+    # by source: the instructions' op_names, layers folded, the unnamed together
+    found = compare_profiles.sources([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert found[("matmul", "blocks.*.mlp/aten.mm")] == [30.0, 2.0]
+    assert found[("copy", "blocks.*.attn/aten.transpose.int")] == [12.0, 2.0]
+    assert found[("kernel", "(unnamed)")] == [22.5, 2.0]
+    assert compare_profiles.main([str(tmp_path / "a"), "--vs", str(tmp_path / "b"), "--sources", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\s+0\.015\s+1\s+kernel\s+\(unnamed\)$", out, re.MULTILINE), out

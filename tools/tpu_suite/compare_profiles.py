@@ -19,7 +19,9 @@ what its fused computation holds:
 - ``other``: the rest (scalar bookkeeping, collectives, ...).
 
 The table says, per kind, the milliseconds and op count of each side and the difference: where one
-side pays what the other does not.
+side pays what the other does not. ``--sources N`` adds each side's N costliest sources, (kind, the
+instruction's ``op_name``): for torchtpu the PyTorch op and module it lowers (``blocks.*.attn/aten.mm``,
+layer numbers folded; lowering/builder.py's ``Builder.located``), for JAX its traced function path.
 """
 
 from __future__ import annotations
@@ -39,6 +41,28 @@ KINDS = ("matmul", "kernel", "copy", "broadcast", "reduce", "movement", "element
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?(%?[\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\((.*)$")
 _COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?(%?[\w.\-]+)\s*[({]")
+
+
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def op_names(text: str) -> dict[str, str]:
+    """Each instruction's ``op_name`` metadata (where its module has it)."""
+    names: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _INSTRUCTION.match(line)
+        n = _OP_NAME.search(line) if m else None
+        if n:
+            names[m.group(1).lstrip("%")] = n.group(1)
+    return names
+
+
+def source_of(op_name: str) -> str:
+    """An op_name made comparable across layers: numbered modules folded (``blocks.3.attn`` ->
+    ``blocks.*.attn``), a default overload dropped, a long traced path cut to its last 3 parts."""
+    name = re.sub(r"\.\d+(?=[./;]|$)", ".*", op_name.split(";")[0]).replace(".default", "")
+    parts = name.split("/")
+    return "/".join(parts[-3:]) if len(parts) > 3 else name
 
 
 def parse_hlo(text: str) -> tuple[dict[str, tuple[str, str]], dict[str, set[str]]]:
@@ -125,6 +149,31 @@ def side(names: list[str]) -> dict[str, list[float]]:
     return totals
 
 
+def sources(names: list[str]) -> dict[tuple[str, str], list[float]]:
+    """Per (kind, source): [microseconds per run, events per run], summed over the named profiles."""
+    totals: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for stem in names:
+        with open(stem + ".opt.hlo") as f:
+            text = f.read()
+        instructions, computations = parse_hlo(text)
+        named = op_names(text)
+        with open(stem + ".ops.tsv") as f:
+            for line in f:
+                us, count, op = line.rstrip("\n").split("\t", 2)
+                name = op.split(" = ")[0].strip().lstrip("%")
+                key = (kind_of(name, instructions, computations), source_of(named.get(name, "")) or "(unnamed)")
+                totals[key][0] += float(us)
+                totals[key][1] += float(count)
+    return dict(totals)
+
+
+def source_table(found: dict[tuple[str, str], list[float]], label: str, top: int) -> str:
+    rows = [f"{label}: the {top} costliest sources", f"{'ms':>9}{'ops':>6}  {'kind':<12}source"]
+    for (kind, source), (us, count) in sorted(found.items(), key=lambda kv: -kv[1][0])[:top]:
+        rows.append(f"{us / 1e3:>9.3f}{count:>6.0f}  {kind:<12}{source}")
+    return "\n".join(rows)
+
+
 def table(ours: dict[str, list[float]], theirs: dict[str, list[float]], labels: tuple[str, str]) -> str:
     rows = [f"{'kind':<12}{labels[0] + ' ms':>14}{'ops':>7}{labels[1] + ' ms':>14}{'ops':>7}{'difference ms':>15}"]
     for k in KINDS:
@@ -140,9 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("ours", nargs="+", help="profile stems of one side (NAME.ops.tsv and NAME.opt.hlo)")
     ap.add_argument("--vs", nargs="+", required=True, help="profile stems of the other side")
     ap.add_argument("--labels", default="torchtpu,JAX")
+    ap.add_argument("--sources", type=int, default=0, metavar="N", help="each side's N costliest sources too")
     a = ap.parse_args(argv)
     labels = tuple(a.labels.split(",", 1))
     print(table(side(a.ours), side(a.vs), (labels[0], labels[1])))
+    if a.sources:
+        for stems, label in ((a.ours, labels[0]), (a.vs, labels[1])):
+            print()
+            print(source_table(sources(stems), label, a.sources))
     return 0
 
 

@@ -575,13 +575,21 @@ def mutated_specs(plan: OpPlan, specs: list) -> list:
 def emit_op(b: Builder, plan: OpPlan, specs: list, values: list[Any], skeys: tuple, input_values: list[Any],
             storage_vals: dict[int, Value], metas: list[Any], func_args: list[Any], precision: str,
             arg_hook: Any = None) -> tuple[list[tuple], list[Value]]:
-    """Emit one op into ``b``: view reads, the lowering, and its outputs.
+    """Emit one op into ``b``: view reads, the lowering, and its outputs (located at the op's name).
 
     ``arg_hook(args) -> (args, post)``: rewrites the lowering's arguments (the masks of a
     bucketed call, engine/eager_buckets.py), ``post`` (or None) its result.
     Returns the output specs (("new", dtype, shape, stride) | ("store", slot) |
     ("none",)) and the flat storage Values of the non-"none" ones.
     """
+    with b.located(str(plan.op)):
+        return _emit_op(b, plan, specs, values, skeys, input_values, storage_vals, metas, func_args, precision,
+                        arg_hook)
+
+
+def _emit_op(b: Builder, plan: OpPlan, specs: list, values: list[Any], skeys: tuple, input_values: list[Any],
+             storage_vals: dict[int, Value], metas: list[Any], func_args: list[Any], precision: str,
+             arg_hook: Any) -> tuple[list[tuple], list[Value]]:
 
     def lower_arg(s: Any, v: Any) -> Any:
         kind = s[0] if isinstance(s, tuple) and s else None

@@ -9,9 +9,10 @@ about types without asking MLIR.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,6 +131,13 @@ _HIGHEST_ACCURACY = ("result_accuracy = #stablehlo.result_accuracy<atol = 0.0000
                      "ulps = 0, mode = #stablehlo.result_accuracy_mode<HIGHEST>>")
 
 
+def _location_literal(name: str) -> str:
+    """`` loc("name")``, the name an MLIR string (quotes and backslashes escaped, non-ASCII and
+    control characters dropped), or nothing for an empty name."""
+    clean = "".join(c for c in name if " " <= c <= "~").replace("\\", "\\\\").replace('"', '\\"')
+    return f' loc("{clean}")' if clean else ""
+
+
 def precision_config(precision: str) -> str:
     """The precision_config attribute of a dot_general or convolution, both operands alike."""
     if precision not in _PRECISIONS:
@@ -152,6 +160,9 @@ class Builder:
         self._transposes: dict[str, tuple[Value, list[int]]] = {}
         # extra top-level functions of the module (custom kernels, torchtpu.kernels): name -> text
         self._functions: dict[str, str] = {}
+        # what the ops now emitted lower (see located): their MLIR location, the op_name XLA gives
+        # the HLO instructions made from them
+        self._location = ""
 
     # -- bookkeeping ---------------------------------------------------------
     def _fresh(self) -> str:
@@ -166,6 +177,20 @@ class Builder:
     @property
     def num_args(self) -> int:
         return len(self._args)
+
+    @contextlib.contextmanager
+    def located(self, name: str) -> Iterator[None]:
+        """Ops emitted inside carry ``name`` (an ATen op, and in a graph the module that called it)
+        as their location. XLA makes it the ``op_name`` of the HLO instructions they become, so a
+        TPU profile or an optimized HLO dump says which PyTorch op and module each fusion, copy or
+        kernel call came from (as JAX's do). Names only, no file lines: the text is the tiers 2/3
+        cache key, and an edit elsewhere in a file must not change it."""
+        saved = self._location
+        self._location = _location_literal(name)
+        try:
+            yield
+        finally:
+            self._location = saved
 
     def op(
         self,
@@ -192,7 +217,8 @@ class Builder:
             out_types = f"({out_types})"
         reg = f" ({region})" if region else ""
         attr = f" {{{attrs}}}" if attrs else ""
-        self._lines.append(f'{self._indent}{lhs}"{name}"({ins}){reg}{attr} : ({in_types}) -> {out_types}')
+        self._lines.append(f'{self._indent}{lhs}"{name}"({ins}){reg}{attr} : ({in_types}) -> {out_types}'
+                           f"{self._location}")
         return results
 
     def op1(self, name: str, operands: Sequence[Value], shape: Sequence[int], dtype: torch.dtype,

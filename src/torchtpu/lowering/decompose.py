@@ -214,11 +214,12 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
                 env[node] = target(*args, **kwargs)  # arithmetic on sizes (symbolic shapes)
                 continue
             post = None
-            if hook is not None:
-                args, kwargs, post = hook(node, args, kwargs)
-            env[node] = lower_call(b, target, args, kwargs, val, precision, extras)
-            if post is not None:
-                env[node] = post(env[node])
+            with b.located(node_location(node)):
+                if hook is not None:
+                    args, kwargs, post = hook(node, args, kwargs)
+                env[node] = lower_call(b, target, args, kwargs, val, precision, extras)
+                if post is not None:
+                    env[node] = post(env[node])
         elif node.op == "output":
             result = load(node.args[0])
         elif node.op == "get_attr":
@@ -227,6 +228,27 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
 
 
 _getitem = __import__("operator").getitem
+
+
+def node_location(node: torch.fx.Node) -> str:
+    """A graph node's location (Builder.located): the module that called it, by its attribute path
+    (``blocks.3.attn``; a backward node by its forward's), then its op, ``aten.mm.default``."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    module = ""
+    if stack:
+        path = list(stack.values())[-1]
+        path = path[0] if isinstance(path, tuple) else str(path)
+        module = _module_path(path)
+    op = str(node.target)
+    return f"{module}/{op}" if module else op
+
+
+def _module_path(qualified: str) -> str:
+    """``L['self'].blocks[3].attn`` or ``L__self___blocks_3_attn`` -> ``blocks.3.attn``."""
+    import re
+
+    text = re.sub(r"^L\['self'\]\.?|^L__self___?", "", qualified)
+    return re.sub(r"\[(\d+)\]", r".\1", text).strip(".")
 
 # Tensor constants a graph holds as attributes (small tensors a model builds in its
 # forward, lifted by AOTAutograd) are embedded in the program text up to this size.

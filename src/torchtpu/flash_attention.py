@@ -45,7 +45,7 @@ BLOCK_K = 512
 # to this width in device memory, so at 512 it was the largest of the backward's broadcasts; torchtpu
 # now sends that operand 128 lanes wide at any width (flash_attention_dq.py). Before that change, on
 # the v5e (27th session, bench/flash_attention.py, bf16 fwd+bwd at 16x12x512x64): 512 3.585 ms, 128
-# 3.726, 256 3.771: the wider block pays for its broadcast and more.
+# 3.726, 256 3.771: 512 was the fastest even with its broadcast.
 BLOCK_K_DQ = 512
 _HEAD_DIMS = (64, 128)  # below 128: the sizes the kernel is tested with; beyond: multiples of 128
 

@@ -9,6 +9,7 @@ whole graphs (torch.compile, fused eager).
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -244,11 +245,11 @@ def node_location(node: torch.fx.Node) -> str:
 
 
 def _module_path(qualified: str) -> str:
-    """``L['self'].blocks[3].attn`` or ``L__self___blocks_3_attn`` -> ``blocks.3.attn``."""
-    import re
-
+    """Dynamo's qualified name of a module, ``L['self'].blocks[3].attn``, as its attribute path
+    ``blocks.3.attn`` (a mangled ``L__self___blocks_3_attn`` loses only its prefix)."""
     text = re.sub(r"^L\['self'\]\.?|^L__self___?", "", qualified)
     return re.sub(r"\[(\d+)\]", r".\1", text).strip(".")
+
 
 # Tensor constants a graph holds as attributes (small tensors a model builds in its
 # forward, lifted by AOTAutograd) are embedded in the program text up to this size.

@@ -34,7 +34,7 @@ suite)  # pytest arguments follow SECONDS; with .tpu/tree.tgz carried (pin_tree.
     cat .tpu/tree_outcomes.txt /tmp/tree_outcomes.txt 2>/dev/null > $tree/.tpu/suite/outcomes.txt
     # the tree's src first, before the checkout's (env.sh put it last); the rest of PYTHONPATH names
     # the host's JAX and libtpu: replacing it lost libtpu ("Failed to load the backend extension")
-    (cd $tree && SUITE_T3_BACK=0 PYTHONPATH=$tree/src:$PYTHONPATH bash .tpu/suite/suite_run.sh suite $(( $(left) - 5 )) "$@")
+    (cd $tree && PYTHONPATH=$tree/src:$PYTHONPATH bash .tpu/suite/suite_run.sh suite $(( $(left) - 5 )) "$@")
     cp $OUT/done.txt /tmp/tree_done.txt; cp $OUT/outcomes.txt /tmp/tree_outcomes.txt
   else
     bash .tpu/suite/suite_run.sh suite $(( $(left) - 5 )) "$@"

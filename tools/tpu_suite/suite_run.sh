@@ -6,8 +6,8 @@
 # The list of tests already run travels: .tpu/suite/done.txt in (with .tpu/suite), $OUT/done.txt
 # back (copy it to .tpu/suite/done.txt on the workstation); it is written as tests finish, so a
 # cut call loses nothing. Logs and junit go to $OUT/TAG.log and $OUT/TAG.xml.
-# Compiles dominate a TPU run, so the suite fills a tier-3 cache in /tmp/t3; at the end its largest
-# entries (the slowest compiles, roughly) come back as $OUT/t3.tgz.NN (at most 4 parts of 15 MiB):
+# Compiles dominate a TPU run, so the suite fills a tier-3 cache in /tmp/t3; with SUITE_T3_BACK=1 its largest
+# entries (the slowest compiles, roughly) come back at the end as $OUT/t3.tgz.NN (at most 4 parts of 15 MiB):
 # put them in .tpu/t3/ and carry that folder, alone, with `suite_run.sh restore` on a fresh host.
 set -uo pipefail
 T3=/tmp/t3
@@ -19,9 +19,10 @@ fi
 tag=$1; secs=$2; shift 2
 touch "$OUT/done.txt"; [ -e .tpu/suite/done.txt ] && cp .tpu/suite/done.txt "$OUT/done.txt"
 touch "$OUT/outcomes.txt"; [ -e .tpu/suite/outcomes.txt ] && cp .tpu/suite/outcomes.txt "$OUT/outcomes.txt"
-# SUITE_T3_BACK=0: the compile cache stays on the host, nothing sent back (the pinned suite never runs a test
-# twice, so its cache is of no use to a later session); otherwise ~40 s are kept for packing it
-t3_back=${SUITE_T3_BACK:-1}
+# SUITE_T3_BACK=1: ~40 s are kept at the end for packing the compile cache to send back. Off by default: the
+# pinned suite never runs a test twice, and after it /tmp/t3 holds ~600 MB, which verify's runs would tar
+# again after each of its lines
+t3_back=${SUITE_T3_BACK:-0}
 pytest_secs=$(( secs - (t3_back == 1 ? 40 : 5) ))
 export TPU_SUITE_DONE="$OUT/done.txt" TPU_SUITE_OUTCOMES="$OUT/outcomes.txt" TPU_SUITE_DEADLINE=$(( $(date +%s) + pytest_secs ))
 export PYTHONPATH="$PWD/.tpu/suite:${PYTHONPATH:-}"

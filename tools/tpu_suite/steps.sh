@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TPU side: one step of a round, ending SECONDS from now, after .tpu/on_tpu.sh and source .tpu/env.sh:
 #   bash tools/tpu_suite/steps.sh suite SECONDS [pytest args]   # e.g. -m "not slow" tests/test_ops.py
-#   bash tools/tpu_suite/steps.sh demo|fresh|verify|profile|execute|jax|devprof|examples|exsteps|timeline|resnet SECONDS
+#   bash tools/tpu_suite/steps.sh demo|fresh|verify|changed|profile|execute|jax|devprof|examples|exsteps|timeline|resnet SECONDS
 #   bash tools/tpu_suite/steps.sh bench SECONDS demo|decode|big|warm|flash
 #   bash tools/tpu_suite/steps.sh conf SECONDS N K [THREADS]  # conformance parts K..N of N (or a list K1,K2-K3), threaded
 # Results come back in $OUT/STEP.tgz; the list of tests run stays in /tmp/done.txt while the host is warm.
@@ -40,6 +40,13 @@ suite)  # pytest arguments follow SECONDS; with .tpu/tree.tgz carried (pin_tree.
     bash .tpu/suite/suite_run.sh suite $(( $(left) - 5 )) "$@"
     cp $OUT/done.txt /tmp/done.txt
   fi ;;
+changed)  # at this checkout, the test files changed since the pinned suite's commit (pinned_run.txt's first line):
+  # with the pinned run, the default suite as it stands now
+  pinned=$(awk 'NR == 1 {print $3}' tools/tpu_suite/pinned_run.txt)
+  files=$(git diff --name-only "$pinned"..HEAD -- tests | grep -E '(^|/)test_[^/]*\.py$' | while read -r f; do [ -e "$f" ] && echo "$f"; done)
+  echo "test files changed since $pinned: $(echo $files | wc -w)" | tee -a $OUT/versions.txt
+  [ -n "$files" ] && bash .tpu/suite/suite_run.sh changed $(( $(left) - 5 )) $files
+  cp $OUT/done.txt /tmp/done.txt ;;
 demo)
   for m in strict debug defer_and_fuse; do
     [ "$(left)" -lt 70 ] && break

@@ -30,6 +30,7 @@ import argparse
 import collections
 import re
 import sys
+from collections.abc import Iterator
 
 MATMUL_OPS = {"convolution", "dot"}
 COPY_OPS = {"copy", "transpose", "copy-start", "copy-done"}
@@ -133,25 +134,8 @@ def kind_of(name: str, instructions: dict[str, tuple[str, str]], computations: d
     return "other"
 
 
-def side(names: list[str]) -> dict[str, list[float]]:
-    """Per kind: [microseconds per run, events per run], summed over the named profiles."""
-    totals: dict[str, list[float]] = {k: [0.0, 0.0] for k in KINDS}
-    for stem in names:
-        with open(stem + ".opt.hlo") as f:
-            instructions, computations = parse_hlo(f.read())
-        with open(stem + ".ops.tsv") as f:
-            for line in f:
-                us, count, op = line.rstrip("\n").split("\t", 2)
-                name = op.split(" = ")[0].strip().lstrip("%")
-                k = kind_of(name, instructions, computations)
-                totals[k][0] += float(us)
-                totals[k][1] += float(count)
-    return totals
-
-
-def sources(names: list[str]) -> dict[tuple[str, str], list[float]]:
-    """Per (kind, source): [microseconds per run, events per run], summed over the named profiles."""
-    totals: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+def _timed_ops(names: list[str]) -> Iterator[tuple[str, str, float, float]]:
+    """Every profiled op of the named profiles: (kind, source, microseconds per run, events per run)."""
     for stem in names:
         with open(stem + ".opt.hlo") as f:
             text = f.read()
@@ -161,9 +145,25 @@ def sources(names: list[str]) -> dict[tuple[str, str], list[float]]:
             for line in f:
                 us, count, op = line.rstrip("\n").split("\t", 2)
                 name = op.split(" = ")[0].strip().lstrip("%")
-                key = (kind_of(name, instructions, computations), source_of(named.get(name, "")) or "(unnamed)")
-                totals[key][0] += float(us)
-                totals[key][1] += float(count)
+                source = source_of(named.get(name, "")) or "(unnamed)"
+                yield kind_of(name, instructions, computations), source, float(us), float(count)
+
+
+def side(names: list[str]) -> dict[str, list[float]]:
+    """Per kind: [microseconds per run, events per run], summed over the named profiles."""
+    totals: dict[str, list[float]] = {k: [0.0, 0.0] for k in KINDS}
+    for kind, _, us, count in _timed_ops(names):
+        totals[kind][0] += us
+        totals[kind][1] += count
+    return totals
+
+
+def sources(names: list[str]) -> dict[tuple[str, str], list[float]]:
+    """Per (kind, source): [microseconds per run, events per run], summed over the named profiles."""
+    totals: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for kind, source, us, count in _timed_ops(names):
+        totals[(kind, source)][0] += us
+        totals[(kind, source)][1] += count
     return dict(totals)
 
 

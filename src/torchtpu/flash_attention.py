@@ -129,10 +129,9 @@ def _edge(length: int, wanted: int) -> int:
     return edge if length % edge == 0 else min(_BLOCK, length)
 
 
-def _block_sizes(fa: Any, bq: int, bk: int, bk_dq: int) -> Any:
-    return fa.BlockSizes(block_q=bq, block_k_major=bk, block_k=bk, block_b=1,
-                         block_q_major_dkv=bq, block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq,
-                         block_k_major_dq=bk_dq, block_k_dq=bk_dq, block_q_dq=bq)
+def _forward_blocks(fa: Any, bq: int, bk: int) -> Any:
+    """The forward kernel's block sizes (the backward's are _backward's own arguments)."""
+    return fa.BlockSizes(block_q=bq, block_k_major=bk, block_k=bk, block_b=1)
 
 
 def _operands(causal: bool, scale: float, low: bool, q: Any, k: Any, v: Any, mask: Any) -> tuple:
@@ -157,7 +156,8 @@ def _forward(causal: bool, scale: float, low: bool, blocks: tuple[int, int, int]
     out_dtype = q.dtype
     qk, kk, vk, bias, sm_scale = _operands(causal, scale, low, q, k, v, mask[0] if mask else None)
     # exported by kernels: Mosaic on a TPU, Pallas' interpret mode on the emulator
-    o, l, m = fa._flash_attention(qk, kk, vk, bias, None, True, causal, sm_scale, _block_sizes(fa, *blocks), False)
+    o, l, m = fa._flash_attention(qk, kk, vk, bias, None, True, causal, sm_scale, _forward_blocks(fa, *blocks[:2]),
+                                  False)
     return o.astype(out_dtype), m + jnp.log(l)
 
 

@@ -45,8 +45,10 @@ changed)  # at this checkout, the test files changed since the pinned suite's co
   pinned=$(awk 'NR == 1 {print $3}' tools/tpu_suite/pinned_run.txt)
   files=$(git diff --name-only "$pinned"..HEAD -- tests | grep -E '(^|/)test_[^/]*\.py$' | while read -r f; do [ -e "$f" ] && echo "$f"; done)
   echo "test files changed since $pinned: $(echo $files | wc -w)" | tee -a $OUT/versions.txt
-  [ -n "$files" ] && bash .tpu/suite/suite_run.sh changed $(( $(left) - 5 )) $files
-  cp $OUT/done.txt /tmp/done.txt ;;
+  if [ -n "$files" ]; then
+    bash .tpu/suite/suite_run.sh changed $(( $(left) - 5 )) $files
+    cp $OUT/done.txt /tmp/done.txt
+  fi ;;
 demo)
   for m in strict debug defer_and_fuse; do
     [ "$(left)" -lt 70 ] && break

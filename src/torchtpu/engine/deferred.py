@@ -433,6 +433,9 @@ def _launch_in_flight(wait: bool = True) -> None:
                 why = f"{type(e).__name__}: {e}"
                 if not _unreported:
                     _unreported.append(e.with_traceback(None))  # (its frames would hold this graph)
+            except BaseException as e:  # an interrupt while waiting: the graph is dropped, so say why
+                _mark_failed(f.bindings, f"{type(e).__name__}: {e}")
+                raise
         _mark_failed(f.bindings, why)
 
 
@@ -597,7 +600,10 @@ def flush(cut: bool = False) -> None:
         try:
             fused = fused_program(g, live, key, fused)
             _launch(fused, args, g.nodes[0].device, holders)
-        except Exception as e:
+        except BaseException as e:
+            # BaseException too: an interrupt in a long compile (Ctrl-C, pytest-timeout's alarm)
+            # also leaves the graph's values uncomputed, and an unmarked Pending of a dropped graph
+            # fails every later op that reads it as an internal error ("stale pending storage").
             # Only the text is kept: the exception's traceback holds this frame, whose storages
             # hold the Pendings, which would then never be freed.
             _mark_failed(holders, f"{type(e).__name__}: {e}")

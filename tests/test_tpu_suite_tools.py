@@ -311,3 +311,85 @@ def test_the_profile_comparison_sorts_each_ops_time_into_its_kind_of_work(tmp_pa
     assert compare_profiles.main([str(tmp_path / "a"), "--vs", str(tmp_path / "b"), "--sources", "2"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^\s+0\.015\s+1\s+kernel\s+\(unnamed\)$", out, re.MULTILINE), out
+
+
+_CHANGED_SOURCE = '''"""A test file."""
+import os
+
+CASES = {
+    "a": 1,
+    # a comment
+    "b": 2,
+}
+LIMIT = 3
+
+
+def helper():
+    return LIMIT
+
+
+@pytest.fixture
+def thing():
+    return 1
+
+
+def test_plain():
+    assert 1
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_cases(case):
+    assert case
+
+
+def test_helper():
+    assert helper()
+
+
+def test_fixture(thing):
+    assert thing
+
+
+class TestGroup:
+    def test_inside(self):
+        assert 1
+'''
+_CHANGED_IDS = ["t.py::test_plain", "t.py::test_cases[a]", "t.py::test_cases[b]", "t.py::test_helper",
+                "t.py::test_fixture", "t.py::TestGroup::test_inside"]
+
+
+@pytest.mark.parametrize("lines, picked", [
+    ({22}, ["t.py::test_plain"]),  # inside a test
+    ({25}, ["t.py::test_cases[a]", "t.py::test_cases[b]"]),  # its decorator
+    ({7}, ["t.py::test_cases[b]"]),  # one entry of a table of cases
+    ({6, 2, 1}, []),  # a comment, an import, the docstring
+    ({9}, ["t.py::test_helper"]),  # a constant a helper reads
+    ({18}, ["t.py::test_fixture"]),  # a fixture, named as a parameter
+    ({40}, ["t.py::TestGroup::test_inside"]),
+])
+def test_the_changed_test_selector_picks_the_tests_a_change_touches(lines, picked):
+    sys.path.insert(0, SUITE)
+    import changed_tests
+
+    got = changed_tests.select(_CHANGED_SOURCE, lines, _CHANGED_IDS, set(_CHANGED_IDS))
+    assert sorted(got) == sorted(picked), got
+
+
+def test_the_changed_test_selector_adds_new_ids_and_reads_git_hunks():
+    sys.path.insert(0, SUITE)
+    import changed_tests
+
+    got = changed_tests.select(_CHANGED_SOURCE, set(), _CHANGED_IDS, set(_CHANGED_IDS[1:]))
+    assert got == {"t.py::test_plain": "not in the pinned run"}
+    diff = "@@ -3,0 +4,2 @@ x\n+a\n+b\n@@ -10 +12 @@\n-c\n+d\n@@ -20,3 +22,0 @@\n"
+    assert changed_tests.changed_lines(diff) == {4, 5, 12, 22}
+
+
+def test_the_changed_test_selector_takes_a_whole_file_for_a_module_level_statement():
+    sys.path.insert(0, SUITE)
+    import changed_tests
+
+    source = _CHANGED_SOURCE + "\nif os.environ.get('X'):\n    LIMIT = 4\n"
+    n = len(_CHANGED_SOURCE.splitlines())
+    assert sorted(changed_tests.select(source, {n + 2}, _CHANGED_IDS, set(_CHANGED_IDS))) == \
+        sorted(_CHANGED_IDS)

@@ -40,13 +40,14 @@ suite)  # pytest arguments follow SECONDS; with .tpu/tree.tgz carried (pin_tree.
     bash .tpu/suite/suite_run.sh suite $(( $(left) - 5 )) "$@"
     cp $OUT/done.txt /tmp/done.txt
   fi ;;
-changed)  # at this checkout, the test files changed since the pinned suite's commit (pinned_run.txt's first line):
-  # with the pinned run, the default suite as it stands now
-  pinned=$(awk 'NR == 1 {print $3}' tools/tpu_suite/pinned_run.txt)
-  files=$(git diff --name-only "$pinned"..HEAD -- tests | grep -E '(^|/)test_[^/]*\.py$' | while read -r f; do [ -e "$f" ] && echo "$f"; done)
-  echo "test files changed since $pinned: $(echo $files | wc -w)" | tee -a $OUT/versions.txt
-  if [ -n "$files" ]; then
-    bash .tpu/suite/suite_run.sh changed $(( $(left) - 5 )) $files
+changed)  # at this checkout, the tests changed since the pinned suite's commit (pinned_run.txt's first line),
+  # picked by tools/tpu_suite/changed_tests.py (the tests a changed line touches, and new test ids): with the
+  # pinned run, the default suite as it stands now
+  python3 tools/tpu_suite/changed_tests.py --why > $OUT/changed.txt || { tail -5 $OUT/changed.txt; exit 1; }
+  mapfile -t ids < <(cut -f1 $OUT/changed.txt)
+  echo "tests changed since $(awk 'NR == 1 {print $3}' tools/tpu_suite/pinned_run.txt): ${#ids[@]}" | tee -a $OUT/versions.txt
+  if [ "${#ids[@]}" -gt 0 ]; then
+    bash .tpu/suite/suite_run.sh changed $(( $(left) - 5 )) "${ids[@]}"
     cp $OUT/done.txt /tmp/done.txt
   fi ;;
 demo)

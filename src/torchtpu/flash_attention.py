@@ -17,6 +17,11 @@ masked rows PyTorch sets to 0, takes the math path). Everything else, and everyt
 ``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)``, takes PyTorch's own composite path, which
 torchtpu lowers as plain matmul/softmax programs.
 
+With ``TORCH_TPU_FLASH_LANES=1``, a call whose q, k and v are [B, T, H, D] tensors seen as [B, H, T, D]
+(a transformer's usual transpose), with no mask and a head dim of 64 or 128, takes torchtpu's own
+kernels on the [B, T, H * D] layout instead (``flash_attention_lanes.py``): no layout copies around
+the kernel, no padded 64-lane tiles. Off by default until measured on a TPU.
+
 Precision: at ``medium`` (the default) float32 inputs enter the kernel as bfloat16, the one bf16
 pass per product that ``medium`` means for every other matmul; scores, softmax and accumulation stay
 float32 inside the kernel. At ``high`` and ``highest`` the kernel multiplies float32 operands.
@@ -31,7 +36,7 @@ from typing import Any
 
 import torch
 
-from . import flash_attention_dq
+from . import flash_attention_dq, flash_attention_lanes
 from .runtime import env
 
 _BLOCK = 128  # the kernel's lane width: key lengths and key blocks are multiples of it
@@ -189,16 +194,34 @@ def _backward(causal: bool, scale: float, low: bool, blocks: tuple[int, int, int
     return dq.astype(dtype), dk.astype(dtype), dv.astype(dtype)
 
 
+def _lanes_forward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], head_dim: int, q: Any, k: Any,
+                   v: Any) -> tuple:
+    """(output, log-sum-exp in each head's lanes) on [B, T, H * D] (flash_attention_lanes.py)."""
+    import jax.numpy as jnp
+
+    operands = [x.astype(jnp.bfloat16) for x in (q, k, v)] if low else [q, k, v]
+    o, lse = flash_attention_lanes.forward(*operands, head_dim=head_dim, scale=scale, causal=causal, bq=blocks[0],
+                                           bk=blocks[1])
+    return o.astype(q.dtype), lse
+
+
+def _lanes_backward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], head_dim: int, q: Any, k: Any,
+                    v: Any, out: Any, lse: Any, grad_out: Any) -> tuple:
+    """Gradients of q, k, v on [B, T, H * D] from (…, out, log-sum-exp, grad_out)."""
+    import jax.numpy as jnp
+
+    operands = [x.astype(jnp.bfloat16) for x in (q, k, v, grad_out)] if low else [q, k, v, grad_out]
+    dq, dk, dv = flash_attention_lanes.backward(*operands[:3], out, lse, operands[3], head_dim=head_dim, scale=scale,
+                                                causal=causal, bq=blocks[0], bk=blocks[1])
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
 # -- the ops ---------------------------------------------------------------------------------------
 
-@functools.cache
-def _ops() -> tuple[Any, Any]:
-    """The forward and backward ops (``torch.ops.torchtpu_kernels.flash_attention[_backward]``),
-    defined at first use, with the forward's autograd."""
+def _with_autograd(forward: Any, backward: Any) -> None:
+    """Register ``backward`` (a raw kernel op) as the autograd of ``forward``'s first result; its inputs
+    are the forward's inputs, then its results, then the output's gradient."""
     from . import kernels
-
-    forward = kernels.jax_op(_forward, name="flash_attention", static_argnums=(0, 1, 2, 3))
-    backward = kernels.jax_op(_backward, name="flash_attention_backward", static_argnums=(0, 1, 2, 3))
 
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         tensors, static = inputs
@@ -212,7 +235,43 @@ def _ops() -> tuple[Any, Any]:
 
     torch.library.register_autograd(forward._schema.name, backward_fn, setup_context=setup_context,
                                     lib=kernels._lib)
+
+
+@functools.cache
+def _lanes_ops() -> tuple[Any, Any]:
+    """The lane-layout forward and backward ops, defined at first use, with the forward's autograd."""
+    from . import kernels
+
+    forward = kernels.jax_op(_lanes_forward, name="flash_attention_lanes", static_argnums=(0, 1, 2, 3, 4))
+    backward = kernels.jax_op(_lanes_backward, name="flash_attention_lanes_backward", static_argnums=(0, 1, 2, 3, 4))
+    _with_autograd(forward, backward)
     return forward, backward
+
+
+@functools.cache
+def _ops() -> tuple[Any, Any]:
+    """The forward and backward ops (``torch.ops.torchtpu_kernels.flash_attention[_backward]``),
+    defined at first use, with the forward's autograd."""
+    from . import kernels
+
+    forward = kernels.jax_op(_forward, name="flash_attention", static_argnums=(0, 1, 2, 3))
+    backward = kernels.jax_op(_backward, name="flash_attention_backward", static_argnums=(0, 1, 2, 3))
+    _with_autograd(forward, backward)
+    return forward, backward
+
+
+def takes_lanes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    """Whether a qualifying call goes to the lane-layout kernels (TORCH_TPU_FLASH_LANES): no mask, a
+    head dim of 64 or 128 with whole 128-lane blocks of heads, and q, k, v each a [B, T, H, D] tensor
+    seen as [B, H, T, D] (heads side by side in a row: stride D between heads, 1 within one), so
+    that [B, T, H * D] is the layout they already have. A [B, H, T, D]-contiguous call keeps the
+    head-major kernel, which needs no copy for it."""
+    if attn_mask is not None or not env.read("TORCH_TPU_FLASH_LANES"):
+        return False
+    h, d = query.shape[1], query.shape[3]
+    if d not in (64, 128) or (h * d) % flash_attention_lanes.LANES:
+        return False
+    return all(t.stride(3) == 1 and t.stride(1) == d for t in (query, key, value))
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
@@ -221,6 +280,11 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
     b, h, q_len, d = query.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     low = query.dtype == torch.float32 and _precision() == "medium"
+    if takes_lanes(query, key, value, attn_mask):
+        blocks = (_edge(q_len, BLOCK_Q), _edge(key.shape[2], BLOCK_K))
+        rows = [t.transpose(1, 2).reshape(b, t.shape[2], h * d) for t in (query, key, value)]
+        out = _lanes_ops()[0](rows, repr((bool(is_causal), scale, low, blocks, d)))[0]
+        return out.view(b, q_len, h, d).transpose(1, 2)
     inputs = [query, key, value]
     if attn_mask is not None:
         inputs.append(attn_mask.to(torch.float32).expand(b, h, q_len, key.shape[2]))

@@ -1,0 +1,306 @@
+"""Flash attention on the model's own [B, T, H * D] layout: heads side by side in the lanes.
+
+JAX's Pallas kernel (``flash_attention.py``) takes [B, H, T, D]. A transformer makes q, k and v as
+[B, T, H * D] (one matmul's output) and wants its attention output back that way, so around each
+kernel call q, k, v, the output and, in the backward, the output's gradient and dq, dk, dv moved
+between the two layouts: on the v5e the 26th session's profile of the bf16 100M GPT step put 7.6 ms
+of its 78 in such copies (~120 of bf16[16,512,12,64]), and at D = 64 a [.., T, 64] tile fills half
+of the TPU's 128 lanes, so the kernel also read and wrote padded tiles.
+
+These kernels read and write [B, T, C] directly, C = H * D, in blocks of 128 lanes: one head at D =
+128, a pair at D = 64. Each head of a block is taken with a lane mask instead of a lane slice: the
+scores of head h are ``(q * in_h) k^T`` over all 128 lanes, the other head's lanes contributing
+zeros, and a product whose result spans the lanes (``p v``, ``p^T dO``, ``dS^T q``, ``dS k``) keeps
+head h's lanes. The v5e's matrix unit is 128 wide, so a 64-deep or 64-wide product costs it as much
+as a 128 one: the masks cost selects, not matrix work. The log-sum-exp goes out as [B, T, C]
+float32, each head's value in its own lanes, the layout the backward reads its rows in.
+
+The backward's two kernels (dk/dv over key blocks, dq over query blocks) recompute the
+probabilities from the log-sum-exp, as JAX's do, and compute each row's sum(dO * O) themselves
+from O and dO (JAX's wrapper broadcast it over 128 lanes in device memory first).
+
+Causal attention needs equal query and key lengths; no mask, no dropout (the caller checks).
+Only JAX functions: they run inside the kernel ops ``torchtpu.kernels`` exports.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+LANES = 128
+MASK_VALUE = -0.7 * 3.4028234663852886e38  # as JAX's kernels: finite, so exp underflows to 0 without NaN
+
+
+def heads_per_block(head_dim: int) -> int:
+    return LANES // head_dim
+
+
+def _lane_masks(head_dim: int) -> list[Any]:
+    """[1, 128] booleans: the lanes of each head of a block."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    lane = lax.broadcasted_iota(jnp.int32, (1, LANES), 1)
+    # comparisons, not lane // head_dim: Mosaic lowers a signed division through the chip's generation
+    return [(lane >= h * head_dim) & (lane < (h + 1) * head_dim) for h in range(heads_per_block(head_dim))]
+
+
+def _causal_keep(qi: Any, kj: Any, bq: int, bk: int) -> Any:
+    import jax.numpy as jnp
+    from jax import lax
+
+    row = lax.broadcasted_iota(jnp.int32, (bq, bk), 0) + qi * bq
+    col = lax.broadcasted_iota(jnp.int32, (bq, bk), 1) + kj * bk
+    return col <= row
+
+
+def _block_runs(qi: Any, kj: Any, bq: int, bk: int) -> Any:
+    """Whether a (query block, key block) pair has any key at or before a query (causal)."""
+    return kj * bk <= qi * bq + bq - 1
+
+
+def _only_head(x: Any, in_h: Any) -> Any:
+    """``x`` with the other heads' lanes zeroed, in its dtype (selected in float32: the v5e's vector
+    unit has no bfloat16 arithmetic, so Mosaic's float32 select is the plain path)."""
+    import jax.numpy as jnp
+
+    return jnp.where(in_h, x.astype(jnp.float32), 0.0).astype(x.dtype)
+
+
+def _scores(q: Any, k: Any, in_h: Any, scale: float, keep: Any) -> Any:
+    """Head h's scaled scores [bq, bk], float32, masked above the diagonal."""
+    import jax
+    import jax.numpy as jnp
+
+    s = jax.lax.dot_general(_only_head(q, in_h), k, (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32) * scale
+    return s if keep is None else jnp.where(keep, s, MASK_VALUE)
+
+
+def _row_value(tile: Any, in_h: Any) -> Any:
+    """[bq, 1]: head h's per-row value of a [bq, 128] tile holding it in that head's lanes."""
+    import jax.numpy as jnp
+
+    return jnp.max(jnp.where(in_h, tile, -jnp.inf), axis=1)[:, None]
+
+
+def _repeat(x: Any, width: int) -> Any:
+    """A [bq, 128] tile whose lanes are equal, widened to ``width`` lanes (a multiple of 128)."""
+    import jax.numpy as jnp
+
+    return jnp.tile(x, (1, width // LANES))
+
+
+# -- forward ---------------------------------------------------------------------------------------
+
+def _forward_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, lse_ref: Any, m_sc: Any, l_sc: Any,
+                    acc_sc: Any, *, scale: float, causal: bool, head_dim: int, bq: int, bk: int, nk: int) -> None:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    qi, kj = pl.program_id(2), pl.program_id(3)
+    masks = _lane_masks(head_dim)
+
+    @pl.when(kj == 0)
+    def _start() -> None:
+        m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, jnp.float32)
+        l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+    def step() -> None:
+        q, k, v = q_ref[...], k_ref[...], v_ref[...]
+        keep = _causal_keep(qi, kj, bq, bk) if causal else None
+        for h, in_h in enumerate(masks):
+            s = _scores(q, k, in_h, scale, keep)
+            m_prev, l_prev = m_sc[h], l_sc[h]  # [bq, 128], equal lanes
+            m_next = jnp.maximum(m_prev, jnp.max(s, axis=1)[:, None])
+            p = jnp.exp(s - _repeat(m_next, bk))
+            alpha = jnp.exp(m_prev - m_next)
+            l_sc[h] = alpha * l_prev + jnp.sum(p, axis=1)[:, None]
+            m_sc[h] = m_next
+            pv = jax.lax.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)  # [bq, 128]
+            acc_sc[h] = acc_sc[h] * alpha + pv
+
+    if causal:
+        pl.when(_block_runs(qi, kj, bq, bk))(step)
+    else:
+        step()
+
+    @pl.when(kj == nk - 1)
+    def _finish() -> None:
+        out = jnp.zeros((bq, LANES), jnp.float32)
+        lse = jnp.zeros((bq, LANES), jnp.float32)
+        for h, in_h in enumerate(masks):
+            l_h = l_sc[h]
+            out = jnp.where(in_h, acc_sc[h] / l_h, out)
+            lse = jnp.where(in_h, m_sc[h] + jnp.log(l_h), lse)
+        o_ref[...] = out.astype(o_ref.dtype)
+        lse_ref[...] = lse
+
+
+def _specs(bq: int, bk: int, query_major: bool) -> tuple[Any, Any]:
+    """BlockSpecs of a query-row block and a key-row block of [B, T, C], for a grid (b, group, i, j)
+    whose third axis walks query blocks (``query_major``) or key blocks."""
+    from jax.experimental import pallas as pl
+
+    if query_major:
+        rows = pl.BlockSpec((None, bq, LANES), lambda b, g, i, j: (b, i, g))
+        keys = pl.BlockSpec((None, bk, LANES), lambda b, g, i, j: (b, j, g))
+    else:
+        rows = pl.BlockSpec((None, bq, LANES), lambda b, g, j, i: (b, i, g))
+        keys = pl.BlockSpec((None, bk, LANES), lambda b, g, j, i: (b, j, g))
+    return rows, keys
+
+
+def _params() -> Any:
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+
+
+def forward(q: Any, k: Any, v: Any, *, head_dim: int, scale: float, causal: bool, bq: int, bk: int) -> tuple[Any, Any]:
+    """(output [B, T, C] in q's dtype, log-sum-exp [B, T, C] float32 in each head's lanes)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    batch, q_len, width = q.shape
+    kv_len = k.shape[1]
+    nh = heads_per_block(head_dim)
+    rows, keys = _specs(bq, bk, True)
+    kernel = functools.partial(_forward_kernel, scale=scale, causal=causal, head_dim=head_dim, bq=bq, bk=bk,
+                               nk=kv_len // bk)
+    return pl.pallas_call(
+        kernel,
+        grid=(batch, width // LANES, q_len // bq, kv_len // bk),
+        in_specs=[rows, keys, keys],
+        out_specs=[rows, rows],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape, jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((nh, bq, LANES), jnp.float32)] * 3,
+        compiler_params=_params(),
+        name=f"flash_lanes_fwd_{bq}x{bk}",
+    )(q, k, v)
+
+
+# -- backward --------------------------------------------------------------------------------------
+
+def _probabilities_and_dscores(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, in_h: Any, scale: float,
+                               keep: Any, bk: int) -> tuple[Any, Any]:
+    """Head h's probabilities P and the scores' gradient dS (of q k^T, scale included), [bq, bk]."""
+    import jax
+    import jax.numpy as jnp
+
+    s = _scores(q, k, in_h, scale, keep)
+    p = jnp.exp(s - _repeat(jnp.broadcast_to(_row_value(lse, in_h), (s.shape[0], LANES)), bk))
+    # sum(dO * O) over the head's lanes: the softmax backward's row term
+    di = jnp.sum(jnp.where(in_h, o.astype(jnp.float32) * do.astype(jnp.float32), 0.0), axis=1)[:, None]
+    dp = jax.lax.dot_general(_only_head(do, in_h), v, (((1,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+    return p, p * (dp - di) * scale
+
+
+def _dkv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, do_ref: Any, lse_ref: Any, dk_ref: Any, dv_ref: Any,
+                dk_sc: Any, dv_sc: Any, *, scale: float, causal: bool, head_dim: int, bq: int, bk: int,
+                nq: int) -> None:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    kj, qi = pl.program_id(2), pl.program_id(3)
+    masks = _lane_masks(head_dim)
+    trans_a = (((0,), (0,)), ((), ()))
+
+    @pl.when(qi == 0)
+    def _start() -> None:
+        dk_sc[...] = jnp.zeros(dk_sc.shape, jnp.float32)
+        dv_sc[...] = jnp.zeros(dv_sc.shape, jnp.float32)
+
+    def step() -> None:
+        q, k, v, o, do, lse = q_ref[...], k_ref[...], v_ref[...], o_ref[...], do_ref[...], lse_ref[...]
+        keep = _causal_keep(qi, kj, bq, bk) if causal else None
+        for in_h in masks:
+            p, ds = _probabilities_and_dscores(q, k, v, o, do, lse, in_h, scale, keep, bk)
+            dv = jax.lax.dot_general(p.astype(do.dtype), do, trans_a, preferred_element_type=jnp.float32)
+            dk = jax.lax.dot_general(ds.astype(q.dtype), q, trans_a, preferred_element_type=jnp.float32)
+            dv_sc[...] += jnp.where(in_h, dv, 0.0)
+            dk_sc[...] += jnp.where(in_h, dk, 0.0)
+
+    if causal:
+        pl.when(_block_runs(qi, kj, bq, bk))(step)
+    else:
+        step()
+
+    @pl.when(qi == nq - 1)
+    def _finish() -> None:
+        dk_ref[...] = dk_sc[...].astype(dk_ref.dtype)
+        dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
+
+
+def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, do_ref: Any, lse_ref: Any, dq_ref: Any, dq_sc: Any, *,
+               scale: float, causal: bool, head_dim: int, bq: int, bk: int, nk: int) -> None:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    qi, kj = pl.program_id(2), pl.program_id(3)
+    masks = _lane_masks(head_dim)
+
+    @pl.when(kj == 0)
+    def _start() -> None:
+        dq_sc[...] = jnp.zeros(dq_sc.shape, jnp.float32)
+
+    def step() -> None:
+        q, k, v, o, do, lse = q_ref[...], k_ref[...], v_ref[...], o_ref[...], do_ref[...], lse_ref[...]
+        keep = _causal_keep(qi, kj, bq, bk) if causal else None
+        for in_h in masks:
+            _, ds = _probabilities_and_dscores(q, k, v, o, do, lse, in_h, scale, keep, bk)
+            dq = jax.lax.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+            dq_sc[...] += jnp.where(in_h, dq, 0.0)
+
+    if causal:
+        pl.when(_block_runs(qi, kj, bq, bk))(step)
+    else:
+        step()
+
+    @pl.when(kj == nk - 1)
+    def _finish() -> None:
+        dq_ref[...] = dq_sc[...].astype(dq_ref.dtype)
+
+
+def backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, *, head_dim: int, scale: float, causal: bool,
+             bq: int, bk: int) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv), each in its input's dtype, from the forward's output and log-sum-exp."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    batch, q_len, width = q.shape
+    kv_len = k.shape[1]
+    groups = width // LANES
+    rows, keys = _specs(bq, bk, False)
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_kernel, scale=scale, causal=causal, head_dim=head_dim, bq=bq, bk=bk, nq=q_len // bq),
+        grid=(batch, groups, kv_len // bk, q_len // bq),
+        in_specs=[rows, keys, keys, rows, rows, rows],
+        out_specs=[keys, keys],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        scratch_shapes=[pltpu.VMEM((bk, LANES), jnp.float32)] * 2,
+        compiler_params=_params(),
+        name=f"flash_lanes_bwd_dkv_{bq}x{bk}",
+    )(q, k, v, o, do, lse)
+    rows, keys = _specs(bq, bk, True)
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, scale=scale, causal=causal, head_dim=head_dim, bq=bq, bk=bk, nk=kv_len // bk),
+        grid=(batch, groups, q_len // bq, kv_len // bk),
+        in_specs=[rows, keys, keys, rows, rows, rows],
+        out_specs=rows,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        scratch_shapes=[pltpu.VMEM((bq, LANES), jnp.float32)],
+        compiler_params=_params(),
+        name=f"flash_lanes_bwd_dq_{bq}x{bk}",
+    )(q, k, v, o, do, lse)
+    return dq, dk, dv

@@ -87,21 +87,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 RESULT_PREFIX = "BENCH_RESULT "
 MODES = ("jax_jit", "jax_eager", "jax_flash", "strict", "defer", "compiled", "compiled_defer", "compiled_graph",
-         "compiled_math", "compiled_replayed")
+         "compiled_math", "compiled_lanes", "compiled_replayed")
 MODE_LABELS = {"jax_jit": "JAX jit", "jax_eager": "JAX op-by-op", "jax_flash": "JAX flash", "strict": "Strict",
                "defer": "DeferAndFuse", "compiled": "compiled", "compiled_defer": "compiled+Defer",
                "compiled_graph": "compiled, TPUGraph", "compiled_math": "compiled math",
+               "compiled_lanes": "compiled lanes",
                "compiled_replayed": "reduce-overhead"}
 JAX_MODES = ("jax_jit", "jax_eager", "jax_flash")
 TORCH_EAGER_MODE = {"strict": "strict", "defer": "defer_and_fuse", "compiled": "strict",
                     "compiled_defer": "defer_and_fuse", "compiled_graph": "strict", "compiled_math": "strict",
+                    "compiled_lanes": "strict",
                     "compiled_replayed": "strict"}
 MIB = 2**20
 REPO = Path(__file__).resolve().parent.parent
@@ -173,6 +175,8 @@ class Workload:
     ref: str = "jax_jit"
     phases: tuple[str, ...] = ("",)  # warm_start: ("cold", "warm"), sharing one cache directory
     pairs: tuple[tuple[str, str], ...] = ()  # (mode, against): ratios printed after the table too
+    # modes run only when --modes names them (attention variants of a training workload)
+    on_request: tuple[str, ...] = ()
 
 
 TRAIN_ROWS = (Row("step_ms", "train step ms", "lower"), Row("first_step_s", "first step s", "lower"))
@@ -182,19 +186,21 @@ TEMP_ROW = Row("temp_mib", "largest program scratch MiB", "lower", "{:.0f}")
 # the two together: what one step needs at most, where the allocator's peak leaves scratch out
 PEAK_TOTAL_ROW = Row("peak_total_mib", "peak + scratch MiB", "lower", "{:.0f}")
 FLASH_ROWS = (*TRAIN_ROWS, MFU_ROW, PEAK_MEM_ROW, TEMP_ROW, PEAK_TOTAL_ROW)
-FLASH_MODES = ("jax_jit", "jax_flash", "compiled", "compiled_math")
+FLASH_MODES = ("jax_jit", "jax_flash", "compiled", "compiled_math", "compiled_lanes")
 FLASH_PAIRS = (("compiled", "compiled_math"), ("compiled", "jax_flash"))
 PAIR_METRICS = ("step_ms", "peak_mem_mib", "temp_mib", "peak_total_mib")  # the rows a workload's pairs are given for
 TRAIN_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer", "compiled_graph")
 WARM_START_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer")
+# the compiled step with attention by the math lowering, and by the lane-layout flash kernels
+ATTENTION_MODES = ("compiled_math", "compiled_lanes")
 WORKLOADS: dict[str, Workload] = {
     "op_chain": Workload(("jax_jit", "jax_eager", "strict", "defer"),
                          (Row("us_per_op", "µs/op", "lower"),), ref="jax_eager"),
     "gpt_demo": Workload(TRAIN_MODES, TRAIN_ROWS),
-    "gpt_100m": Workload(TRAIN_MODES, (*TRAIN_ROWS, MFU_ROW)),
-    "gpt_100m_bf16": Workload(TRAIN_MODES, (*TRAIN_ROWS, MFU_ROW)),
-    "flash_s512": Workload(FLASH_MODES, FLASH_ROWS, pairs=FLASH_PAIRS),
-    "flash_s2048": Workload(FLASH_MODES, FLASH_ROWS, pairs=FLASH_PAIRS),
+    "gpt_100m": Workload((*TRAIN_MODES, *ATTENTION_MODES), (*TRAIN_ROWS, MFU_ROW), on_request=ATTENTION_MODES),
+    "gpt_100m_bf16": Workload((*TRAIN_MODES, *ATTENTION_MODES), (*TRAIN_ROWS, MFU_ROW), on_request=ATTENTION_MODES),
+    "flash_s512": Workload(FLASH_MODES, FLASH_ROWS, pairs=FLASH_PAIRS, on_request=("compiled_lanes",)),
+    "flash_s2048": Workload(FLASH_MODES, FLASH_ROWS, pairs=FLASH_PAIRS, on_request=("compiled_lanes",)),
     "decode_b1": Workload(("jax_jit", "compiled", "compiled_graph", "compiled_replayed"), (Row("tokens_per_s", "tokens/s", "higher", "{:.4g}"),
                                                     Row("first_gen_s", "first generation s", "lower"))),
     "decode_b8": Workload(("jax_jit", "compiled", "compiled_graph", "compiled_replayed"), (Row("tokens_per_s", "tokens/s", "higher", "{:.4g}"),
@@ -389,8 +395,11 @@ def torch_flash_check(torch: Any, p: dict[str, Any], mode: str) -> None:
     cfg = p["cfg"]
     q = torch.empty(p["batch"], cfg["heads"], cfg["seq"], cfg["d_model"] // cfg["heads"], device="meta")
     flash = flash_attention.enabled() and flash_attention.qualifies(q, q, q, None, 0.0, True)
-    if flash != (mode == "compiled"):
+    if flash != (mode in ("compiled", "compiled_lanes")):
         raise RuntimeError(f"mode {mode} but flash attention {'on' if flash else 'off'} for {tuple(q.shape)}")
+    seen = q.transpose(1, 2).contiguous().transpose(1, 2)  # the GPT's q: [B, T, H, D] seen as [B, H, T, D]
+    if flash and flash_attention.takes_lanes(seen, seen, seen, None) != (mode == "compiled_lanes"):
+        raise RuntimeError(f"mode {mode} but the lane-layout kernels {'on' if mode != 'compiled_lanes' else 'off'}")
 
 
 def torch_first_step(p: dict[str, Any], mode: str) -> dict[str, Any]:
@@ -513,7 +522,7 @@ def torch_worker(workload: str, mode: str, p: dict[str, Any], peak_tflops: float
     elif workload.startswith("decode"):
         out = torch_decode(p, mode)
     else:
-        if workload in FLASH_SHAPES:
+        if workload in FLASH_SHAPES or mode == "compiled_lanes":
             torch_flash_check(torch, p, mode)
         compiles0 = torch.tpu.compile_cache_stats()["compiles"]
         out = torch_gpt_train(p, mode, bf16=workload.endswith("bf16"))
@@ -684,6 +693,8 @@ def worker_env(mode: str, tmp: str, persistent: bool, workload: str = "") -> dic
     env.pop("BENCH_JAX_CACHE_DIR", None)
     if mode == "compiled_math":  # any workload: attention by the math lowering
         env["TORCH_TPU_FLASH_ATTENTION"] = "0"
+    elif mode == "compiled_lanes":  # any workload: the kernels on the model's [B, T, H * D] layout
+        env["TORCH_TPU_FLASH_ATTENTION"] = env["TORCH_TPU_FLASH_LANES"] = "1"
     elif workload in FLASH_SHAPES:
         env["TORCH_TPU_FLASH_ATTENTION"] = "1"
     if cache_dir:
@@ -733,14 +744,17 @@ def jax_missing() -> str | None:
     return "jax not installed" if "No module named 'jax" in why else f"jax not importable: {why}"
 
 
+def selected_modes(wl: Workload, asked: Sequence[str] | None) -> list[str]:
+    """The modes of a workload a run measures: those ``--modes`` names, else all but its on-request ones."""
+    return [m for m in wl.modes if m in asked] if asked else [m for m in wl.modes if m not in wl.on_request]
+
+
 def run_workload(name: str, args: argparse.Namespace, no_jax: str | None,
                  on_cell: Callable[[dict[str, dict[str, Any]]], None] | None = None) -> dict[str, dict[str, Any]]:
     """Every selected mode of one workload, a worker process each; on_cell sees the cells so far after each."""
     wl = WORKLOADS[name]
     out: dict[str, dict[str, Any]] = {}
-    for mode in wl.modes:
-        if args.modes and mode not in args.modes:
-            continue
+    for mode in selected_modes(wl, args.modes):
         if mode in JAX_MODES and no_jax:
             out[mode] = {"error": no_jax}
             continue

@@ -36,12 +36,13 @@ def heads_per_block(head_dim: int) -> int:
     return LANES // head_dim
 
 
-def _lane_masks(head_dim: int) -> list[Any]:
-    """[1, 128] booleans: the lanes of each head of a block."""
+def _lane_masks(head_dim: int, rows: int) -> list[Any]:
+    """[rows, 128] booleans: the lanes of each head of a block (made at the full shape they select
+    in, as JAX's kernels make their causal masks: no boolean broadcast for Mosaic to lay out)."""
     import jax.numpy as jnp
     from jax import lax
 
-    lane = lax.broadcasted_iota(jnp.int32, (1, LANES), 1)
+    lane = lax.broadcasted_iota(jnp.int32, (rows, LANES), 1)
     # comparisons, not lane // head_dim: Mosaic lowers a signed division through the chip's generation
     return [(lane >= h * head_dim) & (lane < (h + 1) * head_dim) for h in range(heads_per_block(head_dim))]
 
@@ -101,7 +102,7 @@ def _forward_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, lse_ref: Any
     from jax.experimental import pallas as pl
 
     qi, kj = pl.program_id(2), pl.program_id(3)
-    masks = _lane_masks(head_dim)
+    masks = _lane_masks(head_dim, bq)
 
     @pl.when(kj == 0)
     def _start() -> None:
@@ -210,8 +211,7 @@ def _dkv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, do_ref: Any, lse
     from jax.experimental import pallas as pl
 
     kj, qi = pl.program_id(2), pl.program_id(3)
-    masks = _lane_masks(head_dim)
-    trans_a = (((0,), (0,)), ((), ()))
+    masks, key_masks = _lane_masks(head_dim, bq), _lane_masks(head_dim, bk)
 
     @pl.when(qi == 0)
     def _start() -> None:
@@ -221,12 +221,13 @@ def _dkv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, do_ref: Any, lse
     def step() -> None:
         q, k, v, o, do, lse = q_ref[...], k_ref[...], v_ref[...], o_ref[...], do_ref[...], lse_ref[...]
         keep = _causal_keep(qi, kj, bq, bk) if causal else None
-        for in_h in masks:
+        for in_h, key_in_h in zip(masks, key_masks):
             p, ds = _probabilities_and_dscores(q, k, v, o, do, lse, in_h, scale, keep, bk)
-            dv = jax.lax.dot_general(p.astype(do.dtype), do, trans_a, preferred_element_type=jnp.float32)
-            dk = jax.lax.dot_general(ds.astype(q.dtype), q, trans_a, preferred_element_type=jnp.float32)
-            dv_sc[...] += jnp.where(in_h, dv, 0.0)
-            dk_sc[...] += jnp.where(in_h, dk, 0.0)
+            # p^T dO and dS^T q as JAX's dk/dv kernel writes them (a transpose, then a plain product)
+            dv = jax.lax.dot(p.T.astype(do.dtype), do, preferred_element_type=jnp.float32)
+            dk = jax.lax.dot(ds.T.astype(q.dtype), q, preferred_element_type=jnp.float32)
+            dv_sc[...] += jnp.where(key_in_h, dv, 0.0)
+            dk_sc[...] += jnp.where(key_in_h, dk, 0.0)
 
     if causal:
         pl.when(_block_runs(qi, kj, bq, bk))(step)
@@ -246,7 +247,7 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, do_ref: Any, lse_
     from jax.experimental import pallas as pl
 
     qi, kj = pl.program_id(2), pl.program_id(3)
-    masks = _lane_masks(head_dim)
+    masks = _lane_masks(head_dim, bq)
 
     @pl.when(kj == 0)
     def _start() -> None:

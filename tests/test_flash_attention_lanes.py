@@ -123,18 +123,43 @@ def test_lanes_off_by_default(monkeypatch):
     assert not flash_attention.takes_lanes(seen, seen, seen, None)
 
 
-def test_a_tpu_gets_mosaic_lane_kernels_and_no_transposes():
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_tpu_gets_mosaic_lane_kernels_and_no_transposes(fused):
     # no layout copies and no lane broadcasts outside the kernels: the head-major path's costs on the v5e
     jax = pytest.importorskip("jax")
     from jax import export
 
-    a = jax.ShapeDtypeStruct((2, 512, 768), jax.numpy.bfloat16)
+    width = 3 * 768 if fused else 768
+    a = jax.ShapeDtypeStruct((2, 512, width), jax.numpy.bfloat16)
+    rows = jax.ShapeDtypeStruct((2, 512, 768), jax.numpy.bfloat16)
     lse = jax.ShapeDtypeStruct((2, 512, 768), jax.numpy.float32)
-    fwd = export.export(jax.jit(lambda q, k, v: flash_attention._lanes_forward(True, 0.125, False, (512, 512), 64, q, k,
-                                                                               v)), platforms=["tpu"])(a, a, a)
-    bwd = export.export(jax.jit(lambda *x: flash_attention._lanes_backward(True, 0.125, False, (512, 512), 64, *x)),
-                        platforms=["tpu"])(a, a, a, a, lse, a)
+    inputs = [a] if fused else [a] * 3
+    static = (True, 0.125, False, (512, 512), 64, fused)
+    fwd = export.export(jax.jit(lambda *x: flash_attention._lanes_forward(*static, *x)), platforms=["tpu"])(*inputs)
+    bwd = export.export(jax.jit(lambda *x: flash_attention._lanes_backward(*static, *x)),
+                        platforms=["tpu"])(*inputs, rows, lse, rows)
     text = fwd.mlir_module() + bwd.mlir_module()
     assert text.count("tpu_custom_call") == 3
     assert "stablehlo.transpose" not in text and "stablehlo.broadcast_in_dim" not in text
+    assert "stablehlo.slice" not in text  # the fused projection is read in place, not cut into q, k, v
+    assert [tuple(x.shape) for x in bwd.out_avals] == [(2, 512, width)] * (1 if fused else 3)
     assert flash_attention_lanes.heads_per_block(64) == 2
+
+
+def test_separate_projections_take_the_lanes_without_a_concatenation(decisions, monkeypatch):
+    fused = []
+    real = flash_attention._one_projection
+    monkeypatch.setattr(flash_attention, "_one_projection", lambda *a: (fused.append(real(*a)), fused[-1])[1])
+
+    def separate(qkv: torch.Tensor, heads: int, causal: bool) -> torch.Tensor:
+        b, t, c3 = qkv.shape
+        q, k, v = (x.contiguous().view(b, t, heads, c3 // 3 // heads).transpose(1, 2) for x in qkv.split(c3 // 3, 2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return y.transpose(1, 2).reshape(b, t, c3 // 3)
+
+    qkv = torch.randn(1, 128, 3 * 128, generator=torch.Generator().manual_seed(4))
+    precision, tol = _exact()
+    with torch.tpu.precision(precision):
+        _check(qkv, 2, False, tol)  # one projection, split: read whole
+        _check(qkv, 2, False, tol, separate)  # three tensors
+    assert fused == [True, False] and all(decisions)

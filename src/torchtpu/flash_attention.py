@@ -194,26 +194,42 @@ def _backward(causal: bool, scale: float, low: bool, blocks: tuple[int, int, int
     return dq.astype(dtype), dk.astype(dtype), dv.astype(dtype)
 
 
-def _lanes_forward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], head_dim: int, q: Any, k: Any,
-                   v: Any) -> tuple:
+def _lanes_operands(low: bool, fused: bool, arrays: tuple) -> tuple[list, int, tuple[int, int, int]]:
+    """(q, k, v as the kernels take them, C, their lane-group offsets): one fused projection
+    [B, T, 3C] passed three times, or three [B, T, C] arrays; bfloat16 when ``low``."""
+    import jax.numpy as jnp
+
+    arrays = [x.astype(jnp.bfloat16) for x in arrays] if low else list(arrays)
+    if fused:
+        width = arrays[0].shape[-1] // 3
+        groups = width // flash_attention_lanes.LANES
+        return arrays * 3, width, (0, groups, 2 * groups)
+    return arrays, arrays[0].shape[-1], (0, 0, 0)
+
+
+def _lanes_forward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], head_dim: int, fused: bool,
+                   *arrays: Any) -> tuple:
     """(output, log-sum-exp in each head's lanes) on [B, T, H * D] (flash_attention_lanes.py)."""
+    qkv, width, offsets = _lanes_operands(low, fused, arrays)
+    o, lse = flash_attention_lanes.forward(*qkv, head_dim=head_dim, scale=scale, causal=causal, bq=blocks[0],
+                                           bk=blocks[1], width=width, offsets=offsets)
+    return o.astype(arrays[0].dtype), lse
+
+
+def _lanes_backward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], head_dim: int, fused: bool,
+                    *rest: Any) -> tuple:
+    """Gradients of the inputs (q, k, v, or the fused projection) from (…, out, log-sum-exp, grad_out)."""
     import jax.numpy as jnp
 
-    operands = [x.astype(jnp.bfloat16) for x in (q, k, v)] if low else [q, k, v]
-    o, lse = flash_attention_lanes.forward(*operands, head_dim=head_dim, scale=scale, causal=causal, bq=blocks[0],
-                                           bk=blocks[1])
-    return o.astype(q.dtype), lse
-
-
-def _lanes_backward(causal: bool, scale: float, low: bool, blocks: tuple[int, int], head_dim: int, q: Any, k: Any,
-                    v: Any, out: Any, lse: Any, grad_out: Any) -> tuple:
-    """Gradients of q, k, v on [B, T, H * D] from (…, out, log-sum-exp, grad_out)."""
-    import jax.numpy as jnp
-
-    operands = [x.astype(jnp.bfloat16) for x in (q, k, v, grad_out)] if low else [q, k, v, grad_out]
-    dq, dk, dv = flash_attention_lanes.backward(*operands[:3], out, lse, operands[3], head_dim=head_dim, scale=scale,
-                                                causal=causal, bq=blocks[0], bk=blocks[1])
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    arrays, (out, lse, grad_out) = rest[:-3], rest[-3:]
+    qkv, width, offsets = _lanes_operands(low, fused, arrays)
+    if low:
+        grad_out = grad_out.astype(jnp.bfloat16)
+    grads = flash_attention_lanes.backward(*qkv, out, lse, grad_out, head_dim=head_dim, scale=scale, causal=causal,
+                                           bq=blocks[0], bk=blocks[1], width=width, offsets=offsets)
+    if fused:  # one gradient of the projection (the model's split backward concatenates the same again)
+        return (jnp.concatenate(grads, axis=-1).astype(arrays[0].dtype),)
+    return tuple(g.astype(a.dtype) for g, a in zip(grads, arrays))
 
 
 # -- the ops ---------------------------------------------------------------------------------------
@@ -242,8 +258,9 @@ def _lanes_ops() -> tuple[Any, Any]:
     """The lane-layout forward and backward ops, defined at first use, with the forward's autograd."""
     from . import kernels
 
-    forward = kernels.jax_op(_lanes_forward, name="flash_attention_lanes", static_argnums=(0, 1, 2, 3, 4))
-    backward = kernels.jax_op(_lanes_backward, name="flash_attention_lanes_backward", static_argnums=(0, 1, 2, 3, 4))
+    forward = kernels.jax_op(_lanes_forward, name="flash_attention_lanes", static_argnums=(0, 1, 2, 3, 4, 5))
+    backward = kernels.jax_op(_lanes_backward, name="flash_attention_lanes_backward",
+                              static_argnums=(0, 1, 2, 3, 4, 5))
     _with_autograd(forward, backward)
     return forward, backward
 
@@ -258,6 +275,17 @@ def _ops() -> tuple[Any, Any]:
     backward = kernels.jax_op(_backward, name="flash_attention_backward", static_argnums=(0, 1, 2, 3))
     _with_autograd(forward, backward)
     return forward, backward
+
+
+def _one_projection(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether q, k and v are the three thirds of one [B, T, 3C] projection (``qkv.split(C, 2)``, viewed
+    as heads): equal shapes, rows 3C apart, k and v C and 2C after q. Only a cost decision: the kernels
+    then read that projection whole, and the values are the same either way."""
+    width = query.shape[1] * query.shape[3]
+    return (tuple(key.shape) == tuple(value.shape) == tuple(query.shape)
+            and all(t.stride(2) == 3 * width for t in (query, key, value))
+            and key.storage_offset() == query.storage_offset() + width
+            and value.storage_offset() == query.storage_offset() + 2 * width)
 
 
 def takes_lanes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
@@ -283,7 +311,10 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
     if takes_lanes(query, key, value, attn_mask):
         blocks = (_edge(q_len, BLOCK_Q), _edge(key.shape[2], BLOCK_K))
         rows = [t.transpose(1, 2).reshape(b, t.shape[2], h * d) for t in (query, key, value)]
-        out = _lanes_ops()[0](rows, repr((bool(is_causal), scale, low, blocks, d)))[0]
+        fused = _one_projection(query, key, value)
+        if fused:  # XLA folds the concatenation of its three slices back into the projection: no copies
+            rows = [torch.cat(rows, dim=2)]
+        out = _lanes_ops()[0](rows, repr((bool(is_causal), scale, low, blocks, d, fused)))[0]
         return out.view(b, q_len, h, d).transpose(1, 2)
     inputs = [query, key, value]
     if attn_mask is not None:

@@ -19,6 +19,9 @@ The backward's two kernels (dk/dv over key blocks, dq over query blocks) recompu
 probabilities from the log-sum-exp, as JAX's do, and compute each row's sum(dO * O) themselves
 from O and dO (JAX's wrapper broadcast it over 128 lanes in device memory first).
 
+q, k and v may be one fused projection [B, T, 3C] passed three times with lane-group offsets
+(``offsets``), so the thirds of a ``qkv.split`` are read in place rather than sliced out.
+
 Causal attention needs equal query and key lengths; no mask, no dropout (the caller checks).
 Only JAX functions: they run inside the kernel ops ``torchtpu.kernels`` exports.
 """
@@ -141,18 +144,15 @@ def _forward_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, lse_ref: Any
         lse_ref[...] = lse
 
 
-def _specs(bq: int, bk: int, query_major: bool) -> tuple[Any, Any]:
-    """BlockSpecs of a query-row block and a key-row block of [B, T, C], for a grid (b, group, i, j)
-    whose third axis walks query blocks (``query_major``) or key blocks."""
+def _spec(rows: int, query_major: bool, of_queries: bool, offset: int) -> Any:
+    """The BlockSpec of a block of ``rows`` rows and 128 lanes, at lane group ``offset + g``, for a grid
+    (b, g, i, j) whose third axis walks query blocks (``query_major``) or key blocks: a query-row
+    block (``of_queries``) follows the query-block axis, a key-row block the key-block one."""
     from jax.experimental import pallas as pl
 
-    if query_major:
-        rows = pl.BlockSpec((None, bq, LANES), lambda b, g, i, j: (b, i, g))
-        keys = pl.BlockSpec((None, bk, LANES), lambda b, g, i, j: (b, j, g))
-    else:
-        rows = pl.BlockSpec((None, bq, LANES), lambda b, g, j, i: (b, i, g))
-        keys = pl.BlockSpec((None, bk, LANES), lambda b, g, j, i: (b, j, g))
-    return rows, keys
+    if query_major == of_queries:
+        return pl.BlockSpec((None, rows, LANES), lambda b, g, i, j: (b, i, g + offset))
+    return pl.BlockSpec((None, rows, LANES), lambda b, g, i, j: (b, j, g + offset))
 
 
 def _params() -> Any:
@@ -161,25 +161,29 @@ def _params() -> Any:
     return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
 
 
-def forward(q: Any, k: Any, v: Any, *, head_dim: int, scale: float, causal: bool, bq: int, bk: int) -> tuple[Any, Any]:
-    """(output [B, T, C] in q's dtype, log-sum-exp [B, T, C] float32 in each head's lanes)."""
+def forward(q: Any, k: Any, v: Any, *, head_dim: int, scale: float, causal: bool, bq: int, bk: int, width: int,
+            offsets: tuple[int, int, int] = (0, 0, 0)) -> tuple[Any, Any]:
+    """(output [B, T, width] in q's dtype, log-sum-exp [B, T, width] float32 in each head's lanes).
+    q, k and v hold their heads at lane groups ``offsets`` on (one fused projection [B, T, 3 * width]
+    passed three times: 0, width / 128 and twice that)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    batch, q_len, width = q.shape
+    batch, q_len = q.shape[:2]
     kv_len = k.shape[1]
     nh = heads_per_block(head_dim)
-    rows, keys = _specs(bq, bk, True)
+    out = jax.ShapeDtypeStruct((batch, q_len, width), q.dtype)
     kernel = functools.partial(_forward_kernel, scale=scale, causal=causal, head_dim=head_dim, bq=bq, bk=bk,
                                nk=kv_len // bk)
     return pl.pallas_call(
         kernel,
         grid=(batch, width // LANES, q_len // bq, kv_len // bk),
-        in_specs=[rows, keys, keys],
-        out_specs=[rows, rows],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape, jnp.float32)],
+        in_specs=[_spec(bq, True, True, offsets[0]), _spec(bk, True, False, offsets[1]),
+                  _spec(bk, True, False, offsets[2])],
+        out_specs=[_spec(bq, True, True, 0)] * 2,
+        out_shape=[out, jax.ShapeDtypeStruct(out.shape, jnp.float32)],
         scratch_shapes=[pltpu.VMEM((nh, bq, LANES), jnp.float32)] * 3,
         compiler_params=_params(),
         name=f"flash_lanes_fwd_{bq}x{bk}",
@@ -272,34 +276,39 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, do_ref: Any, lse_
 
 
 def backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, *, head_dim: int, scale: float, causal: bool,
-             bq: int, bk: int) -> tuple[Any, Any, Any]:
-    """(dq, dk, dv), each in its input's dtype, from the forward's output and log-sum-exp."""
+             bq: int, bk: int, width: int, offsets: tuple[int, int, int] = (0, 0, 0)) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv), [B, T, width] each in its input's dtype, from the forward's output and
+    log-sum-exp (q, k, v as :func:`forward` takes them)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    batch, q_len, width = q.shape
+    batch, q_len = q.shape[:2]
     kv_len = k.shape[1]
     groups = width // LANES
-    rows, keys = _specs(bq, bk, False)
+
+    def inputs(query_major: bool) -> list[Any]:
+        return [_spec(bq, query_major, True, offsets[0]), _spec(bk, query_major, False, offsets[1]),
+                _spec(bk, query_major, False, offsets[2])] + [_spec(bq, query_major, True, 0)] * 3
+
+    key_block = _spec(bk, False, False, 0)
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, scale=scale, causal=causal, head_dim=head_dim, bq=bq, bk=bk, nq=q_len // bq),
         grid=(batch, groups, kv_len // bk, q_len // bq),
-        in_specs=[rows, keys, keys, rows, rows, rows],
-        out_specs=[keys, keys],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        in_specs=inputs(False),
+        out_specs=[key_block, key_block],
+        out_shape=[jax.ShapeDtypeStruct((batch, kv_len, width), x.dtype) for x in (k, v)],
         scratch_shapes=[pltpu.VMEM((bk, LANES), jnp.float32)] * 2,
         compiler_params=_params(),
         name=f"flash_lanes_bwd_dkv_{bq}x{bk}",
     )(q, k, v, o, do, lse)
-    rows, keys = _specs(bq, bk, True)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, scale=scale, causal=causal, head_dim=head_dim, bq=bq, bk=bk, nk=kv_len // bk),
         grid=(batch, groups, q_len // bq, kv_len // bk),
-        in_specs=[rows, keys, keys, rows, rows, rows],
-        out_specs=rows,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        in_specs=inputs(True),
+        out_specs=_spec(bq, True, True, 0),
+        out_shape=jax.ShapeDtypeStruct((batch, q_len, width), q.dtype),
         scratch_shapes=[pltpu.VMEM((bq, LANES), jnp.float32)],
         compiler_params=_params(),
         name=f"flash_lanes_bwd_dq_{bq}x{bk}",

@@ -163,3 +163,20 @@ def test_separate_projections_take_the_lanes_without_a_concatenation(decisions, 
         _check(qkv, 2, False, tol)  # one projection, split: read whole
         _check(qkv, 2, False, tol, separate)  # three tensors
     assert fused == [True, False] and all(decisions)
+
+
+def test_lanes_with_a_shorter_query_than_key_not_causal(decisions):
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, n, 2, 64, generator=g) for n in (64, 256, 256))  # [B, T, H, D]
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves))
+    (want * want).sum().backward()
+    got_leaves = [t.to("tpu").requires_grad_() for t in (q, k, v)]
+    precision, tol = _exact()
+    with torch.tpu.precision(precision):
+        got = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in got_leaves))
+        (got * got).sum().backward()
+    assert decisions == [True]
+    for a, w in zip([got, *(t.grad for t in got_leaves)], [want, *(t.grad for t in leaves)]):
+        w = w.float()
+        torch.testing.assert_close(a.detach().cpu(), w, atol=tol * max(1.0, w.abs().max().item()), rtol=tol)

@@ -179,10 +179,16 @@ def collect(files: list[str]) -> list[str]:
 
 
 def changed_tests(collector: Callable[[list[str]], list[str]] = collect) -> dict[str, str]:
-    """Node id -> why, over every test file changed since the pinned run's commit."""
+    """Node id -> why, over every test file changed since the pinned run's commit. A changed support
+    module of the tests (conftest.py, helpers.py: what many tests share) is said on stderr: the
+    tests it affects are not picked."""
     commit, outcomes = pinned_record.read_record()
-    files = [f for f in _git("diff", "--name-only", f"{commit}..HEAD", "--", "tests").split()
-             if re.search(r"(^|/)test_[^/]*\.py$", f) and Path(f).exists()]
+    changed = [f for f in _git("diff", "--name-only", f"{commit}..HEAD", "--", "tests").split() if Path(f).exists()]
+    files = [f for f in changed if re.search(r"(^|/)test_[^/]*\.py$", f)]
+    support = [f for f in changed if f.endswith(".py") and f not in files]
+    if support:
+        print(f"changed_tests: support modules changed since {commit}, their tests not picked: {' '.join(support)}",
+              file=sys.stderr)
     collected = collector(files)
     why: dict[str, str] = {}
     for f in files:

@@ -72,6 +72,17 @@ def _only_head(x: Any, in_h: Any) -> Any:
     return jnp.where(in_h, x.astype(jnp.float32), 0.0).astype(x.dtype)
 
 
+def _each_block(step: Any, causal: bool, qi: Any, kj: Any, bq: int, bk: int) -> None:
+    """Run ``step`` for this grid step's (query block, key block), but not for a block wholly above the
+    diagonal of causal attention (nothing of it is kept)."""
+    from jax.experimental import pallas as pl
+
+    if causal:
+        pl.when(_block_runs(qi, kj, bq, bk))(step)
+    else:
+        step()
+
+
 def _scores(q: Any, k: Any, in_h: Any, scale: float, keep: Any) -> Any:
     """Head h's scaled scores [bq, bk], float32, masked above the diagonal."""
     import jax
@@ -127,10 +138,7 @@ def _forward_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, lse_ref: Any
             pv = jax.lax.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)  # [bq, 128]
             acc_sc[h] = acc_sc[h] * alpha + pv
 
-    if causal:
-        pl.when(_block_runs(qi, kj, bq, bk))(step)
-    else:
-        step()
+    _each_block(step, causal, qi, kj, bq, bk)
 
     @pl.when(kj == nk - 1)
     def _finish() -> None:
@@ -223,7 +231,7 @@ def _dkv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, do_ref: Any, lse
         dv_sc[...] = jnp.zeros(dv_sc.shape, jnp.float32)
 
     def step() -> None:
-        q, k, v, o, do, lse = q_ref[...], k_ref[...], v_ref[...], o_ref[...], do_ref[...], lse_ref[...]
+        q, k, v, o, do, lse = (r[...] for r in (q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref))
         keep = _causal_keep(qi, kj, bq, bk) if causal else None
         for in_h, key_in_h in zip(masks, key_masks):
             p, ds = _probabilities_and_dscores(q, k, v, o, do, lse, in_h, scale, keep, bk)
@@ -233,10 +241,7 @@ def _dkv_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, do_ref: Any, lse
             dv_sc[...] += jnp.where(key_in_h, dv, 0.0)
             dk_sc[...] += jnp.where(key_in_h, dk, 0.0)
 
-    if causal:
-        pl.when(_block_runs(qi, kj, bq, bk))(step)
-    else:
-        step()
+    _each_block(step, causal, qi, kj, bq, bk)
 
     @pl.when(qi == nq - 1)
     def _finish() -> None:
@@ -258,17 +263,14 @@ def _dq_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, do_ref: Any, lse_
         dq_sc[...] = jnp.zeros(dq_sc.shape, jnp.float32)
 
     def step() -> None:
-        q, k, v, o, do, lse = q_ref[...], k_ref[...], v_ref[...], o_ref[...], do_ref[...], lse_ref[...]
+        q, k, v, o, do, lse = (r[...] for r in (q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref))
         keep = _causal_keep(qi, kj, bq, bk) if causal else None
         for in_h in masks:
             _, ds = _probabilities_and_dscores(q, k, v, o, do, lse, in_h, scale, keep, bk)
             dq = jax.lax.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
             dq_sc[...] += jnp.where(in_h, dq, 0.0)
 
-    if causal:
-        pl.when(_block_runs(qi, kj, bq, bk))(step)
-    else:
-        step()
+    _each_block(step, causal, qi, kj, bq, bk)
 
     @pl.when(kj == nk - 1)
     def _finish() -> None:

@@ -23,7 +23,10 @@ For the ``flash_*`` workloads: ``jax_flash``
 (the JAX peer with JAX's Pallas TPU flash-attention kernel), ``compiled`` with torchtpu's flash
 attention forced on (``TORCH_TPU_FLASH_ATTENTION=1``) and ``compiled_math`` with it off (``=0``,
 attention by the math lowering; ``compiled_math`` so in any workload, e.g. ``gpt_100m_bf16``, whose
-``compiled`` cell takes the kernel where it is on by default: on a TPU).
+``compiled`` cell takes the kernel where it is on by default: on a TPU). Run only when ``--modes`` names them,
+in the 100M workloads: ``compiled_lanes`` (the flash kernels on the model's layout,
+``TORCH_TPU_FLASH_LANES=1``) and ``defer_unchunked`` (DeferAndFuse with ``TORCH_TPU_DEFER_CHUNK_NODES=0``: one
+fused program a step instead of early-launched chunks).
 
 Workloads (``--small`` shrinks each to tiny sizes and few steps, for the CPU emulator):
 - ``op_chain``: 1,000 tiny dependent elementwise ops then one read, µs per op. Its ratios are to
@@ -94,16 +97,16 @@ from typing import Any
 
 RESULT_PREFIX = "BENCH_RESULT "
 MODES = ("jax_jit", "jax_eager", "jax_flash", "strict", "defer", "compiled", "compiled_defer", "compiled_graph",
-         "compiled_math", "compiled_lanes", "compiled_replayed")
+         "compiled_math", "compiled_lanes", "compiled_replayed", "defer_unchunked")
 MODE_LABELS = {"jax_jit": "JAX jit", "jax_eager": "JAX op-by-op", "jax_flash": "JAX flash", "strict": "Strict",
                "defer": "DeferAndFuse", "compiled": "compiled", "compiled_defer": "compiled+Defer",
                "compiled_graph": "compiled, TPUGraph", "compiled_math": "compiled math",
-               "compiled_lanes": "compiled lanes",
+               "compiled_lanes": "compiled lanes", "defer_unchunked": "Defer unchunked",
                "compiled_replayed": "reduce-overhead"}
 JAX_MODES = ("jax_jit", "jax_eager", "jax_flash")
 TORCH_EAGER_MODE = {"strict": "strict", "defer": "defer_and_fuse", "compiled": "strict",
                     "compiled_defer": "defer_and_fuse", "compiled_graph": "strict", "compiled_math": "strict",
-                    "compiled_lanes": "strict",
+                    "compiled_lanes": "strict", "defer_unchunked": "defer_and_fuse",
                     "compiled_replayed": "strict"}
 MIB = 2**20
 REPO = Path(__file__).resolve().parent.parent
@@ -191,8 +194,10 @@ FLASH_PAIRS = (("compiled", "compiled_math"), ("compiled", "jax_flash"))
 PAIR_METRICS = ("step_ms", "peak_mem_mib", "temp_mib", "peak_total_mib")  # the rows a workload's pairs are given for
 TRAIN_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer", "compiled_graph")
 WARM_START_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer")
-# the compiled step with attention by the math lowering, and by the lane-layout flash kernels
-ATTENTION_MODES = ("compiled_math", "compiled_lanes")
+# the compiled step with attention by the math lowering, and by the lane-layout flash kernels; DeferAndFuse
+# launching at reads and step boundaries only (no early-launch chunks of TORCH_TPU_DEFER_CHUNK_NODES ops: one
+# fused program a step, where chunks trade fusion across their cuts for overlapping the host's recording)
+ATTENTION_MODES = ("compiled_math", "compiled_lanes", "defer_unchunked")
 WORKLOADS: dict[str, Workload] = {
     "op_chain": Workload(("jax_jit", "jax_eager", "strict", "defer"),
                          (Row("us_per_op", "µs/op", "lower"),), ref="jax_eager"),
@@ -697,6 +702,8 @@ def worker_env(mode: str, tmp: str, persistent: bool, workload: str = "") -> dic
         env["TORCH_TPU_FLASH_ATTENTION"] = env["TORCH_TPU_FLASH_LANES"] = "1"
     elif workload in FLASH_SHAPES:
         env["TORCH_TPU_FLASH_ATTENTION"] = "1"
+    if mode == "defer_unchunked":
+        env["TORCH_TPU_DEFER_CHUNK_NODES"] = "0"
     if cache_dir:
         os.makedirs(cache_dir, exist_ok=True)
         env["BENCH_JAX_CACHE_DIR"] = cache_dir

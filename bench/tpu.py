@@ -194,16 +194,16 @@ FLASH_PAIRS = (("compiled", "compiled_math"), ("compiled", "jax_flash"))
 PAIR_METRICS = ("step_ms", "peak_mem_mib", "temp_mib", "peak_total_mib")  # the rows a workload's pairs are given for
 TRAIN_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer", "compiled_graph")
 WARM_START_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer")
-# the compiled step with attention by the math lowering, and by the lane-layout flash kernels; DeferAndFuse
-# launching at reads and step boundaries only (no early-launch chunks of TORCH_TPU_DEFER_CHUNK_NODES ops: one
+# variants of the 100M step, run when --modes names them: the compiled step with attention by the math
+# lowering, and by the lane-layout flash kernels; DeferAndFuse launching at reads and step boundaries only (no early-launch chunks of TORCH_TPU_DEFER_CHUNK_NODES ops: one
 # fused program a step, where chunks trade fusion across their cuts for overlapping the host's recording)
-ATTENTION_MODES = ("compiled_math", "compiled_lanes", "defer_unchunked")
+ON_REQUEST_MODES = ("compiled_math", "compiled_lanes", "defer_unchunked")
 WORKLOADS: dict[str, Workload] = {
     "op_chain": Workload(("jax_jit", "jax_eager", "strict", "defer"),
                          (Row("us_per_op", "µs/op", "lower"),), ref="jax_eager"),
     "gpt_demo": Workload(TRAIN_MODES, TRAIN_ROWS),
-    "gpt_100m": Workload((*TRAIN_MODES, *ATTENTION_MODES), (*TRAIN_ROWS, MFU_ROW), on_request=ATTENTION_MODES),
-    "gpt_100m_bf16": Workload((*TRAIN_MODES, *ATTENTION_MODES), (*TRAIN_ROWS, MFU_ROW), on_request=ATTENTION_MODES),
+    "gpt_100m": Workload((*TRAIN_MODES, *ON_REQUEST_MODES), (*TRAIN_ROWS, MFU_ROW), on_request=ON_REQUEST_MODES),
+    "gpt_100m_bf16": Workload((*TRAIN_MODES, *ON_REQUEST_MODES), (*TRAIN_ROWS, MFU_ROW), on_request=ON_REQUEST_MODES),
     "flash_s512": Workload(FLASH_MODES, FLASH_ROWS, pairs=FLASH_PAIRS, on_request=("compiled_lanes",)),
     "flash_s2048": Workload(FLASH_MODES, FLASH_ROWS, pairs=FLASH_PAIRS, on_request=("compiled_lanes",)),
     "decode_b1": Workload(("jax_jit", "compiled", "compiled_graph", "compiled_replayed"), (Row("tokens_per_s", "tokens/s", "higher", "{:.4g}"),

@@ -234,47 +234,42 @@ def _lanes_backward(causal: bool, scale: float, low: bool, blocks: tuple[int, in
 
 # -- the ops ---------------------------------------------------------------------------------------
 
-def _with_autograd(forward: Any, backward: Any) -> None:
-    """Register ``backward`` (a raw kernel op) as the autograd of ``forward``'s first result; its inputs
-    are the forward's inputs, then its results, then the output's gradient."""
+def _kernel_ops(forward_fn: Any, backward_fn: Any, name: str, statics: int) -> tuple[Any, Any]:
+    """The raw kernel ops of a JAX forward and backward (their first ``statics`` arguments static), with
+    the backward registered as the autograd of the forward's first result: its inputs are the forward's
+    inputs, then its results, then the output's gradient."""
     from . import kernels
+
+    nums = tuple(range(statics))
+    forward = kernels.jax_op(forward_fn, name=name, static_argnums=nums)
+    backward = kernels.jax_op(backward_fn, name=f"{name}_backward", static_argnums=nums)
 
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         tensors, static = inputs
         ctx.save_for_backward(*tensors, *output)
         ctx.static = static
 
-    def backward_fn(ctx: Any, grads: list) -> tuple:
+    def autograd_backward(ctx: Any, grads: list) -> tuple:
         *inputs, out, lse = ctx.saved_tensors
         grad_out = grads[0] if grads[0] is not None else torch.zeros_like(out)
         return list(backward([*inputs, out, lse, grad_out], ctx.static)), None
 
-    torch.library.register_autograd(forward._schema.name, backward_fn, setup_context=setup_context,
+    torch.library.register_autograd(forward._schema.name, autograd_backward, setup_context=setup_context,
                                     lib=kernels._lib)
+    return forward, backward
 
 
 @functools.cache
 def _lanes_ops() -> tuple[Any, Any]:
     """The lane-layout forward and backward ops, defined at first use, with the forward's autograd."""
-    from . import kernels
-
-    forward = kernels.jax_op(_lanes_forward, name="flash_attention_lanes", static_argnums=(0, 1, 2, 3, 4, 5))
-    backward = kernels.jax_op(_lanes_backward, name="flash_attention_lanes_backward",
-                              static_argnums=(0, 1, 2, 3, 4, 5))
-    _with_autograd(forward, backward)
-    return forward, backward
+    return _kernel_ops(_lanes_forward, _lanes_backward, "flash_attention_lanes", 6)
 
 
 @functools.cache
 def _ops() -> tuple[Any, Any]:
     """The forward and backward ops (``torch.ops.torchtpu_kernels.flash_attention[_backward]``),
     defined at first use, with the forward's autograd."""
-    from . import kernels
-
-    forward = kernels.jax_op(_forward, name="flash_attention", static_argnums=(0, 1, 2, 3))
-    backward = kernels.jax_op(_backward, name="flash_attention_backward", static_argnums=(0, 1, 2, 3))
-    _with_autograd(forward, backward)
-    return forward, backward
+    return _kernel_ops(_forward, _backward, "flash_attention", 4)
 
 
 def _one_projection(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:

@@ -195,8 +195,9 @@ PAIR_METRICS = ("step_ms", "peak_mem_mib", "temp_mib", "peak_total_mib")  # the 
 TRAIN_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer", "compiled_graph")
 WARM_START_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer")
 # variants of the 100M step, run when --modes names them: the compiled step with attention by the math
-# lowering, and by the lane-layout flash kernels; DeferAndFuse launching at reads and step boundaries only (no early-launch chunks of TORCH_TPU_DEFER_CHUNK_NODES ops: one
-# fused program a step, where chunks trade fusion across their cuts for overlapping the host's recording)
+# lowering, and by the lane-layout flash kernels; DeferAndFuse launching at reads and step boundaries only
+# (no early-launch chunks of TORCH_TPU_DEFER_CHUNK_NODES ops: one fused program a step, where chunks trade
+# fusion across their cuts for overlapping the host's recording)
 ON_REQUEST_MODES = ("compiled_math", "compiled_lanes", "defer_unchunked")
 WORKLOADS: dict[str, Workload] = {
     "op_chain": Workload(("jax_jit", "jax_eager", "strict", "defer"),

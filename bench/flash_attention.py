@@ -6,7 +6,8 @@ the math lowering, at the 100M GPT's shapes by default (not a test).
 
 ``--lanes``: q, k and v in a transformer's layout ([B, T, H, D] seen as [B, H, T, D], the output
 taken back to [B, T, H * D]) for every row, and each block size also through the lane-layout
-kernels (``TORCH_TPU_FLASH_LANES``, flash_attention_lanes.py), which read that layout as it is.
+kernels (flash_attention_lanes.py), which read that layout as it is; the other rows then run with
+``TORCH_TPU_FLASH_LANES=0`` (the head-major kernel, with the layout copies around it).
 
 One process, Strict mode, ``torch.compile`` of ``F.scaled_dot_product_attention`` followed by its
 backward (one program each way, as in a compiled training step). Per variant: the first call's

@@ -24,8 +24,8 @@ For the ``flash_*`` workloads: ``jax_flash``
 attention forced on (``TORCH_TPU_FLASH_ATTENTION=1``) and ``compiled_math`` with it off (``=0``,
 attention by the math lowering; ``compiled_math`` so in any workload, e.g. ``gpt_100m_bf16``, whose
 ``compiled`` cell takes the kernel where it is on by default: on a TPU). Run only when ``--modes`` names them,
-in the 100M workloads: ``compiled_lanes`` (the flash kernels on the model's layout,
-``TORCH_TPU_FLASH_LANES=1``) and ``defer_unchunked`` (DeferAndFuse with ``TORCH_TPU_DEFER_CHUNK_NODES=0``: one
+in the 100M workloads: ``compiled_head_major`` (flash attention by the head-major [B, H, T, D] kernel,
+``TORCH_TPU_FLASH_LANES=0``, where ``compiled`` takes the kernels on the model's own layout) and ``defer_unchunked`` (DeferAndFuse with ``TORCH_TPU_DEFER_CHUNK_NODES=0``: one
 fused program a step instead of early-launched chunks).
 
 Workloads (``--small`` shrinks each to tiny sizes and few steps, for the CPU emulator):
@@ -97,16 +97,16 @@ from typing import Any
 
 RESULT_PREFIX = "BENCH_RESULT "
 MODES = ("jax_jit", "jax_eager", "jax_flash", "strict", "defer", "compiled", "compiled_defer", "compiled_graph",
-         "compiled_math", "compiled_lanes", "compiled_replayed", "defer_unchunked")
+         "compiled_math", "compiled_head_major", "compiled_replayed", "defer_unchunked")
 MODE_LABELS = {"jax_jit": "JAX jit", "jax_eager": "JAX op-by-op", "jax_flash": "JAX flash", "strict": "Strict",
                "defer": "DeferAndFuse", "compiled": "compiled", "compiled_defer": "compiled+Defer",
                "compiled_graph": "compiled, TPUGraph", "compiled_math": "compiled math",
-               "compiled_lanes": "compiled lanes", "defer_unchunked": "Defer unchunked",
+               "compiled_head_major": "compiled head-major", "defer_unchunked": "Defer unchunked",
                "compiled_replayed": "reduce-overhead"}
 JAX_MODES = ("jax_jit", "jax_eager", "jax_flash")
 TORCH_EAGER_MODE = {"strict": "strict", "defer": "defer_and_fuse", "compiled": "strict",
                     "compiled_defer": "defer_and_fuse", "compiled_graph": "strict", "compiled_math": "strict",
-                    "compiled_lanes": "strict", "defer_unchunked": "defer_and_fuse",
+                    "compiled_head_major": "strict", "defer_unchunked": "defer_and_fuse",
                     "compiled_replayed": "strict"}
 MIB = 2**20
 REPO = Path(__file__).resolve().parent.parent
@@ -189,24 +189,25 @@ TEMP_ROW = Row("temp_mib", "largest program scratch MiB", "lower", "{:.0f}")
 # the two together: what one step needs at most, where the allocator's peak leaves scratch out
 PEAK_TOTAL_ROW = Row("peak_total_mib", "peak + scratch MiB", "lower", "{:.0f}")
 FLASH_ROWS = (*TRAIN_ROWS, MFU_ROW, PEAK_MEM_ROW, TEMP_ROW, PEAK_TOTAL_ROW)
-FLASH_MODES = ("jax_jit", "jax_flash", "compiled", "compiled_math", "compiled_lanes")
+FLASH_MODES = ("jax_jit", "jax_flash", "compiled", "compiled_math", "compiled_head_major")
 FLASH_PAIRS = (("compiled", "compiled_math"), ("compiled", "jax_flash"))
 PAIR_METRICS = ("step_ms", "peak_mem_mib", "temp_mib", "peak_total_mib")  # the rows a workload's pairs are given for
 TRAIN_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer", "compiled_graph")
 WARM_START_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer")
 # variants of the 100M step, run when --modes names them: the compiled step with attention by the math
-# lowering, and by the lane-layout flash kernels; DeferAndFuse launching at reads and step boundaries only
+# lowering, and by the head-major flash kernel (JAX's, with the layout copies around it); DeferAndFuse
+# launching at reads and step boundaries only
 # (no early-launch chunks of TORCH_TPU_DEFER_CHUNK_NODES ops: one fused program a step, where chunks trade
 # fusion across their cuts for overlapping the host's recording)
-ON_REQUEST_MODES = ("compiled_math", "compiled_lanes", "defer_unchunked")
+ON_REQUEST_MODES = ("compiled_math", "compiled_head_major", "defer_unchunked")
 WORKLOADS: dict[str, Workload] = {
     "op_chain": Workload(("jax_jit", "jax_eager", "strict", "defer"),
                          (Row("us_per_op", "µs/op", "lower"),), ref="jax_eager"),
     "gpt_demo": Workload(TRAIN_MODES, TRAIN_ROWS),
     "gpt_100m": Workload((*TRAIN_MODES, *ON_REQUEST_MODES), (*TRAIN_ROWS, MFU_ROW), on_request=ON_REQUEST_MODES),
     "gpt_100m_bf16": Workload((*TRAIN_MODES, *ON_REQUEST_MODES), (*TRAIN_ROWS, MFU_ROW), on_request=ON_REQUEST_MODES),
-    "flash_s512": Workload(FLASH_MODES, FLASH_ROWS, pairs=FLASH_PAIRS, on_request=("compiled_lanes",)),
-    "flash_s2048": Workload(FLASH_MODES, FLASH_ROWS, pairs=FLASH_PAIRS, on_request=("compiled_lanes",)),
+    "flash_s512": Workload(FLASH_MODES, FLASH_ROWS, pairs=FLASH_PAIRS, on_request=("compiled_head_major",)),
+    "flash_s2048": Workload(FLASH_MODES, FLASH_ROWS, pairs=FLASH_PAIRS, on_request=("compiled_head_major",)),
     "decode_b1": Workload(("jax_jit", "compiled", "compiled_graph", "compiled_replayed"), (Row("tokens_per_s", "tokens/s", "higher", "{:.4g}"),
                                                     Row("first_gen_s", "first generation s", "lower"))),
     "decode_b8": Workload(("jax_jit", "compiled", "compiled_graph", "compiled_replayed"), (Row("tokens_per_s", "tokens/s", "higher", "{:.4g}"),
@@ -401,11 +402,11 @@ def torch_flash_check(torch: Any, p: dict[str, Any], mode: str) -> None:
     cfg = p["cfg"]
     q = torch.empty(p["batch"], cfg["heads"], cfg["seq"], cfg["d_model"] // cfg["heads"], device="meta")
     flash = flash_attention.enabled() and flash_attention.qualifies(q, q, q, None, 0.0, True)
-    if flash != (mode in ("compiled", "compiled_lanes")):
+    if flash != (mode in ("compiled", "compiled_head_major")):
         raise RuntimeError(f"mode {mode} but flash attention {'on' if flash else 'off'} for {tuple(q.shape)}")
     seen = q.transpose(1, 2).contiguous().transpose(1, 2)  # the GPT's q: [B, T, H, D] seen as [B, H, T, D]
-    if flash and flash_attention.takes_lanes(seen, seen, seen, None) != (mode == "compiled_lanes"):
-        raise RuntimeError(f"mode {mode} but the lane-layout kernels {'on' if mode != 'compiled_lanes' else 'off'}")
+    if flash and flash_attention.takes_lanes(seen, seen, seen, None) == (mode == "compiled_head_major"):
+        raise RuntimeError(f"mode {mode} but the lane-layout kernels {'on' if mode == 'compiled_head_major' else 'off'}")
 
 
 def torch_first_step(p: dict[str, Any], mode: str) -> dict[str, Any]:
@@ -528,7 +529,7 @@ def torch_worker(workload: str, mode: str, p: dict[str, Any], peak_tflops: float
     elif workload.startswith("decode"):
         out = torch_decode(p, mode)
     else:
-        if workload in FLASH_SHAPES or mode == "compiled_lanes":
+        if workload in FLASH_SHAPES or mode == "compiled_head_major":
             torch_flash_check(torch, p, mode)
         compiles0 = torch.tpu.compile_cache_stats()["compiles"]
         out = torch_gpt_train(p, mode, bf16=workload.endswith("bf16"))
@@ -699,8 +700,8 @@ def worker_env(mode: str, tmp: str, persistent: bool, workload: str = "") -> dic
     env.pop("BENCH_JAX_CACHE_DIR", None)
     if mode == "compiled_math":  # any workload: attention by the math lowering
         env["TORCH_TPU_FLASH_ATTENTION"] = "0"
-    elif mode == "compiled_lanes":  # any workload: the kernels on the model's [B, T, H * D] layout
-        env["TORCH_TPU_FLASH_ATTENTION"] = env["TORCH_TPU_FLASH_LANES"] = "1"
+    elif mode == "compiled_head_major":  # any workload: the kernel on [B, H, T, D], with the layout copies
+        env["TORCH_TPU_FLASH_ATTENTION"], env["TORCH_TPU_FLASH_LANES"] = "1", "0"
     elif workload in FLASH_SHAPES:
         env["TORCH_TPU_FLASH_ATTENTION"] = "1"
     if mode == "defer_unchunked":

@@ -82,12 +82,12 @@ def test_compiled_math_turns_the_kernel_off_in_any_workload(tmp_path, monkeypatc
         assert bench.worker_env("compiled_math", str(tmp_path), False, workload)["TORCH_TPU_FLASH_ATTENTION"] == "0"
     assert bench.worker_env("compiled", str(tmp_path), False, "flash_s512")["TORCH_TPU_FLASH_ATTENTION"] == "1"
     assert "TORCH_TPU_FLASH_ATTENTION" not in bench.worker_env("compiled", str(tmp_path), False, "gpt_100m_bf16")
-    lanes = bench.worker_env("compiled_lanes", str(tmp_path), False, "gpt_100m_bf16")
-    assert lanes["TORCH_TPU_FLASH_ATTENTION"] == lanes["TORCH_TPU_FLASH_LANES"] == "1"
+    head_major = bench.worker_env("compiled_head_major", str(tmp_path), False, "gpt_100m_bf16")
+    assert (head_major["TORCH_TPU_FLASH_ATTENTION"], head_major["TORCH_TPU_FLASH_LANES"]) == ("1", "0")
     # the attention variants of the 100M step run when asked for (they once were silently left out)
     wl = bench.WORKLOADS["gpt_100m_bf16"]
-    assert bench.selected_modes(wl, ["jax_jit", "compiled", "compiled_math", "compiled_lanes"]) == \
-        ["jax_jit", "compiled", "compiled_math", "compiled_lanes"]
+    assert bench.selected_modes(wl, ["jax_jit", "compiled", "compiled_math", "compiled_head_major"]) == \
+        ["jax_jit", "compiled", "compiled_math", "compiled_head_major"]
     assert "compiled_math" not in bench.selected_modes(wl, None) and "compiled" in bench.selected_modes(wl, [])
     unchunked = bench.worker_env("defer_unchunked", str(tmp_path), False, "gpt_100m_bf16")
     assert unchunked["TORCH_TPU_DEFER_CHUNK_NODES"] == "0" and unchunked["TORCH_TPU_DEFER_AND_FUSE"] == "1"

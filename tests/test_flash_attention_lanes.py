@@ -117,9 +117,11 @@ def test_head_major_inputs_keep_the_head_major_kernel():
     assert not flash_attention.takes_lanes(seen, seen, seen, torch.zeros(128, 128, device="tpu"))
 
 
-def test_lanes_off_by_default(monkeypatch):
+def test_lanes_on_by_default_and_off_on_request(monkeypatch):
     monkeypatch.delenv("TORCH_TPU_FLASH_LANES")
     seen = torch.randn(1, 128, 2, 64, device="tpu").transpose(1, 2)
+    assert flash_attention.takes_lanes(seen, seen, seen, None)
+    monkeypatch.setenv("TORCH_TPU_FLASH_LANES", "0")
     assert not flash_attention.takes_lanes(seen, seen, seen, None)
 
 

@@ -2,8 +2,9 @@
 
     python examples/kernels/flash_attention_gpt.py [--tiny] [--steps N]
 
-``F.scaled_dot_product_attention`` on tpu tensors takes JAX's Pallas TPU flash-attention kernel
-where the call qualifies (``torchtpu.flash_attention``: key length a multiple of 128, head dim 64
+``F.scaled_dot_product_attention`` on tpu tensors takes a Pallas flash-attention kernel (for the
+GPT's q, k, v, torchtpu's own on their [B, T, H * D] layout; JAX's for head-major ones) where the
+call qualifies (``torchtpu.flash_attention``: key length a multiple of 128, head dim 64
 or 128, ...): on a TPU by default (a Mosaic kernel), on the CPU emulator when
 ``TORCH_TPU_FLASH_ATTENTION=1`` (Pallas' interpret mode: exact and slow), which this script sets
 unless the variable is set already. The model code is unchanged: ``torchtpu.examples.gpt`` calls
@@ -24,15 +25,17 @@ from collections.abc import Sequence
 
 import torch
 
-KERNEL_OP = "torchtpu_kernels::flash_attention"
+# the forward ops of the head-major kernel and of the kernels on the model's [B, T, H * D] layout (the
+# GPT's q, k, v take the latter: torchtpu.flash_attention.takes_lanes)
+KERNEL_OPS = ("torchtpu_kernels::flash_attention", "torchtpu_kernels::flash_attention_lanes")
 
 
 def kernel_events(fn) -> int:
-    """The profiler's events of the flash kernel's forward op during one call of ``fn`` (at least
-    one per attention layer)."""
+    """The profiler's events of a flash kernel's forward op during one call of ``fn`` (at least one
+    per attention layer)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
-    return sum(e.count for e in prof.key_averages() if e.key == KERNEL_OP)
+    return sum(e.count for e in prof.key_averages() if e.key in KERNEL_OPS)
 
 
 def check_precision() -> str:

@@ -17,10 +17,12 @@ masked rows PyTorch sets to 0, takes the math path). Everything else, and everyt
 ``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)``, takes PyTorch's own composite path, which
 torchtpu lowers as plain matmul/softmax programs.
 
-With ``TORCH_TPU_FLASH_LANES=1``, a call whose q, k and v are [B, T, H, D] tensors seen as [B, H, T, D]
-(a transformer's usual transpose), with no mask and a head dim of 64 or 128, takes torchtpu's own
-kernels on the [B, T, H * D] layout instead (``flash_attention_lanes.py``): no layout copies around
-the kernel, no padded 64-lane tiles. Off by default until measured on a TPU.
+A call whose q, k and v are [B, T, H, D] tensors seen as [B, H, T, D] (a transformer's usual
+transpose), with no mask and a head dim of 64 or 128, takes torchtpu's own kernels on the
+[B, T, H * D] layout instead (``flash_attention_lanes.py``): no layout copies around the kernel, no
+padded 64-lane tiles. On a TPU v5e (29th session) the bf16 100M GPT's compiled step took 60.6 ms
+with them and 76.6 ms with the head-major kernel (JAX jit 64.8); ``TORCH_TPU_FLASH_LANES=0`` turns
+them off.
 
 Precision: at ``medium`` (the default) float32 inputs enter the kernel as bfloat16, the one bf16
 pass per product that ``medium`` means for every other matmul; scores, softmax and accumulation stay

@@ -72,12 +72,12 @@ bench)  # (BENCH_ARGS: more bench/tpu.py options) SET (third argument): demo = T
     timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tee $OUT/bench3.log | tail -14
     timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tee $OUT/bench2.log | tail -24 ;;
   flash)  # flash attention: the kernel alone (bench/flash_attention.py, bf16 at the 100M GPT's shape, in the GPT's
-    # layout; FLASH_BLOCKS), head-major and lane-layout, then the bf16 100M step against JAX, with the kernel,
-    # with the lane-layout kernels and with the math lowering
+    # layout; FLASH_BLOCKS), head-major and lane-layout, then the bf16 100M step against JAX, with the lane-layout
+    # kernels (compiled, the default), with the head-major kernel and with the math lowering
     timeout $(( $(left) - 5 )) python3 bench/flash_attention.py --dtype bfloat16 --lanes --blocks ${FLASH_BLOCKS:-512x512} \
       --out $OUT/fdq.json 2>&1 | quiet | tee $OUT/bench6.log | tail -8
     [ "$(left)" -gt 120 ] && timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only gpt_100m_bf16 \
-      --modes ${BENCH_MODES:-jax_jit,compiled,compiled_lanes,compiled_math} --timeout 150 --out $OUT/bbf16.json 2>&1 | tee -a $OUT/bench7.log | tail -8 ;;
+      --modes ${BENCH_MODES:-jax_jit,compiled,compiled_head_major,compiled_math} --timeout 150 --out $OUT/bbf16.json 2>&1 | tee -a $OUT/bench7.log | tail -8 ;;
   esac ;;
 timeline)  # decoding's device busy and idle time per step, per mode (probe_decode_timeline.py): host- or chip-bound
   # (TIMELINE_RUNS: "workload:mode[:pack bytes]" items; the default compares the three torch modes at batch 1 and 8)

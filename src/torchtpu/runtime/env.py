@@ -110,10 +110,11 @@ _VARIABLES = (
              "F.scaled_dot_product_attention through a Pallas flash-attention kernel where the shapes qualify "
              "(needs JAX); unset: on a TPU, not on the CPU emulator (where it runs in Pallas' slow interpret "
              "mode); `torch.nn.attention.sdpa_kernel(SDPBackend.MATH)` turns it off locally"),
-    Variable("TORCH_TPU_FLASH_LANES", "flag", False,
+    Variable("TORCH_TPU_FLASH_LANES", "flag", True,
              "flash attention on the model's [B, T, H * D] layout (flash_attention_lanes.py) where q, k and v are "
              "[B, T, H, D] tensors seen as [B, H, T, D] (a transformer's usual transpose), with no mask and a head "
-             "dim of 64 or 128: no layout copies around the kernel; off by default until measured on a TPU"),
+             "dim of 64 or 128: no layout copies around the kernel (on the v5e the bf16 100M GPT step 60.6 ms against 76.6 with "
+             "the head-major kernel); off: the head-major kernel for every qualifying call"),
     Variable("TORCH_TPU_PROFILER_PLUGIN_TIMELINE", "flag", True,
              "torch.profiler's device rows from the plugin's own device timeline (its PJRT profiler "
              "extension: libtpu's), where it has one; off, or where it has none (the CPU plugin): from each "

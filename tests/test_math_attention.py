@@ -127,3 +127,25 @@ def test_math_attention_in_defer_and_fuse_and_compiled_with_dynamic_shapes(how):
             else:
                 got = fn(*(t.to("tpu") for t in (q, k, v, mask))).cpu()
         torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_a_dynamic_graph_reading_a_traced_tensors_size_lowers_whole():
+    """With symbolic shapes, this block's graphs read a size off a traced view (``aten.sym_size.int``:
+    the attention's scale from the head dim; Dynamo gives the length and the width, both 16 at the
+    first call, one symbol, so the head dim is an expression of it). That node had no lowering, so
+    each such graph fell back to running op by op (pytest turns that warning into an error); it now
+    lowers to the size's value."""
+    def block(x):
+        b, t, _ = x.shape
+        q, k, v = ((x * s).view(b, t, 2, 8).transpose(1, 2) for s in (1.0, 0.5, -1.0))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, 16)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend="tpu", dynamic=True)
+    for length in (16, 9):
+        x = torch.randn(2, length, 16, generator=torch.Generator().manual_seed(length))
+        with torch.tpu.precision("highest"):
+            got = _grads_of(compiled, "tpu", [x])
+        want = _grads_of(block, "cpu", [x])
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-5)

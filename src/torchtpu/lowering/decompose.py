@@ -209,6 +209,12 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
                                               f"{target.__name__} has no lowering yet)")
                 env[node] = lower_higher_order(b, args, val, precision, extras, vals)
                 continue
+            if (isinstance(target, torch._ops.OpOverload) and target.overloadpacket.__name__.startswith("sym_")
+                    and isinstance(val, (int, float, bool))):
+                # a size, stride or offset of a traced tensor (aten.sym_size.int ...: a graph traced with
+                # symbolic shapes reads them off tensors): its concrete value for these inputs
+                env[node] = val
+                continue
             if not isinstance(target, torch._ops.OpOverload):
                 if _has_value(args) or _has_value(list(kwargs.values())):
                     raise NotImplementedError(f"torchtpu: cannot lower graph node {target}")

@@ -197,6 +197,39 @@ def test_one_node_of_a_compiled_graph_without_graph_breaks(highest, monkeypatch)
     assert bool(calls) != _tpu_keeps_math(q.dtype)  # traced through the kernel, not the math composite
 
 
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic", "automatic_dynamic"])
+def test_a_graph_with_symbolic_lengths_takes_the_math_path(highest, monkeypatch, dynamic):
+    # Tracing with a symbolic length once failed in the kernel's setup (its block sizes put in the op's
+    # text as symbols), so torch.compile(dynamic=True), or Dynamo's automatic dynamic shapes at a
+    # second length, raised for every qualifying attention: now the math path takes such a graph
+    torch._dynamo.reset()
+    calls = []
+    real = flash_attention.attention
+    monkeypatch.setattr(flash_attention, "attention", lambda *a, **kw: (calls.append(1), real(*a, **kw))[1])
+
+    def block(x):  # a transformer's layout, heads of 64
+        b, t, _ = x.shape
+        q, k, v = ((x * s).view(b, t, 2, 64).transpose(1, 2) for s in (1.0, 0.5, -1.0))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, 128)
+
+    compiled = torch.compile(block, backend="tpu", dynamic=dynamic)
+    traced_through_the_kernel = []
+    for length in (128, 256):
+        x = torch.randn(2, length, 128, generator=torch.Generator().manual_seed(length))
+        leaf = x.to("tpu").requires_grad_()
+        out = compiled(leaf)
+        out.sum().backward()
+        ref_leaf = x.double().requires_grad_()
+        ref = block(ref_leaf)
+        ref.sum().backward()
+        torch.testing.assert_close(out.detach().cpu(), ref.detach().float(), atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(leaf.grad.cpu(), ref_leaf.grad.float(), atol=2e-5, rtol=2e-5)
+        traced_through_the_kernel.append(bool(calls))
+        calls.clear()
+    # a static length keeps the kernel: automatic dynamic shapes trace the first length statically
+    assert traced_through_the_kernel == [not dynamic and not _tpu_keeps_math(torch.float32), False]
+
+
 def test_a_tpu_gets_a_mosaic_kernel(monkeypatch):
     """What a TPU would be sent: exported for the TPU, the kernel is one ``tpu_custom_call`` (a
     Mosaic kernel), forward and backward, in StableHLO the plugin's version accepts."""

@@ -13,8 +13,9 @@ Which calls take it (:func:`qualifies`): 4-D float32 or bfloat16 query/key/value
 heads and head dim, no dropout, a key length that is a multiple of 128 (the kernel's lane width),
 a query length that is a multiple of 8 (and of 128 beyond 128), a head dim of 64, 128 or a multiple
 of 128; causal (square) or not; with a floating additive mask or none (a boolean mask, whose fully
-masked rows PyTorch sets to 0, takes the math path). Everything else, and everything under
-``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)``, takes PyTorch's own composite path, which
+masked rows PyTorch sets to 0, takes the math path). Everything else, shapes traced as symbolic
+(``torch.compile(dynamic=True)``), and everything under
+``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)``, take PyTorch's own composite path, which
 torchtpu lowers as plain matmul/softmax programs.
 
 A call whose q, k and v are [B, T, H, D] tensors seen as [B, H, T, D] (a transformer's usual
@@ -82,6 +83,11 @@ def qualifies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_
     if dropout_p != 0.0 or query.is_nested or key.is_nested or value.is_nested:
         return False
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return False
+    if not all(isinstance(n, int) for t in (query, key, value) for n in t.shape):
+        # a graph traced with dynamic shapes (torch.compile(dynamic=True), or Dynamo's automatic
+        # dynamic shapes after a second length): the kernels are built for static block grids, and a
+        # shape test on a symbolic length would guard it to one value, so the math path takes it
         return False
     if query.dtype not in (torch.float32, torch.bfloat16) or key.dtype != query.dtype or value.dtype != query.dtype:
         return False

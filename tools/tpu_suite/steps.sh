@@ -59,7 +59,7 @@ fresh)  # (tools/tpu_suite/fresh_done.txt: those that passed in earlier rounds, 
   grep -v '^#' tools/tpu_suite/fresh_done.txt >> .tpu/suite/done.txt
   bash .tpu/suite/suite_run.sh fresh $(( $(left) - 5 )) -m "fresh_process and not slow" tests
   cp $OUT/done.txt /tmp/done.txt ;;
-bench)  # (BENCH_ARGS: more bench/tpu.py options) SET (third argument): demo = TPUGraph replay against JAX on the demo GPT; decode; big = flash at seq 2048 and the 100M GPT; warm = warm start
+bench)  # (BENCH_ARGS: more bench/tpu.py options) SET (third argument): demo = TPUGraph replay against JAX on the demo GPT; decode; big = flash at seq 2048 and the 100M GPT; warm = warm start; flash; train100
   export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=
   case ${3:-demo} in
   demo)
@@ -68,6 +68,10 @@ bench)  # (BENCH_ARGS: more bench/tpu.py options) SET (third argument): demo = T
     timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only decode_b1,decode_b8 --modes ${BENCH_MODES:-jax_jit,compiled,compiled_graph,compiled_replayed} --timeout 110 --out $OUT/bdecode.json 2>&1 | tee $OUT/bench4.log | tail -14 ;;
   warm)  # the demo GPT's first step cold, then in a second process from the filled tier 3 (seconds, compiles)
     timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only warm_start --modes ${BENCH_MODES:-jax_jit,strict,defer,compiled} --timeout 120 --out $OUT/bwarm.json 2>&1 | tee $OUT/bench5.log | tail -12 ;;
+  train100)  # the 100M GPT's step against JAX (BENCH_ONLY: gpt_100m, gpt_100m_bf16 or both): compiled (the
+    # lane-layout flash kernels), DeferAndFuse with early-launch chunks and without (which a device-bound step prefers)
+    timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only ${BENCH_ONLY:-gpt_100m} \
+      --modes ${BENCH_MODES:-jax_jit,compiled,defer,defer_unchunked} --timeout 150 --out $OUT/b100train.json 2>&1 | tee $OUT/bench8.log | tail -12 ;;
   big)
     timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tee $OUT/bench3.log | tail -14
     timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tee $OUT/bench2.log | tail -24 ;;
@@ -96,10 +100,11 @@ exsteps)  # per optimizer step of a training example: wall, launches, time insid
     ${EXAMPLE_ARGS:---steps 6} 2>&1 | quiet | tee $OUT/exsteps.log | tail -12 ;;
 examples)  # each example of examples/ at its default size on the chip: its loss and speed line (tools/run_examples.py)
   timeout $(( $(left) - 5 )) python3 tools/run_examples.py --timeout ${EXAMPLE_TIMEOUT:-150} --out $OUT/examples.json 2>&1 | tee $OUT/examples.log | grep "^|" ;;
-profile)  # where a demo step's time goes (bench/step_profile.py), per mode: wall, host, execute, launched alone
+profile)  # where a step's time goes (bench/step_profile.py; PROFILE_WORKLOAD gpt_demo or gpt_100m), per mode: wall,
+  # host, execute, launched alone
   for m in $(echo "${PROFILE_MODES:-compiled,compiled_graph}" | tr "," " "); do
     [ "$(left)" -lt 40 ] && break
-    timeout $(( $(left) - 5 )) python3 bench/step_profile.py --mode $m > $OUT/profile_$m.log 2>&1
+    timeout $(( $(left) - 5 )) python3 bench/step_profile.py --mode $m --workload ${PROFILE_WORKLOAD:-gpt_demo} > $OUT/profile_$m.log 2>&1
     grep -A8 "first step" $OUT/profile_$m.log
   done ;;
 devprof)  # per-XLA-op device time of the demo step's programs (torch writes them, JAX profiles them), and of JAX's step

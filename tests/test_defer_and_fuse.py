@@ -170,6 +170,33 @@ def test_repeated_ops_cut_graphs_at_the_period():
     torch.testing.assert_close(out, ref)
 
 
+@pytest.mark.parametrize("min_cut", [24, 100])
+def test_a_period_cut_holds_whole_repeats_of_at_least_min_cut_nodes(monkeypatch, min_cut):
+    # TORCH_TPU_DEFER_MIN_CUT_NODES: larger, fewer and longer programs (a block of 11 ops: cuts of
+    # 33 ops at 24, of 110 at 100), the same values
+    monkeypatch.setattr(deferred, "MIN_CUT_NODES", min_cut)
+    monkeypatch.setattr(deferred, "CHUNK_NODES", 0)
+    deferred.cache_clear()
+    w = torch.randn(16, 16, generator=torch.Generator().manual_seed(1)) * 0.1
+    x0 = torch.randn(4, 16, generator=torch.Generator().manual_seed(2))
+
+    def blocks(x, w):
+        for _ in range(60):
+            x = torch.tanh(x @ w + 1).mul(0.5).add(x).sub(0.1).relu().div(2).abs().neg().exp()
+        return x
+
+    sizes = []
+    real_flush = deferred.flush
+    monkeypatch.setattr(deferred, "flush", lambda *a, **kw: (sizes.append(len(deferred._graph.nodes)),
+                                                              real_flush(*a, **kw))[1])
+    with torch.tpu.defer_and_fuse(), torch.tpu.precision("highest"):
+        out = blocks(x0.to("tpu"), w.to("tpu")).cpu()
+    period = -(-min_cut // 11) * 11
+    cut = [n for n in sizes if n][1:-1]  # between the first cut (two copies found) and the read
+    assert cut and all(n == period for n in cut), (period, sizes)
+    torch.testing.assert_close(out, blocks(x0, w), rtol=1e-5, atol=1e-5)
+
+
 def test_training_steps_without_reads_reuse_a_few_programs():
     # regression: repeats were sought within one graph, which chunking cuts every CHUNK_NODES ops,
     # so a training step (longer than a chunk) was never found; the chunk cut points then drifted

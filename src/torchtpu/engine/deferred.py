@@ -60,7 +60,9 @@ MAX_NODES = 4096
 # csrc/defer.cpp: _C._after_record reads the settings below, and _since_sync, _period and
 # the history, from this module.)
 MIN_PERIOD = 8
-MIN_CUT_NODES = 24  # graphs cut at a shorter period hold this many ops at least (whole periods)
+# graphs cut at a shorter period hold this many ops at least (whole periods): a flush and launch cost
+# about as much as recording 10-20 ops on the host; on a device-bound step each launch also ends a fusion
+MIN_CUT_NODES = int(env.read("TORCH_TPU_DEFER_MIN_CUT_NODES"))
 # Early launch: a graph is also cut every CHUNK_NODES ops counted from the last
 # read (or period cut), so the device runs one chunk while the host records the
 # next instead of idling until the read. Counting from a read keeps the cut

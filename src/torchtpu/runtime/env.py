@@ -64,6 +64,10 @@ _VARIABLES = (
     Variable("TORCH_TPU_DEFER_CHUNK_NODES", "int", 40,
              "DeferAndFuse: launch a program every N recorded ops (0: only at reads, syncs and repeats)",
              minimum=0),
+    Variable("TORCH_TPU_DEFER_MIN_CUT_NODES", "int", 24,
+             "DeferAndFuse: a graph cut at a repeated sequence of ops (a model's blocks) holds whole repeats of "
+             "at least this many ops; larger: fewer, longer programs a step (on the emulator's 12-block GPT: "
+             "24 gives ~21 launches a step, 400 gives ~4)", minimum=1),
     Variable("TORCH_TPU_COMPILE_THREADS", "int", None,
              "DeferAndFuse: threads compiling the programs of cut graphs side by side; unset: the host's "
              "cores, at most 8", minimum=1),

@@ -25,8 +25,10 @@ attention forced on (``TORCH_TPU_FLASH_ATTENTION=1``) and ``compiled_math`` with
 attention by the math lowering; ``compiled_math`` so in any workload, e.g. ``gpt_100m_bf16``, whose
 ``compiled`` cell takes the kernel where it is on by default: on a TPU). Run only when ``--modes`` names them,
 in the 100M workloads: ``compiled_head_major`` (flash attention by the head-major [B, H, T, D] kernel,
-``TORCH_TPU_FLASH_LANES=0``, where ``compiled`` takes the kernels on the model's own layout) and ``defer_unchunked`` (DeferAndFuse with ``TORCH_TPU_DEFER_CHUNK_NODES=0``: one
-fused program a step instead of early-launched chunks).
+``TORCH_TPU_FLASH_LANES=0``, where ``compiled`` takes the kernels on the model's own layout),
+``defer_unchunked`` (DeferAndFuse with ``TORCH_TPU_DEFER_CHUNK_NODES=0``: no early-launched chunks, a
+program per repeated block) and ``defer_long_cuts`` (that, with each cut at repeats holding several blocks:
+``TORCH_TPU_DEFER_MIN_CUT_NODES``).
 
 Workloads (``--small`` shrinks each to tiny sizes and few steps, for the CPU emulator):
 - ``op_chain``: 1,000 tiny dependent elementwise ops then one read, µs per op. Its ratios are to
@@ -97,16 +99,18 @@ from typing import Any
 
 RESULT_PREFIX = "BENCH_RESULT "
 MODES = ("jax_jit", "jax_eager", "jax_flash", "strict", "defer", "compiled", "compiled_defer", "compiled_graph",
-         "compiled_math", "compiled_head_major", "compiled_replayed", "defer_unchunked")
+         "compiled_math", "compiled_head_major", "compiled_replayed", "defer_unchunked", "defer_long_cuts")
 MODE_LABELS = {"jax_jit": "JAX jit", "jax_eager": "JAX op-by-op", "jax_flash": "JAX flash", "strict": "Strict",
                "defer": "DeferAndFuse", "compiled": "compiled", "compiled_defer": "compiled+Defer",
                "compiled_graph": "compiled, TPUGraph", "compiled_math": "compiled math",
                "compiled_head_major": "compiled head-major", "defer_unchunked": "Defer unchunked",
+               "defer_long_cuts": "Defer long cuts",
                "compiled_replayed": "reduce-overhead"}
 JAX_MODES = ("jax_jit", "jax_eager", "jax_flash")
 TORCH_EAGER_MODE = {"strict": "strict", "defer": "defer_and_fuse", "compiled": "strict",
                     "compiled_defer": "defer_and_fuse", "compiled_graph": "strict", "compiled_math": "strict",
                     "compiled_head_major": "strict", "defer_unchunked": "defer_and_fuse",
+                    "defer_long_cuts": "defer_and_fuse",
                     "compiled_replayed": "strict"}
 MIB = 2**20
 REPO = Path(__file__).resolve().parent.parent
@@ -196,10 +200,12 @@ TRAIN_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer", "comp
 WARM_START_MODES = ("jax_jit", "strict", "defer", "compiled", "compiled_defer")
 # variants of the 100M step, run when --modes names them: the compiled step with attention by the math
 # lowering, and by the head-major flash kernel (JAX's, with the layout copies around it); DeferAndFuse
-# launching at reads and step boundaries only
-# (no early-launch chunks of TORCH_TPU_DEFER_CHUNK_NODES ops: one fused program a step, where chunks trade
-# fusion across their cuts for overlapping the host's recording)
-ON_REQUEST_MODES = ("compiled_math", "compiled_head_major", "defer_unchunked")
+# without early-launch chunks (TORCH_TPU_DEFER_CHUNK_NODES=0: cuts at reads, step boundaries and repeated
+# blocks only, where chunks trade fusion across their cuts for overlapping the host's recording), and that
+# with each cut at repeats holding at least LONG_CUT_NODES ops (several of a 12-layer GPT's blocks: ~4
+# programs a step on the emulator, where the default 24 gives ~21)
+LONG_CUT_NODES = 400
+ON_REQUEST_MODES = ("compiled_math", "compiled_head_major", "defer_unchunked", "defer_long_cuts")
 WORKLOADS: dict[str, Workload] = {
     "op_chain": Workload(("jax_jit", "jax_eager", "strict", "defer"),
                          (Row("us_per_op", "µs/op", "lower"),), ref="jax_eager"),
@@ -704,8 +710,10 @@ def worker_env(mode: str, tmp: str, persistent: bool, workload: str = "") -> dic
         env["TORCH_TPU_FLASH_ATTENTION"], env["TORCH_TPU_FLASH_LANES"] = "1", "0"
     elif workload in FLASH_SHAPES:
         env["TORCH_TPU_FLASH_ATTENTION"] = "1"
-    if mode == "defer_unchunked":
+    if mode in ("defer_unchunked", "defer_long_cuts"):
         env["TORCH_TPU_DEFER_CHUNK_NODES"] = "0"
+    if mode == "defer_long_cuts":  # a period cut of several blocks: a few programs a step (deferred.MIN_CUT_NODES)
+        env["TORCH_TPU_DEFER_MIN_CUT_NODES"] = str(LONG_CUT_NODES)
     if cache_dir:
         os.makedirs(cache_dir, exist_ok=True)
         env["BENCH_JAX_CACHE_DIR"] = cache_dir

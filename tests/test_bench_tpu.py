@@ -91,5 +91,8 @@ def test_compiled_math_turns_the_kernel_off_in_any_workload(tmp_path, monkeypatc
     assert "compiled_math" not in bench.selected_modes(wl, None) and "compiled" in bench.selected_modes(wl, [])
     unchunked = bench.worker_env("defer_unchunked", str(tmp_path), False, "gpt_100m_bf16")
     assert unchunked["TORCH_TPU_DEFER_CHUNK_NODES"] == "0" and unchunked["TORCH_TPU_DEFER_AND_FUSE"] == "1"
+    long_cuts = bench.worker_env("defer_long_cuts", str(tmp_path), False, "gpt_100m")
+    assert (long_cuts["TORCH_TPU_DEFER_CHUNK_NODES"], long_cuts["TORCH_TPU_DEFER_MIN_CUT_NODES"]) == ("0", "400")
+    assert "defer_long_cuts" in bench.selected_modes(wl, ["defer_long_cuts"])
     assert "TORCH_TPU_DEFER_CHUNK_NODES" not in bench.worker_env("defer", str(tmp_path), False, "gpt_100m_bf16") \
         or os.environ.get("TORCH_TPU_DEFER_CHUNK_NODES")

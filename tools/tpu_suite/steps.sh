@@ -69,9 +69,10 @@ bench)  # (BENCH_ARGS: more bench/tpu.py options) SET (third argument): demo = T
   warm)  # the demo GPT's first step cold, then in a second process from the filled tier 3 (seconds, compiles)
     timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only warm_start --modes ${BENCH_MODES:-jax_jit,strict,defer,compiled} --timeout 120 --out $OUT/bwarm.json 2>&1 | tee $OUT/bench5.log | tail -12 ;;
   train100)  # the 100M GPT's step against JAX (BENCH_ONLY: gpt_100m, gpt_100m_bf16 or both): compiled (the
-    # lane-layout flash kernels), DeferAndFuse with early-launch chunks and without (which a device-bound step prefers)
+    # lane-layout flash kernels), DeferAndFuse with early-launch chunks, without, and with cuts of several blocks
+    # (which a device-bound step prefers)
     timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only ${BENCH_ONLY:-gpt_100m} \
-      --modes ${BENCH_MODES:-jax_jit,compiled,defer,defer_unchunked} --timeout 150 --out $OUT/b100train.json 2>&1 | tee $OUT/bench8.log | tail -12 ;;
+      --modes ${BENCH_MODES:-jax_jit,compiled,defer,defer_unchunked,defer_long_cuts} --timeout 150 --out $OUT/b100train.json 2>&1 | tee $OUT/bench8.log | tail -12 ;;
   big)
     timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only gpt_100m --modes jax_jit,compiled,compiled_graph --timeout 150 --out $OUT/b100.json 2>&1 | tee $OUT/bench3.log | tail -14
     timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only flash_s2048 --timeout 130 --out $OUT/f2048.json 2>&1 | tee $OUT/bench2.log | tail -24 ;;

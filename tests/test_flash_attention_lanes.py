@@ -167,9 +167,10 @@ def test_separate_projections_take_the_lanes_without_a_concatenation(decisions, 
     assert fused == [True, False] and all(decisions)
 
 
-def test_lanes_with_a_shorter_query_than_key_not_causal(decisions):
+@pytest.mark.parametrize("q_len", [64, 8])  # 8: the shortest query the kernels take, one block of 8 rows
+def test_lanes_with_a_shorter_query_than_key_not_causal(decisions, q_len):
     g = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(2, n, 2, 64, generator=g) for n in (64, 256, 256))  # [B, T, H, D]
+    q, k, v = (torch.randn(2, n, 2, 64, generator=g) for n in (q_len, 256, 256))  # [B, T, H, D]
     leaves = [t.double().requires_grad_() for t in (q, k, v)]
     want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves))
     (want * want).sum().backward()

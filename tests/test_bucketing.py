@@ -93,6 +93,54 @@ def test_graph_that_cannot_be_padded_runs_at_exact_sizes():
         torch.testing.assert_close(g(x.to("tpu")).cpu(), f(x))
 
 
+@pytest.mark.parametrize("use", ["divide", "add", "fill", "from_a_view"])
+def test_a_size_used_as_a_value_is_the_actual_size(monkeypatch, use):
+    # A graph's size symbols hold the bucket sizes when it runs padded: used as a value they gave the
+    # bucket's size (x.sum(1) + x.shape[1] came out 8 - 6 = 2 too large at length 6), silently. Such a
+    # graph now runs at its exact sizes, while a size used as a shape keeps the padding.
+    fns = {
+        "divide": lambda x: x.sum(1) / x.shape[1],
+        "add": lambda x: x.sum(1) + x.shape[1],
+        "fill": lambda x: x.sum(1, keepdim=True) * torch.full((1, 1), x.shape[1], device=x.device),
+        "from_a_view": lambda x: x.sum(1) + x.view(x.shape[0], 2, -1).shape[-1],
+    }
+    reasons = []
+    real = bucketing.analyze
+
+    def analyze(gm, **kw):
+        try:
+            return real(gm, **kw)
+        except bucketing.NotBucketable as e:
+            reasons.append(str(e))
+            raise
+
+    monkeypatch.setattr(bucketing, "analyze", analyze)
+    f = fns[use]
+    torch._dynamo.reset()
+    g = torch.compile(f, backend="tpu", dynamic=True)
+    with torch.tpu.precision("highest"):
+        for t in (6, 10, 12):
+            x = torch.randn(3, t, generator=torch.Generator().manual_seed(t))
+            torch.testing.assert_close(g(x.to("tpu")).cpu(), f(x))
+    assert any("takes a size as a value" in r for r in reasons), reasons
+
+
+def test_a_size_used_as_a_shape_keeps_the_padding():
+    def f(x: torch.Tensor) -> torch.Tensor:
+        shaped = x.new_zeros(x.shape[0], x.shape[1]) + torch.arange(x.shape[1], device=x.device)
+        return (x * 3 + shaped).sum(1)
+
+    torch._dynamo.reset()
+    g = torch.compile(f, backend="tpu", dynamic=True)
+    with torch.tpu.precision("highest"):
+        for t in (6, 10, 12, 14):
+            x = torch.randn(3, t, generator=torch.Generator().manual_seed(t))
+            before = _misses()
+            torch.testing.assert_close(g(x.to("tpu")).cpu(), f(x))
+            if t in (12, 14):  # 10's bucket, 16: no new program
+                assert _misses() == before
+
+
 def test_exact_mode_disables_padding():
     torch.manual_seed(0)
     cpu_model = Pool()

@@ -301,6 +301,42 @@ def _arg_layout(a: Any, layouts: dict) -> Any:
     return None
 
 
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _size_type(t: Any) -> bool:
+    """Whether a schema argument's type is a size's (int or SymInt, a list of them, optional): a size
+    given there shapes a tensor, and at the bucket size it shapes the padded tensor, as it should."""
+    for wrapper in (torch.OptionalType, torch.ListType, torch.OptionalType):
+        if isinstance(t, wrapper):
+            t = t.getElementType()
+    return isinstance(t, (torch.IntType, torch.SymIntType))
+
+
+def _symbolic(a: Any) -> bool:
+    if isinstance(a, torch.fx.Node):
+        return isinstance(a.meta.get("val"), _SYMBOLIC)
+    if isinstance(a, (list, tuple)):
+        return any(_symbolic(x) for x in a)
+    return False
+
+
+def _refuse_sizes_used_as_values(target: torch._ops.OpOverload, name: str, n: torch.fx.Node) -> None:
+    """A graph's size symbols hold the bucket sizes when it runs padded. Given to an op as a size
+    (a view's shape, a factory's size, arange's end) that is what the padded tensors need; given as
+    a value (``x.sum(1) / x.shape[1]``: aten.div.Tensor(sum, s1)) it would compute with the bucket
+    size, silently wrong, so such a graph runs at its exact sizes."""
+    schema = target._schema
+    actual = dict(zip((a.name for a in schema.arguments), n.args))
+    actual.update(n.kwargs)
+    for arg in schema.arguments:
+        if arg.name not in actual or not _symbolic(actual[arg.name]):
+            continue
+        if _size_type(arg.type) or (name == "arange" and arg.name == "end"):
+            continue
+        raise NotBucketable(f"aten::{name} takes a size as a value (its argument {arg.name})")
+
+
 def _visit(n: torch.fx.Node, layouts: dict, masks: dict, rules: dict[str, Callable]) -> None:
     target = n.target
     val = n.meta.get("val")
@@ -317,6 +353,7 @@ def _visit(n: torch.fx.Node, layouts: dict, masks: dict, rules: dict[str, Callab
     name = target.overloadpacket.__name__
     if name.startswith("sym_"):
         return  # sizes: computed from the bucket-sized values, like the graph's other sizes
+    _refuse_sizes_used_as_values(target, name, n)
     ins = [_arg_layout(a, layouts) for a in args]
     tensor_ins = [x for x in ins if x is not None]
     for a in args:

@@ -23,6 +23,15 @@ def flash_on(monkeypatch):
 
 
 @pytest.fixture
+def calls(monkeypatch):
+    """One entry per call of flash_attention.attention (in a compiled graph: while it is traced)."""
+    seen = []
+    real = flash_attention.attention
+    monkeypatch.setattr(flash_attention, "attention", lambda *a, **kw: (seen.append(1), real(*a, **kw))[1])
+    return seen
+
+
+@pytest.fixture
 def highest():
     with torch.tpu.precision("highest"):
         yield
@@ -174,12 +183,9 @@ def test_debug_mode(highest):
         _check(*_inputs(), is_causal=True)
 
 
-def test_one_node_of_a_compiled_graph_without_graph_breaks(highest, monkeypatch):
+def test_one_node_of_a_compiled_graph_without_graph_breaks(highest, calls):
     q, k, v = _inputs()
     counters.clear()
-    calls = []
-    real = flash_attention.attention
-    monkeypatch.setattr(flash_attention, "attention", lambda *a, **kw: (calls.append(1), real(*a, **kw))[1])
 
     def block(q, k, v, attn_mask=None):
         return F.scaled_dot_product_attention(q.sin(), k, v, attn_mask=attn_mask, is_causal=True) * 2
@@ -198,14 +204,11 @@ def test_one_node_of_a_compiled_graph_without_graph_breaks(highest, monkeypatch)
 
 
 @pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic", "automatic_dynamic"])
-def test_a_graph_with_symbolic_lengths_takes_the_math_path(highest, monkeypatch, dynamic):
+def test_a_graph_with_symbolic_lengths_takes_the_math_path(highest, calls, dynamic):
     # Tracing with a symbolic length once failed in the kernel's setup (its block sizes put in the op's
     # text as symbols), so torch.compile(dynamic=True), or Dynamo's automatic dynamic shapes at a
     # second length, raised for every qualifying attention: now the math path takes such a graph
     torch._dynamo.reset()
-    calls = []
-    real = flash_attention.attention
-    monkeypatch.setattr(flash_attention, "attention", lambda *a, **kw: (calls.append(1), real(*a, **kw))[1])
 
     def block(x):  # a transformer's layout, heads of 64
         b, t, _ = x.shape

@@ -75,6 +75,33 @@ def test_a_suite_call_kills_pytest_at_its_deadline_and_keeps_what_finished(tmp_p
     assert (out / "outcomes.txt").read_text().split() == ["passed", "tests/test_x.py::test_a"]
 
 
+def test_a_suite_call_kills_a_test_that_exhausts_the_hosts_memory_and_goes_on_past_it(tmp_path):
+    """suite_run.sh's memory watchdog: a test that takes the host's memory below the floor (the 30th
+    session's `steps.sh changed` filled the chip host's 40 GiB, and the device tool gave the machine back
+    with nothing of the call) is killed with pytest, named in memory.txt, and recorded failed and done."""
+    work = tmp_path / "tree"
+    shutil.copytree(SUITE, work / ".tpu" / "suite")
+    (work / "tests").mkdir()
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 41943040 kB\nMemAvailable: 40000000 kB\n")
+    (work / "tests" / "test_x.py").write_text(
+        "import time\n\ndef test_a():\n    pass\n\ndef test_b():\n"
+        f"    open({str(meminfo)!r}, 'w').write('MemAvailable: 1000 kB\\n')\n    time.sleep(60)\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), TPU_SUITE_MARGIN="0", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+               SUITE_MEMINFO=str(meminfo),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    start = time.monotonic()
+    r = subprocess.run(["bash", ".tpu/suite/suite_run.sh", "t", "50", "tests"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert time.monotonic() - start < 30, r.stdout[-1000:]
+    assert "killed pytest in tests/test_x.py::test_b" in r.stdout, r.stdout[-1000:] + r.stderr[-1000:]
+    assert (out / "done.txt").read_text().split() == ["tests/test_x.py::test_a", "tests/test_x.py::test_b"]
+    assert (out / "outcomes.txt").read_text().split() == [
+        "passed", "tests/test_x.py::test_a", "failed", "tests/test_x.py::test_b"]
+
+
 def _calls(node: ast.AST, names: set[str]) -> bool:
     """Whether ``node`` calls one of ``names``, or starts a Python child (``sys.executable`` in a
     subprocess call's arguments: the second test of the decode probe did, and this missed it)."""

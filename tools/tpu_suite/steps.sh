@@ -19,6 +19,8 @@ pack() {
 trap pack EXIT
 quiet() { grep -v "Warning\|warn\|^WARNING\|^I0000\|^W0000\|^E0000"; }  # a probe's output without Python's warnings and libtpu's log lines
 [ -e .tpu/hf.tgz ] && [ ! -e /tmp/torchtpu-site/transformers ] && tar xzf .tpu/hf.tgz -C /tmp/torchtpu-site  # pack_packages.py
+# (.tpu/done_seed.txt, carried: tests run in an earlier call of this round on a host since given back)
+[ -e .tpu/done_seed.txt ] && cat .tpu/done_seed.txt >> /tmp/done.txt
 mkdir -p .tpu/suite && cp tools/tpu_suite/* .tpu/suite/ && touch /tmp/done.txt && cp /tmp/done.txt .tpu/suite/done.txt
 python3 -c "import importlib.metadata as m; print('libtpu', m.version('libtpu'), 'jax', m.version('jax'))" 2>&1 | tee -a $OUT/versions.txt
 git log -1 --format=%h 2>/dev/null | tee -a $OUT/versions.txt
@@ -44,7 +46,8 @@ changed)  # at this checkout, the tests changed since the pinned suite's commit 
   # picked by tools/tpu_suite/changed_tests.py (the tests a changed line touches, and new test ids): with the
   # pinned run, the default suite as it stands now
   python3 tools/tpu_suite/changed_tests.py --why > $OUT/changed.txt || { tail -5 $OUT/changed.txt; exit 1; }
-  mapfile -t ids < <(cut -f1 $OUT/changed.txt)
+  # the fuzz tests last: the longest, and the most programs compiled in one process
+  mapfile -t ids < <(cut -f1 $OUT/changed.txt | grep -v test_fuzz_as_cpu; cut -f1 $OUT/changed.txt | grep test_fuzz_as_cpu)
   echo "tests changed since $(awk 'NR == 1 {print $3}' tools/tpu_suite/pinned_run.txt): ${#ids[@]}" | tee -a $OUT/versions.txt
   if [ "${#ids[@]}" -gt 0 ]; then
     bash .tpu/suite/suite_run.sh changed $(( $(left) - 5 )) "${ids[@]}"

@@ -5,6 +5,8 @@ test that finishes is appended, so the next call goes on where this one stopped.
 TPU_SUITE_OUTCOMES, where set, names a file that gets a line "OUTCOME NODE_ID" per test (passed,
 failed, error, skipped; a later line for the same test wins), so that a run spanning calls can be
 counted (`pinned_record.py`).
+TPU_SUITE_CURRENT, where set, names a file holding the node id of the test running now (suite_run.sh's
+memory watchdog names it when it has to kill the run).
 TPU_SUITE_DEADLINE is a Unix time: once it is near, no further test starts and the session ends
 cleanly (junit written), instead of being killed mid-test by the call's time limit.
 """
@@ -16,6 +18,7 @@ import pytest
 _DONE = os.environ.get("TPU_SUITE_DONE")
 _DEADLINE = float(os.environ.get("TPU_SUITE_DEADLINE", "0") or 0)
 _OUTCOMES = os.environ.get("TPU_SUITE_OUTCOMES")
+_CURRENT = os.environ.get("TPU_SUITE_CURRENT")
 _MARGIN_S = float(os.environ.get("TPU_SUITE_MARGIN", "45"))
 
 
@@ -36,6 +39,12 @@ def pytest_collection_modifyitems(session, config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _CURRENT:
+        with open(_CURRENT, "w") as f:
+            f.write(nodeid + "\n")
 
 
 def pytest_runtest_logfinish(nodeid, location):

@@ -30,9 +30,30 @@ export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="${TORCH_TPU_TIER3_COMPILATION_CAC
 # pytest stops starting tests near the deadline, but a test already in a long XLA compile (C++, where
 # pytest-timeout's signal waits) can run past it, and the call's limit then took every result with it:
 # killed at the deadline, it loses only the test in progress (not in done.txt, so the next call runs it)
+# the host's memory: in the 30th session one test of `steps.sh changed` filled the host's 40 GiB, and the device
+# tool gave the machine back with nothing of the call (its install gone too). Below SUITE_MEM_FLOOR_MB of available
+# memory the watchdog records the test running (failed, in outcomes and done, so the next call goes on past it)
+# and the largest processes in $OUT/memory.txt, then kills pytest (SUITE_MEMINFO: another meminfo file, for its test)
+export TPU_SUITE_CURRENT="$OUT/current.txt"; rm -f "$TPU_SUITE_CURRENT"
+floor_kb=$(( ${SUITE_MEM_FLOOR_MB:-6144} * 1024 ))
+(
+  while sleep 1; do
+    avail=$(awk '/^MemAvailable:/ {print $2}' "${SUITE_MEMINFO:-/proc/meminfo}")
+    [ "$avail" -ge "$floor_kb" ] && continue
+    test_id=$(cat "$TPU_SUITE_CURRENT" 2>/dev/null)
+    { echo "memory: $((avail / 1024)) MiB available, below the floor; killed pytest in ${test_id:-?}"
+      ps -eo rss,pid,args --sort=-rss | head -6; } >> "$OUT/memory.txt"
+    if [ -n "$test_id" ]; then echo "$test_id" >> "$OUT/done.txt"; echo "failed $test_id" >> "$OUT/outcomes.txt"; fi
+    pkill -KILL -f "python3 -m pytest -p suite_resume"; exit 0
+  done
+) &
+watchdog=$!
 timeout -s KILL "$pytest_secs" python3 -m pytest -p suite_resume -p pytest_timeout --timeout 300 -q -rfEs \
   -p no:cacheprovider --junitxml "$OUT/$tag.xml" "${@:-tests}" 2>&1 | tee "$OUT/$tag.log" | grep -v PASSED | tail -120
-[ "${PIPESTATUS[0]}" = 137 ] && echo "pytest killed at the deadline; the test it was running runs again next call"
+status=${PIPESTATUS[0]}
+kill $watchdog 2>/dev/null
+if [ -s "$OUT/memory.txt" ]; then cat "$OUT/memory.txt"
+elif [ "$status" = 137 ]; then echo "pytest killed at the deadline; the test it was running runs again next call"; fi
 echo "done so far: $(wc -l < "$OUT/done.txt"); outcomes: $(awk '{o[$2] = $1} END {for (t in o) n[o[t]]++; for (k in n) printf "%s %d  ", k, n[k]}' "$OUT/outcomes.txt")"
 # the largest cache entries, as many as fit 4 parts of 15 MiB compressed
 if [ "$t3_back" = 1 ] && [ -d "$T3" ]; then

@@ -36,6 +36,9 @@ export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="${TORCH_TPU_TIER3_COMPILATION_CAC
 # and the largest processes in $OUT/memory.txt, then kills pytest (SUITE_MEMINFO: another meminfo file, for its test)
 export TPU_SUITE_CURRENT="$OUT/current.txt"; rm -f "$TPU_SUITE_CURRENT"
 floor_kb=$(( ${SUITE_MEM_FLOOR_MB:-6144} * 1024 ))
+timeout -s KILL "$pytest_secs" python3 -m pytest -p suite_resume -p pytest_timeout --timeout 300 -q -rfEs \
+  -p no:cacheprovider --junitxml "$OUT/$tag.xml" "${@:-tests}" > "$OUT/$tag.log" 2>&1 &
+run=$!
 (
   while sleep 1; do
     avail=$(awk '/^MemAvailable:/ {print $2}' "${SUITE_MEMINFO:-/proc/meminfo}")
@@ -44,14 +47,15 @@ floor_kb=$(( ${SUITE_MEM_FLOOR_MB:-6144} * 1024 ))
     { echo "memory: $((avail / 1024)) MiB available, below the floor; killed pytest in ${test_id:-?}"
       ps -eo rss,pid,args --sort=-rss | head -6; } >> "$OUT/memory.txt"
     if [ -n "$test_id" ]; then echo "$test_id" >> "$OUT/done.txt"; echo "failed $test_id" >> "$OUT/outcomes.txt"; fi
-    pkill -KILL -f "python3 -m pytest -p suite_resume"; exit 0
+    # this run's pytest only (by its parent, timeout): a suite_run.sh inside a test of an outer one (its
+    # own test) killed the outer pytest too when it matched by command line
+    pkill -KILL -P "$run"; exit 0
   done
 ) &
 watchdog=$!
-timeout -s KILL "$pytest_secs" python3 -m pytest -p suite_resume -p pytest_timeout --timeout 300 -q -rfEs \
-  -p no:cacheprovider --junitxml "$OUT/$tag.xml" "${@:-tests}" 2>&1 | tee "$OUT/$tag.log" | grep -v PASSED | tail -120
-status=${PIPESTATUS[0]}
+wait "$run"; status=$?
 kill $watchdog 2>/dev/null
+grep -v PASSED "$OUT/$tag.log" | tail -120
 if [ -s "$OUT/memory.txt" ]; then cat "$OUT/memory.txt"
 elif [ "$status" = 137 ]; then echo "pytest killed at the deadline; the test it was running runs again next call"; fi
 echo "done so far: $(wc -l < "$OUT/done.txt"); outcomes: $(awk '{o[$2] = $1} END {for (t in o) n[o[t]]++; for (k in n) printf "%s %d  ", k, n[k]}' "$OUT/outcomes.txt")"

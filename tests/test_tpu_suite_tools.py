@@ -64,7 +64,10 @@ def test_a_suite_call_kills_pytest_at_its_deadline_and_keeps_what_finished(tmp_p
         "import time\n\ndef test_a():\n    pass\n\ndef test_b():\n    time.sleep(60)\n")
     out = tmp_path / "out"
     out.mkdir()
+    meminfo = tmp_path / "meminfo"  # (plenty: the memory watchdog, not this test's, would act on a busy machine)
+    meminfo.write_text("MemAvailable: 40000000 kB\n")
     env = dict(os.environ, OUT=str(out), TPU_SUITE_MARGIN="0", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+               SUITE_MEMINFO=str(meminfo),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     start = time.monotonic()
     r = subprocess.run(["bash", ".tpu/suite/suite_run.sh", "t", "15", "tests"], cwd=work, env=env,
@@ -100,6 +103,31 @@ def test_a_suite_call_kills_a_test_that_exhausts_the_hosts_memory_and_goes_on_pa
     assert (out / "done.txt").read_text().split() == ["tests/test_x.py::test_a", "tests/test_x.py::test_b"]
     assert (out / "outcomes.txt").read_text().split() == [
         "passed", "tests/test_x.py::test_a", "failed", "tests/test_x.py::test_b"]
+
+
+def test_a_step_out_of_memory_is_killed_and_its_results_still_come_back(tmp_path):
+    """steps.sh's memory guard, for steps that run no tests (benches, probes): the step's processes are
+    killed below the floor and the call returns its results with memory.txt, instead of the host running
+    out (which the device tool answers by giving the machine back with nothing)."""
+    work = tmp_path / "tree"
+    shutil.copytree(SUITE, work / "tools" / "tpu_suite")
+    for probe in ("probe_compile_effort.py", "probe_gather_compile.py"):  # the `jax` step's probes
+        (work / "tools" / "tpu_suite" / probe).write_text("import time\nprint('probe started', flush=True)\ntime.sleep(60)\n")
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable: 1000 kB\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), SUITE_MEMINFO=str(meminfo),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    start = time.monotonic()
+    r = subprocess.run(["bash", "tools/tpu_suite/steps.sh", "jax", "100"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert time.monotonic() - start < 30, r.stdout[-1000:] + r.stderr[-1000:]
+    assert "results: jax.tgz" in r.stdout, r.stdout[-1000:] + r.stderr[-1000:]
+    back = tmp_path / "back"
+    back.mkdir()
+    subprocess.run(["tar", "xzf", str(out / "jax.tgz"), "-C", str(back)], check=True)
+    assert "step memory guard" in (back / "memory.txt").read_text()
 
 
 def _calls(node: ast.AST, names: set[str]) -> bool:

@@ -16,7 +16,22 @@ pack() {
   mv "$OUT"/t3.tgz.* "$RETURN"/ 2>/dev/null
   tar czf "$RETURN/$step.tgz" -C "$OUT" . && echo "results: $step.tgz ($(du -h "$RETURN/$step.tgz" | cut -f1))"
 }
-trap pack EXIT
+trap 'kill $guard 2>/dev/null; pack' EXIT
+# every step's memory guard (a test run has its own, suite_run.sh's, at a higher floor, which names the test): a
+# host out of memory is given back by the device tool with nothing of the call. Below STEP_MEM_FLOOR_MB available,
+# the step's processes running then are killed and memory.txt says which were largest
+descendants() { local c; for c in $(ps -o pid= --ppid "$1"); do echo "$c"; descendants "$c"; done; }
+(
+  me=$BASHPID; floor_kb=$(( ${STEP_MEM_FLOOR_MB:-3072} * 1024 ))
+  while sleep 2; do
+    avail=$(awk '/^MemAvailable:/ {print $2}' "${SUITE_MEMINFO:-/proc/meminfo}")
+    [ "$avail" -ge "$floor_kb" ] && continue
+    { echo "step memory guard: $((avail / 1024)) MiB available; killed the step's processes"
+      ps -eo rss,pid,args --sort=-rss | head -6; } >> "$OUT/memory.txt"
+    kill -KILL $(descendants $$ | grep -vx "$me") 2>/dev/null  # (and goes on watching: the step's next command)
+  done
+) &
+guard=$!
 quiet() { grep -v "Warning\|warn\|^WARNING\|^I0000\|^W0000\|^E0000"; }  # a probe's output without Python's warnings and libtpu's log lines
 [ -e .tpu/hf.tgz ] && [ ! -e /tmp/torchtpu-site/transformers ] && tar xzf .tpu/hf.tgz -C /tmp/torchtpu-site  # pack_packages.py
 # (.tpu/done_seed.txt, carried: tests run in an earlier call of this round on a host since given back)

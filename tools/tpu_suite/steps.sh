@@ -86,8 +86,9 @@ bench)  # (BENCH_ARGS: more bench/tpu.py options) SET (third argument): demo = T
   case ${3:-demo} in
   demo)
     timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only gpt_demo --modes ${BENCH_MODES:-jax_jit,compiled,compiled_graph} --timeout 100 --out $OUT/bdemo.json 2>&1 | tee $OUT/bench1.log | tail -14 ;;
-  decode)  # greedy decoding at batch 1 and 8: the compiled step per token, and replayed from a TPUGraph
-    timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only decode_b1,decode_b8 --modes ${BENCH_MODES:-jax_jit,compiled,compiled_graph,compiled_replayed} --timeout 110 --out $OUT/bdecode.json 2>&1 | tee $OUT/bench4.log | tail -14 ;;
+  decode)  # greedy decoding at batch 1 and 8 (BENCH_ONLY: one of them): the compiled step per token, and replayed
+    # from a TPUGraph (BENCH_ARGS="--pack-max-bytes 0": nothing packed, which the device-bound b8 step prefers)
+    timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only ${BENCH_ONLY:-decode_b1,decode_b8} --modes ${BENCH_MODES:-jax_jit,compiled,compiled_graph,compiled_replayed} --timeout 110 --out $OUT/bdecode.json 2>&1 | tee $OUT/bench4.log | tail -14 ;;
   warm)  # the demo GPT's first step cold, then in a second process from the filled tier 3 (seconds, compiles)
     timeout $(( $(left) - 5 )) python3 bench/tpu.py ${BENCH_ARGS:-} --only warm_start --modes ${BENCH_MODES:-jax_jit,strict,defer,compiled} --timeout 120 --out $OUT/bwarm.json 2>&1 | tee $OUT/bench5.log | tail -12 ;;
   train100)  # the 100M GPT's step against JAX (BENCH_ONLY: gpt_100m, gpt_100m_bf16 or both): compiled (the

@@ -35,6 +35,7 @@ export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="${TORCH_TPU_TIER3_COMPILATION_CAC
 # memory the watchdog records the test running (failed, in outcomes and done, so the next call goes on past it)
 # and the largest processes in $OUT/memory.txt, then kills pytest (SUITE_MEMINFO: another meminfo file, for its test)
 export TPU_SUITE_CURRENT="$OUT/current.txt"; rm -f "$TPU_SUITE_CURRENT"
+mem_lines=$(cat "$OUT/memory.txt" 2>/dev/null | wc -l)  # (a step's earlier runs share $OUT: this run's lines only)
 floor_kb=$(( ${SUITE_MEM_FLOOR_MB:-6144} * 1024 ))
 timeout -s KILL "$pytest_secs" python3 -m pytest -p suite_resume -p pytest_timeout --timeout 300 -q -rfEs \
   -p no:cacheprovider --junitxml "$OUT/$tag.xml" "${@:-tests}" > "$OUT/$tag.log" 2>&1 &
@@ -56,7 +57,7 @@ watchdog=$!
 wait "$run"; status=$?
 kill $watchdog 2>/dev/null
 grep -v PASSED "$OUT/$tag.log" | tail -120
-if [ -s "$OUT/memory.txt" ]; then cat "$OUT/memory.txt"
+if [ "$(cat "$OUT/memory.txt" 2>/dev/null | wc -l)" -gt "$mem_lines" ]; then tail -n +$((mem_lines + 1)) "$OUT/memory.txt"
 elif [ "$status" = 137 ]; then echo "pytest killed at the deadline; the test it was running runs again next call"; fi
 echo "done so far: $(wc -l < "$OUT/done.txt"); outcomes: $(awk '{o[$2] = $1} END {for (t in o) n[o[t]]++; for (k in n) printf "%s %d  ", k, n[k]}' "$OUT/outcomes.txt")"
 # the largest cache entries, as many as fit 4 parts of 15 MiB compressed

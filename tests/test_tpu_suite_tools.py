@@ -53,26 +53,34 @@ def test_steps_script_parses():
         assert subprocess.run(["bash", "-n", os.path.join(SUITE, script)], check=False).returncode == 0, script
 
 
-def test_a_suite_call_kills_pytest_at_its_deadline_and_keeps_what_finished(tmp_path):
-    """suite_run.sh: a test still running at the deadline (in C, where pytest's own stop cannot reach:
-    round 27's cut call, which brought nothing back) is killed with pytest; the tests that finished
-    stay in done.txt and outcomes.txt, the one cut short is not there, so the next call runs it."""
+def _suite_call(tmp_path: pathlib.Path, test_b_body: str, seconds: int, available_kb: int = 40_000_000
+                ) -> tuple[subprocess.CompletedProcess, pathlib.Path, float]:
+    """suite_run.sh in a tree of two tests: test_a passes, test_b runs ``test_b_body``; the memory it
+    sees is a meminfo file (MEMINFO in the body) holding ``available_kb``. The run, its OUT and seconds."""
     work = tmp_path / "tree"
     shutil.copytree(SUITE, work / ".tpu" / "suite")
     (work / "tests").mkdir()
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemAvailable: {available_kb} kB\n")
     (work / "tests" / "test_x.py").write_text(
-        "import time\n\ndef test_a():\n    pass\n\ndef test_b():\n    time.sleep(60)\n")
+        f"import time\n\nMEMINFO = {str(meminfo)!r}\n\ndef test_a():\n    pass\n\ndef test_b():\n{test_b_body}")
     out = tmp_path / "out"
     out.mkdir()
-    meminfo = tmp_path / "meminfo"  # (plenty: the memory watchdog, not this test's, would act on a busy machine)
-    meminfo.write_text("MemAvailable: 40000000 kB\n")
     env = dict(os.environ, OUT=str(out), TPU_SUITE_MARGIN="0", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
                SUITE_MEMINFO=str(meminfo),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     start = time.monotonic()
-    r = subprocess.run(["bash", ".tpu/suite/suite_run.sh", "t", "15", "tests"], cwd=work, env=env,
+    r = subprocess.run(["bash", ".tpu/suite/suite_run.sh", "t", str(seconds), "tests"], cwd=work, env=env,
                        capture_output=True, text=True, timeout=120, check=False)
-    assert time.monotonic() - start < 40, r.stdout[-1000:]
+    return r, out, time.monotonic() - start
+
+
+def test_a_suite_call_kills_pytest_at_its_deadline_and_keeps_what_finished(tmp_path):
+    """suite_run.sh: a test still running at the deadline (in C, where pytest's own stop cannot reach:
+    round 27's cut call, which brought nothing back) is killed with pytest; the tests that finished
+    stay in done.txt and outcomes.txt, the one cut short is not there, so the next call runs it."""
+    r, out, seconds = _suite_call(tmp_path, "    time.sleep(60)\n", 15)
+    assert seconds < 40, r.stdout[-1000:]
     assert "killed at the deadline" in r.stdout, r.stdout[-1000:] + r.stderr[-1000:]
     assert (out / "done.txt").read_text().split() == ["tests/test_x.py::test_a"]
     assert (out / "outcomes.txt").read_text().split() == ["passed", "tests/test_x.py::test_a"]
@@ -82,23 +90,9 @@ def test_a_suite_call_kills_a_test_that_exhausts_the_hosts_memory_and_goes_on_pa
     """suite_run.sh's memory watchdog: a test that takes the host's memory below the floor (the 30th
     session's `steps.sh changed` filled the chip host's 40 GiB, and the device tool gave the machine back
     with nothing of the call) is killed with pytest, named in memory.txt, and recorded failed and done."""
-    work = tmp_path / "tree"
-    shutil.copytree(SUITE, work / ".tpu" / "suite")
-    (work / "tests").mkdir()
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal: 41943040 kB\nMemAvailable: 40000000 kB\n")
-    (work / "tests" / "test_x.py").write_text(
-        "import time\n\ndef test_a():\n    pass\n\ndef test_b():\n"
-        f"    open({str(meminfo)!r}, 'w').write('MemAvailable: 1000 kB\\n')\n    time.sleep(60)\n")
-    out = tmp_path / "out"
-    out.mkdir()
-    env = dict(os.environ, OUT=str(out), TPU_SUITE_MARGIN="0", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-               SUITE_MEMINFO=str(meminfo),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    start = time.monotonic()
-    r = subprocess.run(["bash", ".tpu/suite/suite_run.sh", "t", "50", "tests"], cwd=work, env=env,
-                       capture_output=True, text=True, timeout=120, check=False)
-    assert time.monotonic() - start < 30, r.stdout[-1000:]
+    r, out, seconds = _suite_call(
+        tmp_path, "    open(MEMINFO, 'w').write('MemAvailable: 1000 kB\\n')\n    time.sleep(60)\n", 50)
+    assert seconds < 30, r.stdout[-1000:]
     assert "killed pytest in tests/test_x.py::test_b" in r.stdout, r.stdout[-1000:] + r.stderr[-1000:]
     assert (out / "done.txt").read_text().split() == ["tests/test_x.py::test_a", "tests/test_x.py::test_b"]
     assert (out / "outcomes.txt").read_text().split() == [

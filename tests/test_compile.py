@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import count_launches
 from torch import nn
 
@@ -909,3 +910,41 @@ def test_a_saved_view_of_an_input_follows_the_inputs_storage_offset(mode):
             got.backward()
             torch.testing.assert_close(got.cpu(), want.detach(), rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-5)
+
+
+_U8 = torch.tensor([[1, 2], [3, 4]], dtype=torch.uint8)
+_I32 = torch.tensor([1, 2], dtype=torch.int32)
+# Scalars a compiled graph holds as constants, at the edges CPU checks when it converts them (eager
+# checks them per call: meta_checks' argument checks). Each failed before: OverflowError from the
+# program's literal, a CompileError from XLA (ui8 -1), or a silently wrapped result (full, where).
+COMPILED_SCALAR_CASES = {
+    "pad inf": (lambda t: F.pad(t, (0, 1), value=float("inf")), _U8),
+    "pad inf, crop only": (lambda t: F.pad(t, (0, 0), value=float("inf")), _U8),
+    "fill_ inf": (lambda t: t.clone().fill_(float("inf")), _U8),
+    "full 2**31 int32": (lambda t: t + torch.full((2,), 2**31, dtype=torch.int32, device=t.device), _I32),
+    "threshold uint8 negative": (lambda t: torch.threshold(t, 1.0, -2.0), _U8),
+    "where int32 2**31": (lambda t: torch.where(t > 1, t, 2**31), _I32),
+    "index_fill inf": (lambda t: t.index_fill(0, torch.tensor([0], device=t.device), float("inf")), _U8),
+    "clamp uint8 min -1 wraps": (lambda t: t.clamp(min=-1), _U8),
+    "scatter value inf": (lambda t: t.scatter(0, torch.zeros(1, 2, dtype=torch.long, device=t.device),
+                                              float("inf")), _U8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED_SCALAR_CASES))
+def test_compiled_scalar_arguments_are_checked_and_converted_as_on_cpu(name: str):
+    fn, x = COMPILED_SCALAR_CASES[name]
+    try:
+        want = ("ok", fn(x))
+    except RuntimeError as ex:
+        want = (type(ex), str(ex))
+    torch.compiler.reset()
+    try:
+        got = ("ok", torch.compile(fn, backend="tpu")(x.to("tpu")).cpu())
+    except Exception as ex:  # noqa: BLE001  (the exception is what is compared)
+        got = (type(ex), str(ex))
+    assert got[0] is want[0], (want, got)
+    if want[0] == "ok":
+        torch.testing.assert_close(got[1], want[1], check_dtype=True)
+    else:
+        assert got[1] == want[1]

@@ -88,7 +88,14 @@ def literal(value: bool | float, dtype: torch.dtype) -> str:
         part = torch.float32 if dtype == torch.complex64 else torch.float64
         c = complex(value)
         return f"({_float_literal(c.real, part)}, {_float_literal(c.imag, part)})"
-    return str(int(value))
+    # an integer out of the type's range wraps, as C's conversion does (clamp(uint8, min=-1) bounds at
+    # 255 on CPU, which checks only what overflows: meta_checks._scalar_overflows); XLA refuses the
+    # literal -1 for ui8, and a compiled graph passed it on (regression)
+    bits = dtype.itemsize * 8
+    wrapped = int(value) & ((1 << bits) - 1)
+    if dtype.is_signed and wrapped >= 1 << (bits - 1):
+        wrapped -= 1 << bits
+    return str(wrapped)
 
 
 # Rows each partial result of a column reduction covers on XLA's CPU backend (Builder._column_partials).

@@ -224,6 +224,7 @@ def lower_graph(b: Builder, graph: torch.fx.Graph, inputs: Sequence[Any], precis
             with b.located(node_location(node)):
                 if hook is not None:
                     args, kwargs, post = hook(node, args, kwargs)
+                check_arguments(target, args, kwargs)
                 env[node] = lower_call(b, target, args, kwargs, val, precision, extras)
                 if post is not None:
                     env[node] = post(env[node])
@@ -275,6 +276,22 @@ def _graph_constant(b: Builder, graph: torch.fx.Graph, node: torch.fx.Node) -> A
     if host.is_floating_point():
         host = host.double() if host.dtype == torch.float64 else host.float()  # exact for bf16/f16
     return b.dense_constant(host.numpy(), value.dtype)
+
+
+def check_arguments(op: torch._ops.OpOverload, args: list, kwargs: dict) -> None:
+    """The op's per-call argument checks (registry.register_argument_check: a fill value that overflows
+    the dtype, a distribution's parameters, ...), on the graph's scalars and its tensors' metadata.
+    Eager runs them at every call, as its scalars are runtime values; a compiled graph holds its scalars
+    as constants, so they run when it is lowered, on its first call (regression: under torch.compile
+    `full((2,), 2**31, dtype=int32)` and `where(int32 > 1, x, 2**31)` wrapped where CPU raises, and
+    `F.pad(uint8, value=inf)` raised OverflowError)."""
+    from ..engine.opplan import normalize_args, plan_for
+
+    plan = plan_for(op)
+    if plan.argument_check is None:
+        return
+    values = normalize_args(plan, tuple(args), kwargs)
+    plan.argument_check(*[_as_meta(values[i]) for i in plan.func_arg_positions])
 
 
 def lower_call(b: Builder, op: torch._ops.OpOverload, args: list, kwargs: dict, val: Any, precision: str,

@@ -53,6 +53,10 @@ def _pad(ctx: LoweringContext, x: Value, pad: list[int], value: Any = 0) -> Valu
     start = [max(-lo, 0) for lo in low]
     limit = [s - max(-hi, 0) for s, hi in zip(x.shape, high)]
     v = b.slice(x, start, limit)
+    if all(p <= 0 for p in low + high):
+        # only crops: the value is not converted, as on CPU (F.pad(uint8, (0, 0), value=inf) is fine
+        # there; a compiled graph's constant inf for uint8 raised OverflowError: regression)
+        return v
     pv = ctx.scalar(value, x.dtype)
     return b.pad(v, pv, [max(lo, 0) for lo in low], [max(hi, 0) for hi in high])
 

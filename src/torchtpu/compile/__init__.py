@@ -90,11 +90,15 @@ def _decompositions() -> dict:
     from torch._decomp import core_aten_decompositions
 
     table = dict(core_aten_decompositions())
-    # Keep ops we lower directly (one fused program either way, fewer nodes).
+    # Keep ops we lower directly (one fused program either way, fewer nodes), and ops with checks of
+    # CPU's kernels (their dims, dtypes, scalars, index ranges): decomposed, the graph lost them, and
+    # index_copy(x, 1, tensor([-1])) wrote the last column where CPU refuses a negative index, and
+    # celu of uint8 gave a result (regression). Kept, they lower through their decomposition as in eager.
     from ..lowering import registry
 
     for op in list(table):
-        if registry.lookup(op) is not None:
+        if (registry.lookup(op) is not None or registry.meta_check(op) is not None
+                or registry.argument_check(op) is not None or registry.index_bounds(op) is not None):
             del table[op]
     return table
 

@@ -238,6 +238,8 @@ class GraphProgram:
                 entry = self._compile(specs, skeys, col, key, bucket[0] if bucket is not None else None,
                                       flag_device is not None)
             except NotImplementedError as e:
+                if getattr(e, "refused_argument", False):
+                    raise  # CPU's own refusal of the op's arguments (decompose.check_arguments), not a gap
                 raise _NotLowerable() from e
         else:
             executor.stats.hits += 1

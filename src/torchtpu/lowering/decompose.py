@@ -279,19 +279,31 @@ def _graph_constant(b: Builder, graph: torch.fx.Graph, node: torch.fx.Node) -> A
 
 
 def check_arguments(op: torch._ops.OpOverload, args: list, kwargs: dict) -> None:
-    """The op's per-call argument checks (registry.register_argument_check: a fill value that overflows
-    the dtype, a distribution's parameters, ...), on the graph's scalars and its tensors' metadata.
-    Eager runs them at every call, as its scalars are runtime values; a compiled graph holds its scalars
-    as constants, so they run when it is lowered, on its first call (regression: under torch.compile
-    `full((2,), 2**31, dtype=int32)` and `where(int32 > 1, x, 2**31)` wrapped where CPU raises, and
-    `F.pad(uint8, value=inf)` raised OverflowError)."""
+    """The op's checks of CPU's kernel that PyTorch's meta kernels lack (registry.register_meta_check:
+    dims, dtypes) and its per-call argument checks (register_argument_check: a fill value that overflows
+    the dtype, a distribution's parameters, ...), on the graph's scalars and its tensors' metadata, when
+    the graph is lowered (its first call). Eager runs them per op key and per call; compiled graphs ran
+    neither (regression: under torch.compile `full((2,), 2**31, dtype=int32)` and `where(int32 > 1, x,
+    2**31)` wrapped where CPU raises, `softmax(x, 3)` of a 3-d x gave a result, `F.pad(uint8,
+    value=inf)` raised OverflowError)."""
     from ..engine.opplan import normalize_args, plan_for
 
     plan = plan_for(op)
-    if plan.argument_check is None:
+    meta_check = registry.meta_check(plan.functional)
+    if plan.argument_check is None and meta_check is None:
         return
     values = normalize_args(plan, tuple(args), kwargs)
-    plan.argument_check(*[_as_meta(values[i]) for i in plan.func_arg_positions])
+    func_args = [_as_meta(values[i]) for i in plan.func_arg_positions]
+    try:
+        if meta_check is not None:
+            meta_check(*func_args)
+        if plan.argument_check is not None:
+            plan.argument_check(*func_args)
+    except NotImplementedError as e:
+        # CPU's "not implemented for 'Int'": the user's error, where a NotImplementedError from a
+        # lowering is torchtpu's gap (the graph then runs op by op: graph_runner)
+        e.refused_argument = True  # type: ignore[attr-defined]
+        raise
 
 
 def lower_call(b: Builder, op: torch._ops.OpOverload, args: list, kwargs: dict, val: Any, precision: str,

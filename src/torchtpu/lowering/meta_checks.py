@@ -682,7 +682,9 @@ def _float_kernel(kernel: str, bool_only: bool = False) -> Callable[..., None]:
     return check
 
 
-for _kernel, _ops in (("leaky_relu_cpu", (aten.leaky_relu.default,)), ("elu_cpu", (aten.elu.default, aten.celu.default, aten.selu.default)),
+# (celu and selu: CPU's composites call elu; a compiled graph keeps them whole, compile._decompositions)
+for _kernel, _ops in (("leaky_relu_cpu", (aten.leaky_relu.default,)),
+                      ("elu_cpu", (aten.elu.default, aten.celu.default, aten.selu.default)),
                       ("softplus_cpu", (aten.softplus.default,)), ("hardswish_cpu", (aten.hardswish.default,)),
                       ("mish_cpu", (aten.mish.default,)), ("GeluKernelImpl", (aten.gelu.default,)),
                       ("silu_cpu", (aten.silu.default,)), ("hardsigmoid_cpu", (aten.hardsigmoid.default,)),
